@@ -1,0 +1,29 @@
+"""clip_flash: OpenCLIP models, same embeddings, sooner.
+
+    import clip_flash
+    report = clip_flash.patch(model)     # in place; print(report) says what runs where
+    clip_flash.unpatch(model)            # the stock model again, bit for bit
+    with clip_flash.patched(model): ...
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict
+
+from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
+from .backends import available_backends as _available_backends
+from .patching import is_patched, patch, patch_report, patched, unpatch
+from .report import PatchReport, SiteReport
+
+__version__ = "0.1.0"
+__all__ = [
+    "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends",
+    "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
+]
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+
+def available_backends() -> Dict[str, BackendStatus]:
+    """Each attention backend and whether it can run on this machine; ``reason`` says why not."""
+    return _available_backends()

@@ -1,0 +1,83 @@
+"""torch's ``scaled_dot_product_attention``: torch picks cuDNN / flash / efficient / math per call,
+or the user pins one kernel (``sdpa:cudnn``, ``sdpa:flash``, ``sdpa:efficient``, ``sdpa:math``)."""
+from __future__ import annotations
+
+import contextlib
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .base import AttentionBackend, AttentionNeeds, BackendStatus
+
+try:  # torch >= 2.10 ships a flash-based variable-length attention
+    from torch.nn.attention.varlen import varlen_attn as _torch_varlen_attn
+except ImportError:  # pragma: no cover - older torch
+    _torch_varlen_attn = None
+
+_PINNABLE = {
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class SdpaBackend(AttentionBackend):
+    """Serves every site on every device and dtype (its math kernel is the universal fallback)."""
+
+    supports_varlen = True
+
+    def __init__(self, pinned: Optional[str] = None):
+        if pinned is not None and pinned not in _PINNABLE:
+            raise ValueError(f"unknown SDPA kernel {pinned!r}; choose from {sorted(_PINNABLE)}")
+        self.pinned = pinned
+        self.name = "sdpa" if pinned is None else f"sdpa:{pinned}"
+
+    def status(self) -> BackendStatus:
+        return BackendStatus(self.name, True, version=torch.__version__)
+
+    def unsupported_reasons(self, needs: AttentionNeeds) -> List[str]:
+        reasons: List[str] = []
+        if needs.varlen:
+            if _torch_varlen_attn is None:
+                reasons.append("this torch has no torch.nn.attention.varlen.varlen_attn")
+            if needs.device_type != "cuda":
+                reasons.append("variable-length attention needs CUDA")
+            if needs.dtype not in _HALF_DTYPES:
+                reasons.append(f"variable-length attention needs fp16/bf16, got {needs.dtype}")
+            if needs.capability is not None and needs.capability < (8, 0):
+                reasons.append("variable-length attention needs compute capability >= 8.0")
+        if self.pinned in ("cudnn", "flash", "efficient"):
+            if needs.device_type != "cuda":
+                reasons.append(f"SDPA {self.pinned} kernel needs CUDA")
+        if self.pinned in ("cudnn", "flash"):
+            if needs.dtype not in _HALF_DTYPES:
+                reasons.append(f"SDPA {self.pinned} kernel needs fp16/bf16, got {needs.dtype}")
+            if needs.explicit_mask:
+                reasons.append(f"SDPA {self.pinned} kernel takes no explicit mask")
+        if self.pinned == "flash" and (needs.head_dim % 8 or needs.head_dim > 256):
+            reasons.append(f"SDPA flash kernel needs head dim a multiple of 8 and <= 256, got {needs.head_dim}")
+        return reasons
+
+    def _context(self):
+        return sdpa_kernel([_PINNABLE[self.pinned]]) if self.pinned else contextlib.nullcontext()
+
+    def attend(self, q, k, v, causal, attn_mask=None, dropout_p=0.0):
+        # (B, L, H, D) -> (B, H, L, D) views: SDPA takes strided inputs, as nn.MultiheadAttention does.
+        with self._context():
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
+            )
+        return out.transpose(1, 2)
+
+    def attend_varlen(self, q, k, v, cu_seqlens, max_seqlen, causal):
+        if _torch_varlen_attn is None:
+            raise RuntimeError("torch.nn.attention.varlen.varlen_attn is not available in this torch")
+        return _torch_varlen_attn(
+            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+            window_size=(-1, 0) if causal else (-1, -1),
+        )

@@ -1,0 +1,67 @@
+"""What this machine can run: ``python -m clip_flash.info``."""
+from __future__ import annotations
+
+import importlib
+import json
+import platform
+import sys
+from typing import Dict, Optional
+
+
+def _version(module_name: str) -> Optional[str]:
+    try:
+        return getattr(importlib.import_module(module_name), "__version__", "unknown")
+    except Exception:
+        return None
+
+
+def environment() -> Dict[str, object]:
+    """GPU, capability and library versions, and each backend's availability (recorded with every result)."""
+    import torch
+
+    import clip_flash
+    from clip_flash import fused_ops
+
+    info: Dict[str, object] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": _version("triton"),
+        "flash_attn": _version("flash_attn"),
+        "open_clip": _version("open_clip"),
+        "clip_flash": clip_flash.__version__,
+        "gpu": None,
+        "capability": None,
+        "fused_ops": fused_ops.describe_backend(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
+        info["gpu_count"] = torch.cuda.device_count()
+    info["backends"] = {
+        name: {"available": status.available, "reason": status.reason, "version": status.version}
+        for name, status in clip_flash.available_backends().items()
+    }
+    return info
+
+
+def main() -> int:
+    info = environment()
+    if "--json" in sys.argv[1:]:
+        print(json.dumps(info, indent=2))
+        return 0
+    backends = info.pop("backends")
+    width = max(len(key) for key in info)
+    for key, value in info.items():
+        print(f"{key:<{width}}  {value if value is not None else '-'}")
+    print("attention backends:")
+    for name, status in backends.items():
+        mark = "yes" if status["available"] else "no "
+        print(f"  {mark} {name:<16} {status['reason'] or ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

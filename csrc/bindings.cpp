@@ -1,0 +1,180 @@
+// Python bindings of clip_flash._C: argument checks, output allocation, and kernel launches on the
+// current CUDA stream. The public, torch.compile-friendly ops live in clip_flash/fused_ops.py, which
+// calls these functions for CUDA float16/bfloat16 tensors.
+// Narrow includes instead of <torch/extension.h> cut this file's compile time about 3x; the stream comes
+// from c10's CUDAStream.h rather than ATen's CUDAContext.h, which also needs the cuBLAS/cuSPARSE headers
+// that a minimal CUDA toolkit lacks.
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "kernel_args.h"
+
+namespace clip_flash {
+namespace {
+
+using OptionalTensor = std::optional<at::Tensor>;
+
+ElementType matrix_element_type(const at::Tensor& matrix) {
+  switch (matrix.scalar_type()) {
+    case at::kHalf:
+      return ElementType::kFloat16;
+    case at::kBFloat16:
+      return ElementType::kBFloat16;
+    default:
+      TORCH_CHECK(false, "clip_flash kernels take float16 or bfloat16 tensors, got ", matrix.scalar_type());
+  }
+}
+
+void check_matrix(const at::Tensor& matrix, const char* name) {
+  TORCH_CHECK(matrix.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(matrix.dim() == 2, name, " must be 2-D (rows, cols), got shape ", matrix.sizes());
+  TORCH_CHECK(matrix.size(1) <= 1 || matrix.stride(1) == 1, name, " must have a contiguous last dimension");
+  matrix_element_type(matrix);
+}
+
+void check_like(const at::Tensor& matrix, const at::Tensor& like, const char* name) {
+  check_matrix(matrix, name);
+  TORCH_CHECK(matrix.sizes() == like.sizes(), name, " must have shape ", like.sizes(), ", got ", matrix.sizes());
+  TORCH_CHECK(matrix.scalar_type() == like.scalar_type(), name, " must be ", like.scalar_type());
+  TORCH_CHECK(matrix.device() == like.device(), name, " must be on ", like.device());
+}
+
+ConstMatrix const_matrix(const at::Tensor& matrix) { return {matrix.const_data_ptr(), matrix.stride(0)}; }
+
+MutableMatrix mutable_matrix(at::Tensor& matrix) { return {matrix.mutable_data_ptr(), matrix.stride(0)}; }
+
+// A per-column vector of the matrix: 1-D, contiguous, cols long, float32 or the matrix's dtype.
+ColumnVector column_vector(const OptionalTensor& vector, const at::Tensor& matrix, const char* name) {
+  if (!vector.has_value()) return {};
+  const at::Tensor& values = *vector;
+  TORCH_CHECK(values.device() == matrix.device(), name, " must be on ", matrix.device());
+  TORCH_CHECK(values.dim() == 1 && values.size(0) == matrix.size(1), name, " must have shape (", matrix.size(1),
+              ",), got ", values.sizes());
+  TORCH_CHECK(values.is_contiguous(), name, " must be contiguous");
+  const bool is_float32 = values.scalar_type() == at::kFloat;
+  TORCH_CHECK(is_float32 || values.scalar_type() == matrix.scalar_type(), name, " must be float32 or ",
+              matrix.scalar_type(), ", got ", values.scalar_type());
+  return {values.const_data_ptr(), is_float32 ? ElementType::kFloat32 : matrix_element_type(matrix)};
+}
+
+Activation parse_activation(const std::string& name) {
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  if (name == "quick_gelu") return Activation::kQuickGelu;
+  if (name == "identity") return Activation::kIdentity;
+  TORCH_CHECK(false, "unknown activation '", name, "'; expected gelu, gelu_tanh, quick_gelu or identity");
+}
+
+at::Tensor empty_matrix_like(const at::Tensor& matrix) {
+  return at::empty({matrix.size(0), matrix.size(1)}, matrix.options());
+}
+
+}  // namespace
+
+at::Tensor layer_norm(const at::Tensor& x, const OptionalTensor& weight, const OptionalTensor& bias, double eps) {
+  check_matrix(x, "x");
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  at::Tensor normed = empty_matrix_like(x);
+  LayerNormArgs args;
+  args.type = matrix_element_type(x);
+  args.rows = x.size(0);
+  args.cols = x.size(1);
+  args.residual = const_matrix(x);
+  args.weight = column_vector(weight, x, "weight");
+  args.bias = column_vector(bias, x, "bias");
+  args.eps = static_cast<float>(eps);
+  args.normed_out = mutable_matrix(normed);
+  launch_layer_norm(args, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return normed;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& residual, const at::Tensor& delta,
+                                                  const OptionalTensor& delta_bias, const OptionalTensor& scale,
+                                                  const OptionalTensor& weight, const OptionalTensor& bias,
+                                                  double eps) {
+  check_matrix(residual, "residual");
+  check_like(delta, residual, "delta");
+  const c10::cuda::CUDAGuard device_guard(residual.device());
+  at::Tensor updated = empty_matrix_like(residual);
+  at::Tensor normed = empty_matrix_like(residual);
+  LayerNormArgs args;
+  args.type = matrix_element_type(residual);
+  args.rows = residual.size(0);
+  args.cols = residual.size(1);
+  args.residual = const_matrix(residual);
+  args.delta = const_matrix(delta);
+  args.delta_bias = column_vector(delta_bias, residual, "delta_bias");
+  args.scale = column_vector(scale, residual, "scale");
+  args.weight = column_vector(weight, residual, "weight");
+  args.bias = column_vector(bias, residual, "bias");
+  args.eps = static_cast<float>(eps);
+  args.updated_out = mutable_matrix(updated);
+  args.normed_out = mutable_matrix(normed);
+  launch_layer_norm(args, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {updated, normed};
+}
+
+at::Tensor bias_act(at::Tensor& x, const OptionalTensor& bias, const std::string& activation, bool in_place) {
+  check_matrix(x, "x");
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  at::Tensor out = in_place ? x : empty_matrix_like(x);
+  BiasActArgs args;
+  args.type = matrix_element_type(x);
+  args.rows = x.size(0);
+  args.cols = x.size(1);
+  args.x = const_matrix(x);
+  args.bias = column_vector(bias, x, "bias");
+  args.activation = parse_activation(activation);
+  args.out = mutable_matrix(out);
+  launch_bias_act(args, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor residual_add(const at::Tensor& residual, const at::Tensor& delta, const OptionalTensor& delta_bias,
+                        const OptionalTensor& scale) {
+  check_matrix(residual, "residual");
+  check_like(delta, residual, "delta");
+  const c10::cuda::CUDAGuard device_guard(residual.device());
+  at::Tensor out = empty_matrix_like(residual);
+  ResidualAddArgs args;
+  args.type = matrix_element_type(residual);
+  args.rows = residual.size(0);
+  args.cols = residual.size(1);
+  args.residual = const_matrix(residual);
+  args.delta = const_matrix(delta);
+  args.delta_bias = column_vector(delta_bias, residual, "delta_bias");
+  args.scale = column_vector(scale, residual, "scale");
+  args.out = mutable_matrix(out);
+  launch_residual_add(args, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace clip_flash
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.doc() = "CUDA kernels of clip_flash (float16/bfloat16, 2-D inputs with a contiguous last dim).";
+  module.def("layer_norm", &clip_flash::layer_norm, "LayerNorm with fp32 statistics; returns a new tensor.",
+             py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"));
+  module.def("add_layer_norm", &clip_flash::add_layer_norm,
+             "(residual + scale * (delta + delta_bias), LayerNorm of it); returns two new tensors.",
+             py::arg("residual"), py::arg("delta"), py::arg("delta_bias"), py::arg("scale"), py::arg("weight"),
+             py::arg("bias"), py::arg("eps"));
+  module.def("bias_act", &clip_flash::bias_act,
+             "activation(x + bias); writes into x and returns it when in_place, else returns a new tensor.",
+             py::arg("x"), py::arg("bias"), py::arg("activation"), py::arg("in_place"));
+  module.def("residual_add", &clip_flash::residual_add,
+             "residual + scale * (delta + delta_bias); returns a new tensor.", py::arg("residual"), py::arg("delta"),
+             py::arg("delta_bias"), py::arg("scale"));
+}

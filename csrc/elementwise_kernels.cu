@@ -1,0 +1,175 @@
+// Elementwise ops with per-column vectors: bias + activation, and the residual update.
+//
+// Each thread owns one column group (a 16-byte pack of 8 values, or 1 value on the scalar path), loads
+// that group's column vectors once, then walks its rows a few at a time so several independent loads
+// are in flight. Warps span consecutive columns of one row, so accesses coalesce.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernel_common.cuh"
+
+namespace clip_flash {
+namespace {
+
+constexpr int kBlockThreads = 256;
+// Rows per step: 64 bytes of loads in flight per thread, at about 70 registers.
+constexpr int kBiasActRows = 4;
+constexpr int kResidualAddRows = 2;
+constexpr int64_t kMaxGridY = 65535;
+
+struct LaunchShape {
+  dim3 grid;
+  dim3 block;
+};
+
+LaunchShape column_group_launch_shape(int64_t rows, int64_t groups_per_row, int rows_per_thread) {
+  const int threads_x = static_cast<int>(std::min<int64_t>(kBlockThreads, (groups_per_row + 31) / 32 * 32));
+  const int threads_y = kBlockThreads / threads_x;
+  const int64_t blocks_x = (groups_per_row + threads_x - 1) / threads_x;
+  const int64_t rows_per_block = static_cast<int64_t>(threads_y) * rows_per_thread;
+  const int64_t blocks_y = std::min(kMaxGridY, (rows + rows_per_block - 1) / rows_per_block);
+  return {dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y)), dim3(threads_x, threads_y)};
+}
+
+// First row of this thread and the stride to its next group of kRows rows.
+template <int kRows>
+__device__ __forceinline__ int64_t first_row() {
+  return (static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y) * kRows;
+}
+template <int kRows>
+__device__ __forceinline__ int64_t row_step() {
+  return static_cast<int64_t>(gridDim.y) * blockDim.y * kRows;
+}
+
+template <typename T, int kWidth, Activation kActivation>
+__global__ void __launch_bounds__(kBlockThreads) bias_act_kernel(const BiasActArgs args) {
+  constexpr int kRows = kBiasActRows;
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
+  if (col >= args.cols) return;
+  float bias[kWidth];
+  load_column_vector(args.bias, col, 0.0f, bias);
+  const T* x = static_cast<const T*>(args.x.data) + col;
+  T* out = static_cast<T*>(args.out.data) + col;
+
+  for (int64_t row = first_row<kRows>(); row < args.rows; row += row_step<kRows>()) {
+    float values[kRows][kWidth];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row + r < args.rows) load_floats(x + (row + r) * args.x.row_stride, values[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row + r >= args.rows) continue;
+      Pack<T, kWidth> result;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) result.values[j] = round_from_float<T>(activate<kActivation>(values[r][j] + bias[j]));
+      store_pack(out + (row + r) * args.out.row_stride, result);
+    }
+  }
+}
+
+template <typename T, int kWidth>
+__global__ void __launch_bounds__(kBlockThreads) residual_add_kernel(const ResidualAddArgs args) {
+  constexpr int kRows = kResidualAddRows;
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
+  if (col >= args.cols) return;
+  float delta_bias[kWidth], scale[kWidth];
+  load_column_vector(args.delta_bias, col, 0.0f, delta_bias);
+  load_column_vector(args.scale, col, 1.0f, scale);
+  const T* residual = static_cast<const T*>(args.residual.data) + col;
+  const T* delta = static_cast<const T*>(args.delta.data) + col;
+  T* out = static_cast<T*>(args.out.data) + col;
+
+  for (int64_t row = first_row<kRows>(); row < args.rows; row += row_step<kRows>()) {
+    float residual_values[kRows][kWidth], delta_values[kRows][kWidth];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row + r >= args.rows) continue;
+      load_floats(residual + (row + r) * args.residual.row_stride, residual_values[r]);
+      load_floats(delta + (row + r) * args.delta.row_stride, delta_values[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row + r >= args.rows) continue;
+      Pack<T, kWidth> result;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        result.values[j] =
+            round_from_float<T>(residual_update(residual_values[r][j], delta_values[r][j], delta_bias[j], scale[j]));
+      }
+      store_pack(out + (row + r) * args.out.row_stride, result);
+    }
+  }
+}
+
+bool can_use_packs(const BiasActArgs& args) {
+  return args.cols % kPackElements == 0 && packs_fit(args.x.data, args.x.row_stride) &&
+         packs_fit(args.out.data, args.out.row_stride) && is_16_byte_aligned(args.bias.data);
+}
+
+bool can_use_packs(const ResidualAddArgs& args) {
+  return args.cols % kPackElements == 0 && packs_fit(args.residual.data, args.residual.row_stride) &&
+         packs_fit(args.delta.data, args.delta.row_stride) && packs_fit(args.out.data, args.out.row_stride) &&
+         is_16_byte_aligned(args.delta_bias.data) && is_16_byte_aligned(args.scale.data);
+}
+
+template <typename T, int kWidth>
+void launch_bias_act_kernel(const BiasActArgs& args, cudaStream_t stream) {
+  const LaunchShape shape = column_group_launch_shape(args.rows, args.cols / kWidth, kBiasActRows);
+  switch (args.activation) {
+    case Activation::kGelu:
+      bias_act_kernel<T, kWidth, Activation::kGelu><<<shape.grid, shape.block, 0, stream>>>(args);
+      break;
+    case Activation::kGeluTanh:
+      bias_act_kernel<T, kWidth, Activation::kGeluTanh><<<shape.grid, shape.block, 0, stream>>>(args);
+      break;
+    case Activation::kQuickGelu:
+      bias_act_kernel<T, kWidth, Activation::kQuickGelu><<<shape.grid, shape.block, 0, stream>>>(args);
+      break;
+    case Activation::kIdentity:
+      bias_act_kernel<T, kWidth, Activation::kIdentity><<<shape.grid, shape.block, 0, stream>>>(args);
+      break;
+  }
+}
+
+template <typename T>
+void launch_bias_act_for_type(const BiasActArgs& args, cudaStream_t stream) {
+  if (can_use_packs(args)) {
+    launch_bias_act_kernel<T, kPackElements>(args, stream);
+  } else {
+    launch_bias_act_kernel<T, 1>(args, stream);
+  }
+}
+
+template <typename T>
+void launch_residual_add_for_type(const ResidualAddArgs& args, cudaStream_t stream) {
+  if (can_use_packs(args)) {
+    const LaunchShape shape = column_group_launch_shape(args.rows, args.cols / kPackElements, kResidualAddRows);
+    residual_add_kernel<T, kPackElements><<<shape.grid, shape.block, 0, stream>>>(args);
+  } else {
+    const LaunchShape shape = column_group_launch_shape(args.rows, args.cols, kResidualAddRows);
+    residual_add_kernel<T, 1><<<shape.grid, shape.block, 0, stream>>>(args);
+  }
+}
+
+}  // namespace
+
+void launch_bias_act(const BiasActArgs& args, cudaStream_t stream) {
+  if (args.rows == 0 || args.cols == 0) return;
+  if (args.type == ElementType::kBFloat16) {
+    launch_bias_act_for_type<__nv_bfloat16>(args, stream);
+  } else {
+    launch_bias_act_for_type<__half>(args, stream);
+  }
+}
+
+void launch_residual_add(const ResidualAddArgs& args, cudaStream_t stream) {
+  if (args.rows == 0 || args.cols == 0) return;
+  if (args.type == ElementType::kBFloat16) {
+    launch_residual_add_for_type<__nv_bfloat16>(args, stream);
+  } else {
+    launch_residual_add_for_type<__half>(args, stream);
+  }
+}
+
+}  // namespace clip_flash

@@ -1,0 +1,201 @@
+// LayerNorm with fp32 statistics over 16-bit rows, optionally fused with the residual update before it.
+//
+// Packed path (cols % 8 == 0, 16-byte aligned, cols <= 8192): each row is held in registers by one to
+// eight warps (up to 4 packs of 8 values per thread), so the row is read once and the two-pass
+// mean/variance over registers is exact and costs no extra memory traffic.
+// Scalar path (any cols, any alignment): one block per row, three passes through L1/L2.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernel_common.cuh"
+
+namespace clip_flash {
+namespace {
+
+constexpr int kPacksPerThread = 4;
+constexpr int kMaxThreadsPerRow = 256;  // 256 threads x 4 packs x 8 = 8192 columns in registers
+constexpr int kMinThreadsPerBlock = 128;  // narrow rows share a block, several rows per block
+constexpr int kMaxWarpsPerBlock = 32;
+constexpr int kScalarThreads = 256;
+
+// Sum of `value` over the threads of this block row (threadIdx.y). Every thread of the block calls it;
+// every thread of the row gets the same bits (same summation order).
+__device__ __forceinline__ float row_sum(float value, float* partials) {
+  value = warp_sum(value);
+  const int warps_per_row = blockDim.x / 32;
+  if (warps_per_row == 1) return value;
+  float* row_partials = partials + threadIdx.y * warps_per_row;
+  if (threadIdx.x % 32 == 0) row_partials[threadIdx.x / 32] = value;
+  __syncthreads();
+  float total = 0.0f;
+  for (int warp = 0; warp < warps_per_row; ++warp) total += row_partials[warp];
+  return total;
+}
+
+template <typename T, bool kUpdateResidual>
+__global__ void __launch_bounds__(kMaxThreadsPerRow) layer_norm_packed_kernel(const LayerNormArgs args) {
+  __shared__ float sum_partials[kMaxWarpsPerBlock];
+  __shared__ float square_partials[kMaxWarpsPerBlock];
+
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  // Rows past the end still take part in the block reductions (their __syncthreads), without memory access.
+  const bool row_in_range = row < args.rows;
+  const int packs_per_row = static_cast<int>(args.cols / kPackElements);
+  const T* residual = static_cast<const T*>(args.residual.data) + row * args.residual.row_stride;
+  const T* delta = static_cast<const T*>(args.delta.data) + row * args.delta.row_stride;
+  T* updated_out = static_cast<T*>(args.updated_out.data) + row * args.updated_out.row_stride;
+  T* normed_out = static_cast<T*>(args.normed_out.data) + row * args.normed_out.row_stride;
+
+  float values[kPacksPerThread][kPackElements];
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPacksPerThread; ++k) {
+    const int pack = threadIdx.x + k * blockDim.x;
+    if (!row_in_range || pack >= packs_per_row) continue;
+    const int64_t col = static_cast<int64_t>(pack) * kPackElements;
+    load_floats(residual + col, values[k]);
+    if constexpr (kUpdateResidual) {
+      float delta_values[kPackElements], delta_bias[kPackElements], scale[kPackElements];
+      load_floats(delta + col, delta_values);
+      load_column_vector(args.delta_bias, col, 0.0f, delta_bias);
+      load_column_vector(args.scale, col, 1.0f, scale);
+      Pack<T, kPackElements> updated;
+#pragma unroll
+      for (int j = 0; j < kPackElements; ++j) {
+        updated.values[j] =
+            round_from_float<T>(residual_update(values[k][j], delta_values[j], delta_bias[j], scale[j]));
+        values[k][j] = to_float(updated.values[j]);  // normalize what is stored, as the next block sees it
+      }
+      store_pack(updated_out + col, updated);
+    }
+#pragma unroll
+    for (int j = 0; j < kPackElements; ++j) sum += values[k][j];
+  }
+  const float mean = row_sum(sum, sum_partials) / static_cast<float>(args.cols);
+
+  float squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPacksPerThread; ++k) {
+    const int pack = threadIdx.x + k * blockDim.x;
+    if (!row_in_range || pack >= packs_per_row) continue;
+#pragma unroll
+    for (int j = 0; j < kPackElements; ++j) {
+      const float centered = values[k][j] - mean;
+      squares = fmaf(centered, centered, squares);
+    }
+  }
+  const float variance = row_sum(squares, square_partials) / static_cast<float>(args.cols);
+  const float inv_std = rsqrtf(variance + args.eps);
+
+#pragma unroll
+  for (int k = 0; k < kPacksPerThread; ++k) {
+    const int pack = threadIdx.x + k * blockDim.x;
+    if (!row_in_range || pack >= packs_per_row) continue;
+    const int64_t col = static_cast<int64_t>(pack) * kPackElements;
+    float weight[kPackElements], bias[kPackElements];
+    load_column_vector(args.weight, col, 1.0f, weight);
+    load_column_vector(args.bias, col, 0.0f, bias);
+    Pack<T, kPackElements> normed;
+#pragma unroll
+    for (int j = 0; j < kPackElements; ++j) {
+      normed.values[j] = round_from_float<T>(fmaf((values[k][j] - mean) * inv_std, weight[j], bias[j]));
+    }
+    store_pack(normed_out + col, normed);
+  }
+}
+
+template <typename T, bool kUpdateResidual>
+__global__ void __launch_bounds__(kScalarThreads) layer_norm_scalar_kernel(const LayerNormArgs args) {
+  __shared__ float sum_partials[kMaxWarpsPerBlock];
+  __shared__ float square_partials[kMaxWarpsPerBlock];
+
+  const int64_t row = blockIdx.x;
+  const T* residual = static_cast<const T*>(args.residual.data) + row * args.residual.row_stride;
+  const T* delta = static_cast<const T*>(args.delta.data) + row * args.delta.row_stride;
+  T* updated_out = static_cast<T*>(args.updated_out.data) + row * args.updated_out.row_stride;
+  T* normed_out = static_cast<T*>(args.normed_out.data) + row * args.normed_out.row_stride;
+  // Passes 2 and 3 re-read the row; with a residual update, from what pass 1 stored (each thread
+  // re-reads only the elements it wrote itself, so no synchronization is needed).
+  const T* source = kUpdateResidual ? updated_out : residual;
+
+  float sum = 0.0f;
+  for (int64_t col = threadIdx.x; col < args.cols; col += blockDim.x) {
+    float value = to_float(residual[col]);
+    if constexpr (kUpdateResidual) {
+      float delta_bias[1], scale[1];
+      load_column_vector(args.delta_bias, col, 0.0f, delta_bias);
+      load_column_vector(args.scale, col, 1.0f, scale);
+      const T updated = round_from_float<T>(residual_update(value, to_float(delta[col]), delta_bias[0], scale[0]));
+      updated_out[col] = updated;
+      value = to_float(updated);
+    }
+    sum += value;
+  }
+  const float mean = row_sum(sum, sum_partials) / static_cast<float>(args.cols);
+
+  float squares = 0.0f;
+  for (int64_t col = threadIdx.x; col < args.cols; col += blockDim.x) {
+    const float centered = to_float(source[col]) - mean;
+    squares = fmaf(centered, centered, squares);
+  }
+  const float variance = row_sum(squares, square_partials) / static_cast<float>(args.cols);
+  const float inv_std = rsqrtf(variance + args.eps);
+
+  for (int64_t col = threadIdx.x; col < args.cols; col += blockDim.x) {
+    float weight[1], bias[1];
+    load_column_vector(args.weight, col, 1.0f, weight);
+    load_column_vector(args.bias, col, 0.0f, bias);
+    normed_out[col] = round_from_float<T>(fmaf((to_float(source[col]) - mean) * inv_std, weight[0], bias[0]));
+  }
+}
+
+bool can_use_packed_kernel(const LayerNormArgs& args) {
+  const bool update = args.delta.data != nullptr;
+  return args.cols % kPackElements == 0 &&
+         args.cols <= static_cast<int64_t>(kMaxThreadsPerRow) * kPacksPerThread * kPackElements &&
+         packs_fit(args.residual.data, args.residual.row_stride) &&
+         packs_fit(args.normed_out.data, args.normed_out.row_stride) &&
+         (!update || (packs_fit(args.delta.data, args.delta.row_stride) &&
+                      packs_fit(args.updated_out.data, args.updated_out.row_stride) &&
+                      is_16_byte_aligned(args.delta_bias.data) && is_16_byte_aligned(args.scale.data))) &&
+         is_16_byte_aligned(args.weight.data) && is_16_byte_aligned(args.bias.data);
+}
+
+int round_up_to_warp(int64_t threads) { return static_cast<int>((threads + 31) / 32 * 32); }
+
+template <typename T, bool kUpdateResidual>
+void launch_kernel(const LayerNormArgs& args, cudaStream_t stream) {
+  if (can_use_packed_kernel(args)) {
+    const int64_t packs_per_row = args.cols / kPackElements;
+    const int threads_per_row = round_up_to_warp((packs_per_row + kPacksPerThread - 1) / kPacksPerThread);
+    const int rows_per_block = std::max(1, kMinThreadsPerBlock / threads_per_row);
+    const dim3 block(threads_per_row, rows_per_block);
+    const dim3 grid(static_cast<unsigned>((args.rows + rows_per_block - 1) / rows_per_block));
+    layer_norm_packed_kernel<T, kUpdateResidual><<<grid, block, 0, stream>>>(args);
+  } else {
+    const dim3 block(std::min<int>(kScalarThreads, round_up_to_warp(args.cols)));
+    layer_norm_scalar_kernel<T, kUpdateResidual><<<static_cast<unsigned>(args.rows), block, 0, stream>>>(args);
+  }
+}
+
+template <typename T>
+void launch_for_type(const LayerNormArgs& args, cudaStream_t stream) {
+  if (args.delta.data != nullptr) {
+    launch_kernel<T, true>(args, stream);
+  } else {
+    launch_kernel<T, false>(args, stream);
+  }
+}
+
+}  // namespace
+
+void launch_layer_norm(const LayerNormArgs& args, cudaStream_t stream) {
+  if (args.rows == 0 || args.cols == 0) return;
+  if (args.type == ElementType::kBFloat16) {
+    launch_for_type<__nv_bfloat16>(args, stream);
+  } else {
+    launch_for_type<__half>(args, stream);
+  }
+}
+
+}  // namespace clip_flash
