@@ -301,7 +301,7 @@ def _register_recomputed_backward(op, reference: Callable, tensor_arg_count: int
                 )
         remaining = iter(grads)
         tensor_grads = [next(remaining) if leaf is not None and leaf.requires_grad else None for leaf in leaves]
-        return (*reversed(tensor_grads), *([None] * len(ctx.constants)))
+        return (*tensor_grads, *([None] * len(ctx.constants)))
 
     op.register_autograd(backward, setup_context=setup_context)
 

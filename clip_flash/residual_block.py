@@ -8,8 +8,9 @@ The forward keeps OpenCLIP's math and order of operations:
     x = x + ls_1(out_proj(attention(ln_1(x))));  x = x + ls_2(c_proj(act(c_fc(ln_2(x)))))
 with the attention computed by the site's backend (a causal flag instead of a materialized mask), and,
 where the block's parts are the known OpenCLIP ones, the passes around the GEMMs fused: LayerNorm in one
-pass with fp32 statistics (what ``LayerNormFp32`` computes in three), the out-projection's bias, LayerScale
-and residual add fused with the LayerNorm that follows, and c_fc's bias fused with the activation.
+pass with fp32 statistics (what ``LayerNormFp32`` computes in three), LayerScale and the residual add fused
+with the LayerNorm that follows (across block boundaries too, see ``run_blocks``), and the activation in one
+pass over c_fc's output.
 """
 from __future__ import annotations
 
@@ -165,15 +166,16 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
         """
         ln_2, mlp, out_proj = self.ln_2, self.mlp, self.attn.out_proj
         attended = self._attend(h, causal, attn_mask, kv, packing)
+        # Biases stay in the GEMMs: cuBLAS adds them in its epilogue for free (bias-less GEMMs measured slower
+        # on the H100: 58.3 vs 56.8 ms of GEMM time for ViT-L-14 b256), and the rounding matches stock.
         x, h = fused_ops.add_layer_norm(
-            x, F.linear(attended, out_proj.weight), out_proj.bias, _scale_of(self.ls_1),
-            ln_2.weight, ln_2.bias, ln_2.eps,
+            x, out_proj(attended), None, _scale_of(self.ls_1), ln_2.weight, ln_2.bias, ln_2.eps,
         )
-        hidden = fused_ops.bias_act(F.linear(h, mlp.c_fc.weight), mlp.c_fc.bias, self._clip_flash_plan.activation)
-        delta = F.linear(hidden, mlp.c_proj.weight)
+        hidden = fused_ops.bias_act(mlp.c_fc(h), None, self._clip_flash_plan.activation)
+        delta = mlp.c_proj(hidden)
         if next_norm is None:
-            return fused_ops.residual_add(x, delta, mlp.c_proj.bias, _scale_of(self.ls_2)), None
-        return fused_ops.add_layer_norm(x, delta, mlp.c_proj.bias, _scale_of(self.ls_2),
+            return fused_ops.residual_add(x, delta, None, _scale_of(self.ls_2)), None
+        return fused_ops.add_layer_norm(x, delta, None, _scale_of(self.ls_2),
                                         next_norm.weight, next_norm.bias, next_norm.eps)
 
     def _attend(self, h, causal, attn_mask, kv, packing) -> torch.Tensor:
