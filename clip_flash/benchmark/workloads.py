@@ -1,0 +1,108 @@
+"""Inputs for the benchmark: token ids and images, all real (never zeros), all reproducible.
+
+- ``random`` text: uniformly random token ids over the whole 77 positions, as the published table
+  used. Such rows have no end-of-text token, so OpenCLIP's argmax pooling picks the position of the
+  largest id, and every position is real work.
+- ``captions`` text: ImageNet class names x OpenAI's 80 prompt templates (shipped by OpenCLIP),
+  tokenized with the model's own tokenizer: SOT + a dozen tokens + EOT, zero padded; the realistic
+  workload and the one the zero-shot classifier is built from.
+- images: standard-normal pixels (already "normalized", like the model's preprocess output) or the
+  user's own pictures through Pillow and the model's own preprocess.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable, List, Sequence
+
+import torch
+from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+Tokenizer = Callable[[List[str]], torch.Tensor]
+
+
+class ImageFolderError(ValueError):
+    """``--images DIR`` holds no readable image; ``str()`` is the user-facing message."""
+
+
+def random_token_ids(batch: int, context_length: int, vocab_size: int, seed: int) -> torch.Tensor:
+    """``(batch, context_length)`` int64 ids drawn uniformly from ``[1, vocab_size)``.
+
+    Id 0 (the padding id) is left out so that no row is all padding.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab_size, (batch, context_length), generator=generator)
+
+
+def zero_shot_prompts(
+    classnames: Sequence[str] = IMAGENET_CLASSNAMES,
+    templates: Sequence[Callable[[str], str]] = OPENAI_IMAGENET_TEMPLATES,
+) -> List[str]:
+    """All prompts of a zero-shot classifier, class-major: every template of class 0, then class 1..."""
+    return [template(name) for name in classnames for template in templates]
+
+
+def caption_prompts(count: int, seed: int) -> List[str]:
+    """``count`` captions sampled (fixed seed, without repeats while possible) from classes x templates."""
+    prompts = zero_shot_prompts()
+    random.Random(seed).shuffle(prompts)
+    return [prompts[index % len(prompts)] for index in range(count)]
+
+
+def caption_token_ids(tokenizer: Tokenizer, batch: int, seed: int) -> torch.Tensor:
+    """``(batch, context_length)`` ids of ImageNet captions, from the model's own tokenizer."""
+    return tokenizer(caption_prompts(batch, seed))
+
+
+def random_images(batch: int, image_size: Sequence[int], seed: int) -> torch.Tensor:
+    """``(batch, 3, H, W)`` standard-normal pixels: the scale of preprocessed (normalized) images."""
+    generator = torch.Generator().manual_seed(seed)
+    height, width = image_size
+    return torch.randn((batch, 3, height, width), generator=generator)
+
+
+def image_files(directory: Path) -> List[Path]:
+    """Image files directly inside ``directory`` (sorted, by suffix)."""
+    return sorted(
+        path for path in Path(directory).iterdir()
+        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
+    )
+
+
+def check_image_folder(directory: Path) -> List[Path]:
+    """The image files of ``directory``; :class:`ImageFolderError` if it is missing or has none.
+
+    Called before any model is loaded, so a typo fails at once rather than after minutes of work.
+    """
+    if not Path(directory).is_dir():
+        raise ImageFolderError(f"error: --images {directory}: not a directory")
+    paths = image_files(directory)
+    if not paths:
+        raise ImageFolderError(f"error: --images {directory}: no image files ({', '.join(IMAGE_SUFFIXES)})")
+    return paths
+
+
+def load_image_folder(directory: Path, preprocess: Callable, limit: int) -> torch.Tensor:
+    """Up to ``limit`` images from ``directory`` through Pillow and ``preprocess``, stacked.
+
+    Raises :class:`ImageFolderError` when the folder is missing, empty, or holds an unreadable image.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    paths = check_image_folder(directory)
+    tensors = []
+    for path in paths[:limit]:
+        try:
+            with Image.open(path) as image:
+                tensors.append(preprocess(image.convert("RGB")))
+        except (UnidentifiedImageError, OSError) as error:
+            raise ImageFolderError(f"error: --images: cannot read {path}: {error}") from None
+    return torch.stack(tensors)
+
+
+def take_rows(pool: torch.Tensor, batch: int) -> torch.Tensor:
+    """``batch`` rows of ``pool``, cycling through it when it has fewer rows than asked."""
+    indices = torch.arange(batch) % pool.shape[0]
+    return pool[indices]
