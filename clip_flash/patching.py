@@ -246,7 +246,7 @@ class _Planner:
 
     # -- the walk ------------------------------------------------------------------------------------
     def plan(self) -> None:
-        text_towers = []
+        text_towers, transformers = [], []
         for path, module, ancestors in _walk(self.model):
             tower = _tower_of(path, ancestors + [module])
             name = type(module).__name__
@@ -265,10 +265,12 @@ class _Planner:
                 self.report.add(tower, path, "pooler", STOCK, f"unknown subclass {name}")
             if isinstance(module, (CLIP, TextTransformer)) and hasattr(module, "transformer"):
                 text_towers.append(module)
+            if type(module) is Transformer:
+                transformers.append(module)
         for tower in text_towers:
             self.plan_text_tower(tower)
-        for path, module, _ in _walk(self.model):
-            self.plan_block_chain(module)
+        for transformer in transformers:  # after the walk: its blocks must all be planned first
+            self.plan_block_chain(transformer)
         if any(isinstance(m, VisionTransformer) for m in self.model.modules()):
             fused = [p for p in self.patched_blocks.values() if p.causal_mask_owner is None and p.fused]
             if fused:
