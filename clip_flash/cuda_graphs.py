@@ -57,8 +57,9 @@ other than clip_flash's own, and changes made while a call is running (a race in
 Eager fallback, with the reason logged once per reason (logger ``clip_flash.cuda_graphs``): a model not on a
 CUDA device, autocast enabled by the caller (graphs hold the model's own dtypes), an input shape the text
 graphs do not cover, and a capture that fails (a tower or backend that syncs the host, for instance): that
-key then runs eager for the encoder's lifetime. A failed capture's bookkeeping in PyTorch's allocator is
-cleaned up where PyTorch exposes it (``_cuda_endAllocateToPool``/``_cuda_releasePool``). Inputs the model
+key then runs eager for the encoder's lifetime. A failed capture's bookkeeping in PyTorch's device allocator is
+cleaned up (``_cuda_endAllocateToPool``/``_cuda_releasePool``); the pinned-host allocator's cannot be from Python,
+so later captures go to a new pool while earlier graphs keep replaying from theirs. Inputs the model
 cannot take raise ``ValueError`` before any work: an input on another device than the model (CPU inputs are
 copied to the model's device), images not in the vision tower's dtype (autocast off), token ids that are not
 integers. Other errors of the model itself surface from the warm-up exactly as eager would raise them.
@@ -245,9 +246,14 @@ class _Setup:
     context_length: Optional[int]
     length_for: Tuple[Optional[int], ...]  # longest pooled position + 1 -> length bucket
     stream: Optional["torch.cuda.Stream"] = None
-    pool: Optional[Tuple[int, int]] = None
+    pool: Optional[Tuple[int, int]] = None  # where the next capture goes
+    retired_pools: List[Tuple[int, int]] = field(default_factory=list)  # pools a failed capture left unusable
     graphs: Dict[GraphKey, Union[_Captured, str]] = field(default_factory=dict)  # str: why capture failed
     reserved_delta: int = 0  # torch.cuda.memory_reserved delta summed over this setup's captures
+
+    def pools(self) -> List[Tuple[int, int]]:
+        """Every pool this setup's graphs live in: the current one and any retired by a failed capture."""
+        return self.retired_pools + ([self.pool] if self.pool is not None else [])
 
 
 class GraphStats(dict):
@@ -644,7 +650,10 @@ class GraphedEncoder:
                 if not isinstance(static_output, torch.Tensor):
                     raise TypeError(f"the captured function returned {type(static_output).__name__}, not a tensor")
             except Exception as error:  # noqa: BLE001 - any capture failure means: run this key eager
-                _recover_failed_capture(graph, device, setup.pool)
+                if not _recover_failed_capture(graph, device, setup.pool):
+                    # Graphs already captured keep replaying from the old pool; later captures use a new one.
+                    setup.retired_pools.append(setup.pool)
+                    setup.pool = torch.cuda.graph_pool_handle()
                 message = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 reason = f"CUDA-graph capture of {_describe(key)} failed ({type(error).__name__}: {message[:200]})"
                 setup.graphs[key] = reason
@@ -714,7 +723,7 @@ class GraphedEncoder:
         memory = 0
         if captured:
             memory = sum(e.static_input.numel() * e.static_input.element_size() for e in captured.values())
-            memory += _pool_bytes(setup.pool, self._reserved_delta)
+            memory += sum(_pool_bytes(pool, self._reserved_delta) for pool in setup.pools())
         capture_seconds = {_describe(key): e.seconds for key, e in captured.items()}
         return GraphStats(
             graphs=len(captured),
@@ -747,24 +756,25 @@ def _pool_bytes(pool: Optional[Tuple[int, int]], fallback: int) -> int:
     return sum(segment["total_size"] for segment in segments)
 
 
-def _recover_failed_capture(graph: "torch.cuda.CUDAGraph", device: torch.device, pool: Tuple[int, int]) -> None:
-    """Undo what a failed capture left in PyTorch's allocator.
+def _recover_failed_capture(graph: "torch.cuda.CUDAGraph", device: torch.device, pool: Tuple[int, int]) -> bool:
+    """Undo what a failed capture left in PyTorch's allocators; True when ``pool`` can take further captures.
 
-    capture_begin routes the capture stream's allocations to ``pool`` and takes a use of it; when the capture is
-    invalidated (a host sync, say), capture_end raises before ending that routing and the graph never gives the
-    use back. Left alone, the allocator believes a capture is still underway (it then defers freeing memory used
-    across streams) and the shared pool can never be freed.
+    capture_begin routes the capture stream's device and pinned-host allocations to ``pool`` and takes a use of
+    it; when the capture is invalidated (a host sync, say), capture_end raises before ending either routing and
+    the graph never gives its use back. Left alone, the device allocator believes a capture is still underway
+    (it then defers freeing memory used across streams) and the pool can never be freed. The device side can be
+    undone from Python; the pinned-host allocator's routing cannot, and it refuses any later capture into the
+    same pool ("beginAllocateToPool: already recording to mempool_id"), so such a pool is retired.
     """
-    try:
-        graph.pool()
-        return  # the capture ended cleanly: dropping the graph object gives its use of the pool back
-    except RuntimeError:
-        pass
     index = device.index if device.index is not None else torch.cuda.current_device()
-    for undo in (getattr(torch._C, "_cuda_endAllocateToPool", None), getattr(torch._C, "_cuda_releasePool", None)):
-        if undo is None:
-            continue
+    try:
+        torch._C._cuda_endAllocateToPool(index, pool)
+    except RuntimeError:  # capture_end ended the routing itself
         try:
-            undo(index, pool)
-        except RuntimeError:  # already done by capture_end
-            pass
+            graph.pool()
+            return True  # the capture ended cleanly: dropping the graph object gives its use of the pool back
+        except RuntimeError:  # ended the routing, then failed: the graph will not give its use back
+            torch._C._cuda_releasePool(index, pool)
+            return True
+    torch._C._cuda_releasePool(index, pool)
+    return False
