@@ -317,7 +317,7 @@ _register_recomputed_backward(_residual_add_op, _residual_update_reference, tens
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _call_directly(*tensors: Optional[Tensor]) -> bool:
+def call_directly(*tensors: Optional[Tensor]) -> bool:
     """Whether plain eager inference lets a call skip the custom-op dispatcher (same result, less overhead).
 
     Not while compiling or tracing, under a dispatch mode (FakeTensorMode, make_fx, ...), for tensor
@@ -340,7 +340,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps:
     Numerically OpenCLIP's ``LayerNormFp32`` (``F.layer_norm(x.float(), ...).to(x.dtype)``) in one pass.
     ``weight``/``bias`` have shape ``(C,)`` and may be float32 or ``x.dtype``.
     """
-    if _call_directly(x, weight, bias):
+    if call_directly(x, weight, bias):
         return _layer_norm_impl(x, weight, bias, float(eps))
     return _layer_norm_op(x, weight, bias, float(eps))
 
@@ -360,7 +360,7 @@ def add_layer_norm(
     ``(C,)``. Both outputs are new tensors in ``residual.dtype``, each rounded once from fp32 math; the
     LayerNorm (fp32 statistics) is taken over ``new_residual`` as stored, i.e. as the next block reads it.
     """
-    if _call_directly(residual, delta, delta_bias, scale, weight, bias):
+    if call_directly(residual, delta, delta_bias, scale, weight, bias):
         return _add_layer_norm_impl(residual, delta, delta_bias, scale, weight, bias, float(eps))
     return _add_layer_norm_op(residual, delta, delta_bias, scale, weight, bias, float(eps))
 
@@ -376,7 +376,7 @@ def bias_act(x: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
     elsewhere (autograd, torch.compile, CPU) ``x`` is left unchanged and a new tensor is returned.
     """
     _check_activation(activation)
-    if _call_directly(x, bias):
+    if call_directly(x, bias):
         return _bias_act_impl(x, bias, activation, in_place=True)
     return _bias_act_op(x, bias, activation)
 
@@ -385,7 +385,7 @@ def residual_add(
     residual: Tensor, delta: Tensor, delta_bias: Optional[Tensor], scale: Optional[Tensor]
 ) -> Tensor:
     """``residual + scale * (delta + delta_bias)`` with fp32 math and one rounding; a new tensor."""
-    if _call_directly(residual, delta, delta_bias, scale):
+    if call_directly(residual, delta, delta_bias, scale):
         return _residual_add_impl(residual, delta, delta_bias, scale)
     return _residual_add_op(residual, delta, delta_bias, scale)
 

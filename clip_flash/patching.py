@@ -92,11 +92,12 @@ def _walk(model: nn.Module) -> Iterator[Tuple[str, nn.Module, List[nn.Module]]]:
 class _Planner:
     """Collects the swaps and the report for one patch() call; never mutates the model."""
 
-    def __init__(self, model: nn.Module, backend: str, skip_padding: bool, fuse: bool):
+    def __init__(self, model: nn.Module, backend: str, skip_padding: bool, fuse: bool, gemm_epilogue: bool):
         self.model = model
         self.requested = backend
         self.skip_padding = skip_padding
         self.fuse = fuse
+        self.gemm_epilogue = gemm_epilogue
         self.swaps: List[_Swap] = []
         param = next(model.parameters(), None)
         self.report = PatchReport(
@@ -169,6 +170,7 @@ class _Planner:
             backend=backend, masked_backend=masked_backend, num_heads=mha.num_heads, head_dim=head_dim,
             causal_mask_owner=mask_owner, fused=not blockers,
             activation=activation_name(block.mlp.gelu) if not blockers else None,
+            gemm_epilogue=self.gemm_epilogue and not blockers,
         )
         self.swaps.append(_Swap(block, FlashResidualAttentionBlock, {"_clip_flash_plan": plan}))
         self.patched_blocks[id(block)] = plan
@@ -287,7 +289,7 @@ def _apply(model: nn.Module, swaps: List[_Swap], state: _PatchState) -> None:
 
 
 def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
-          fuse_blocks: bool = True) -> PatchReport:
+          fuse_blocks: bool = True, gemm_epilogue: bool = True) -> PatchReport:
     """Patch an OpenCLIP model in place to run its attention (and the passes around it) on fused kernels.
 
     Args:
@@ -298,6 +300,9 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
             ``"sdpa:efficient"``, ``"sdpa:math"``, ``"flash_attn"``, ``"reference"``.
         skip_padding: let causal text towers pooled at one token compute only real tokens (exact).
         fuse_blocks: fuse LayerNorm, biases, activation, LayerScale and residual adds around the GEMMs.
+        gemm_epilogue: with ``fuse_blocks``, let c_fc's bias and activation run in a Triton GEMM epilogue where
+            that measures faster than cuBLAS + a separate pass (CUDA fp16/bf16 inference; timed once per
+            shape, see ``clip_flash.gemm_epilogue``).
 
     Returns:
         A ``PatchReport``: each attention site, the backend that runs there or why it stayed stock.
@@ -320,7 +325,7 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
     if was_patched:  # plan against the stock model, so patching twice equals patching once
         previous = _unpatch_state(model)
     try:
-        planner = _Planner(model, backend, skip_padding, fuse_blocks)
+        planner = _Planner(model, backend, skip_padding, fuse_blocks, gemm_epilogue)
         planner.plan()
         if not planner.report.sites:
             raise ValueError(f"no OpenCLIP attention found in {type(model).__name__}: nothing to patch")
@@ -335,7 +340,8 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
     for line in planner.forced_backend_rejections:
         logger.warning("backend %r left a site stock: %s", backend, line)
     state = _PatchState(report=planner.report,
-                        options={"backend": backend, "skip_padding": skip_padding, "fuse_blocks": fuse_blocks})
+                        options={"backend": backend, "skip_padding": skip_padding, "fuse_blocks": fuse_blocks,
+                                 "gemm_epilogue": gemm_epilogue})
     _apply(model, planner.swaps, state)
     logger.info("%s", planner.report)
     return planner.report

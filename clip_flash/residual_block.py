@@ -24,7 +24,7 @@ from open_clip.transformer import (
 )
 from torch import nn
 
-from . import fused_ops
+from . import fused_ops, gemm_epilogue
 from .backends import AttentionBackend, get_backend
 
 # (cu_seqlens, max_seqlen) of a packed batch of variable-length sequences.
@@ -80,12 +80,13 @@ class BlockPlan:
     causal_mask_owner: Optional[nn.Module]
     fused: bool
     activation: Optional[str]
+    gemm_epilogue: bool = False  # c_fc's bias + activation may run in a GEMM epilogue (gemm_epilogue.py)
 
     def __deepcopy__(self, memo):
         import copy
         owner = copy.deepcopy(self.causal_mask_owner, memo) if self.causal_mask_owner is not None else None
         return BlockPlan(self.backend, self.masked_backend, self.num_heads, self.head_dim, owner,
-                         self.fused, self.activation)
+                         self.fused, self.activation, self.gemm_epilogue)
 
 
 def _scale_of(module: nn.Module) -> Optional[torch.Tensor]:
@@ -172,7 +173,12 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
         x, h = fused_ops.add_layer_norm(
             x, out_proj(attended), None, _scale_of(self.ls_1), ln_2.weight, ln_2.bias, ln_2.eps,
         )
-        hidden = fused_ops.bias_act(mlp.c_fc(h), None, self._clip_flash_plan.activation)
+        plan = self._clip_flash_plan
+        c_fc = mlp.c_fc
+        if plan.gemm_epilogue and h.is_cuda and fused_ops.call_directly(h, c_fc.weight, c_fc.bias):
+            hidden = gemm_epilogue.linear_act(h, c_fc.weight, c_fc.bias, plan.activation)
+        else:
+            hidden = fused_ops.bias_act(c_fc(h), None, plan.activation)
         delta = mlp.c_proj(hidden)
         if next_norm is None:
             return fused_ops.residual_add(x, delta, None, _scale_of(self.ls_2)), None

@@ -1,0 +1,222 @@
+"""c_fc with its bias and activation in the GEMM's epilogue: ``act(x @ W.T + b)`` in one Triton kernel.
+
+The MLP's hidden activations are the widest tensor of a ViT block (4x the width). Stock OpenCLIP writes c_fc's
+output, reads it back for the GELU and writes it again; cuBLAS can apply a GELU in its epilogue, but only the
+tanh approximation, which is not what ``nn.GELU()`` computes. This kernel applies the model's exact activation
+(erf GELU, tanh GELU or QuickGELU) to the accumulator before the only store.
+
+Numerics match the unfused path (cuBLAS GEMM with bias, then ``fused_ops.bias_act``): fp32 accumulation, the
+bias added in fp32, the sum rounded to the model's dtype (the stock GEMM's output), then the activation in fp32
+with accurate libdevice ``erf``/``tanh``/``exp`` and one final rounding.
+
+Whether it runs is measured, not assumed: the first call for a (rows bucket, N, K, dtype, device) times this
+kernel (Triton autotunes its tile over a few configs) against cuBLAS + ``bias_act`` and keeps the faster for
+that shape for the process's lifetime (logged at INFO). Below ``MIN_ROWS`` rows, during CUDA-graph capture and
+when Triton is missing, the cuBLAS path runs without calibrating.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import fused_ops
+
+logger = logging.getLogger(__name__)
+
+# Below this many rows the GEMM is small and launch-bound: the second pass costs little and calibrating would
+# cost more than it saves.
+MIN_ROWS = 4096
+_ACTIVATION_CODES = {"identity": 0, "gelu": 1, "gelu_tanh": 2, "quick_gelu": 3}
+_DTYPES = (torch.float16, torch.bfloat16)
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+    _TRITON_ERROR: Optional[str] = None
+except Exception as error:  # noqa: BLE001 - any import failure only disables this kernel
+    triton = None
+    _TRITON_ERROR = f"Triton is not importable ({type(error).__name__}: {error})"
+
+
+if triton is not None:
+
+    def _configs():
+        # Tiles that keep Hopper's tensor cores busy on (tens of thousands of rows) x (3-6k) x (0.7-1.4k) GEMMs.
+        shapes = [(128, 256, 64, 3, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 4), (128, 256, 64, 4, 8),
+                  (128, 128, 64, 3, 8)]
+        return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w)
+                for m, n, k, s, w in shapes]
+
+    @triton.autotune(configs=_configs(), key=["ROWS_BUCKET", "N", "K"])
+    @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+    @triton.jit
+    def _linear_act_kernel(
+        x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, ROWS_BUCKET, stride_xm, stride_wn, stride_ym,
+        ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ):
+        # Grouped tile order: GROUP_M row tiles share each weight tile while it is in L2.
+        pid = tl.program_id(0)
+        tiles_m = tl.cdiv(M, BLOCK_M)
+        tiles_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * tiles_n
+        first_m = (pid // per_group) * GROUP_M
+        group_rows = min(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % group_rows
+        pid_n = (pid % per_group) // group_rows
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        # Out-of-range rows/columns read a valid row instead (wrapped); their results are never stored.
+        rows = offs_m % M
+        cols = offs_n % N
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = w_ptr + cols[None, :] * stride_wn + offs_k[:, None]  # a (BLOCK_K, BLOCK_N) tile of W.T
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(x_ptrs)
+                b = tl.load(w_ptrs)
+            else:
+                left = K - k
+                a = tl.load(x_ptrs, mask=offs_k[None, :] < left, other=0.0)
+                b = tl.load(w_ptrs, mask=offs_k[:, None] < left, other=0.0)
+            acc = tl.dot(a, b, acc)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols).to(tl.float32)[None, :]
+        # Round as the unfused GEMM stores its output, then activate in fp32.
+        v = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        if ACTIVATION == 1:
+            v = 0.5 * v * (1.0 + libdevice.erf(v * 0.7071067811865476))
+        elif ACTIVATION == 2:
+            v = 0.5 * v * (1.0 + libdevice.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+        elif ACTIVATION == 3:
+            v = v / (1.0 + libdevice.exp(-1.702 * v))
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, v.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def _rows_bucket(rows: int) -> int:
+    return 1 << max(rows - 1, 1).bit_length()
+
+
+def unavailable_reason(x: Tensor, weight: Tensor) -> Optional[str]:
+    """Why the fused kernel cannot take these operands (None: it can)."""
+    if _TRITON_ERROR is not None:
+        return _TRITON_ERROR
+    if not x.is_cuda or x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        return "needs fp16/bf16 CUDA tensors of one dtype"
+    if torch.cuda.get_device_capability(x.device) < (8, 0):
+        return "needs compute capability >= 8.0"
+    if x.stride(-1) != 1 or weight.stride(-1) != 1:
+        return "needs unit-stride rows"
+    return None
+
+
+def triton_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
+    """``activation(x @ weight.T + bias)`` in one Triton kernel; ``x`` is (..., K), ``weight`` (N, K)."""
+    reason = unavailable_reason(x, weight)
+    if reason is not None:
+        raise RuntimeError(f"triton_linear_act: {reason}")
+    rows_in = x.reshape(-1, x.shape[-1])
+    if rows_in.stride(-1) != 1:
+        rows_in = rows_in.contiguous()
+    m, k = rows_in.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out.view(*x.shape[:-1], n)
+
+    def grid(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    with torch.cuda.device(x.device):
+        _linear_act_kernel[grid](
+            rows_in, weight, bias if bias is not None else weight, out, m, n, k, _rows_bucket(m),
+            rows_in.stride(0), weight.stride(0), out.stride(0),
+            ACTIVATION=_ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+        )
+    return out.view(*x.shape[:-1], n)
+
+
+def cublas_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
+    """The unfused path: cuBLAS GEMM with its bias epilogue, then the activation in one pass."""
+    return fused_ops.bias_act(F.linear(x, weight, bias), None, activation)
+
+
+ShapeKey = Tuple[int, int, int, torch.dtype, str, int]
+_choices: Dict[ShapeKey, Callable[..., Tensor]] = {}
+_choices_lock = threading.Lock()
+
+
+def _median_ms(function: Callable[[], Tensor], repeats: int = 10) -> float:
+    function()  # compile / autotune / warm caches outside the timing
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def _calibrate(key: ShapeKey, x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str):
+    try:
+        fused_ms = _median_ms(lambda: triton_linear_act(x, weight, bias, activation))
+    except Exception as error:  # noqa: BLE001 - a kernel that does not compile here simply loses
+        logger.warning("fused c_fc+%s kernel failed for %s (%s: %s); using cuBLAS + bias_act",
+                       activation, key[:3], type(error).__name__, error)
+        return cublas_linear_act
+    unfused_ms = _median_ms(lambda: cublas_linear_act(x, weight, bias, activation))
+    winner = triton_linear_act if fused_ms < unfused_ms else cublas_linear_act
+    logger.info("c_fc+%s rows~%d N=%d K=%d %s: Triton epilogue %.3f ms, cuBLAS + bias_act %.3f ms -> %s",
+                activation, key[0], key[1], key[2], str(key[3]).replace("torch.", ""), fused_ms, unfused_ms,
+                "Triton epilogue" if winner is triton_linear_act else "cuBLAS + bias_act")
+    return winner
+
+
+def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
+    """``activation(F.linear(x, weight, bias))`` on whichever of the two paths measured faster for this shape.
+
+    Eager inference only (the caller routes autograd and tracing to ``fused_ops``). Numerically both paths are
+    the unfused definition up to the GEMM's summation order.
+    """
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows < MIN_ROWS or unavailable_reason(x, weight) is not None:
+        return cublas_linear_act(x, weight, bias, activation)
+    key = (_rows_bucket(rows), weight.shape[0], weight.shape[1], x.dtype, activation, x.device.index or 0)
+    choice = _choices.get(key)
+    if choice is None:
+        if torch.cuda.is_current_stream_capturing():  # timing would break the capture: not now
+            return cublas_linear_act(x, weight, bias, activation)
+        with _choices_lock:
+            choice = _choices.get(key)
+            if choice is None:
+                choice = _choices[key] = _calibrate(key, x, weight, bias, activation)
+    return choice(x, weight, bias, activation)
+
+
+def tuned_config() -> Optional[str]:
+    """The tile Triton's autotuner picked last (for result files)."""
+    config = getattr(_linear_act_kernel, "best_config", None) if triton is not None else None
+    return None if config is None else str(config)
+
+
+def calibrated_choices() -> Dict[str, str]:
+    """What the calibration chose per shape so far (for reports and result files)."""
+    return {f"rows~{k[0]} N={k[1]} K={k[2]} {str(k[3]).replace('torch.', '')} {k[4]}":
+            ("triton_epilogue" if v is triton_linear_act else "cublas+bias_act") for k, v in _choices.items()}
