@@ -104,6 +104,8 @@ setup(
     version=read_version(),
     description="Faster OpenCLIP encoders on NVIDIA GPUs, computing the same thing",
     packages=find_packages(exclude=("tests", "tests.*", "scripts", "scripts.*")),
+    # Measured attention timings per GPU, read by backend="auto" (a data folder, not a package).
+    package_data={"clip_flash": ["attention_tables/*.json"]},
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.4",  # torch.library.custom_op / register_fake / register_autograd

@@ -15,6 +15,23 @@ def _version(module_name: str) -> Optional[str]:
         return None
 
 
+def _attention_table() -> Dict[str, object]:
+    """The measured attention table ``backend="auto"`` uses on this GPU (path, GPU, entries), or why none."""
+    from clip_flash.backends import measured
+
+    table = measured.active_table()
+    if table is not None:
+        return {"path": table.source, "gpu": table.gpu, "entries": len(table.entries), "note": None}
+    gpu = measured.current_gpu()
+    known = measured.candidate_tables()
+    if gpu is None:
+        note = f"no CUDA device (tables are per GPU; {len(known)} known)"
+    else:
+        note = (f"none of the {len(known)} known tables is for {gpu[0]} (sm_{gpu[1][0]}{gpu[1][1]}), so auto "
+                "takes the first backend that serves a site; make one with python scripts/measure_attention.py")
+    return {"path": None, "gpu": None, "entries": 0, "note": note}
+
+
 def environment() -> Dict[str, object]:
     """GPU, capability and library versions, and each backend's availability (recorded with every result)."""
     import torch
@@ -40,6 +57,7 @@ def environment() -> Dict[str, object]:
         info["gpu"] = torch.cuda.get_device_name()
         info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
         info["gpu_count"] = torch.cuda.device_count()
+    info["attention_table"] = _attention_table()
     info["backends"] = {
         name: {"available": status.available, "reason": status.reason, "version": status.version}
         for name, status in clip_flash.available_backends().items()
@@ -53,6 +71,7 @@ def main() -> int:
         print(json.dumps(info, indent=2))
         return 0
     backends = info.pop("backends")
+    table = info.pop("attention_table")
     width = max(len(key) for key in info)
     for key, value in info.items():
         print(f"{key:<{width}}  {value if value is not None else '-'}")
@@ -60,6 +79,10 @@ def main() -> int:
     for name, status in backends.items():
         mark = "yes" if status["available"] else "no "
         print(f"  {mark} {name:<16} {status['reason'] or ''}")
+    if table["path"]:
+        print(f"attention table: {table['path']} ({table['gpu']}, {table['entries']} entries)")
+    else:
+        print(f"attention table: none: {table['note']}")
     return 0
 
 

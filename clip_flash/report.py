@@ -33,6 +33,14 @@ class PatchReport:
     device: str
     sites: List[SiteReport] = field(default_factory=list)
     towers: Dict[str, str] = field(default_factory=dict)
+    # How ``auto`` chose on a GPU: the measured attention table in use, or "sdpa (no measured table for <GPU>)".
+    # None for forced backends and off-GPU; filled in at construction when left None.
+    attention_table: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.attention_table is None and self.requested_backend == "auto" and self.device.startswith("cuda"):
+            from .backends.measured import describe_auto_choice  # lazy: reports are plain data otherwise
+            self.attention_table = describe_auto_choice()
 
     def add(self, tower: str, block: str, kind: str, backend: str, reason: str = "") -> None:
         self.sites.append(SiteReport(tower, block, kind, backend, reason))
@@ -55,6 +63,7 @@ class PatchReport:
             "dtype": self.dtype,
             "device": self.device,
             "towers": dict(self.towers),
+            "attention_table": self.attention_table,
             "sites": [asdict(site) for site in self.sites],
         }
 
@@ -63,6 +72,8 @@ class PatchReport:
             f"clip_flash patch report: {self.model} ({self.dtype}, {self.device}), backend={self.requested_backend!r}",
             f"  {len(self.patched_sites)} of {len(self.sites)} attention sites patched",
         ]
+        if self.attention_table:
+            lines.append(f"  auto attention: {self.attention_table}")
         for tower, path in self.towers.items():
             lines.append(f"  {tower} tower: {path}")
         # Consecutive blocks that got the same treatment print as one row: "resblocks.0-11".

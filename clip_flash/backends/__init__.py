@@ -1,16 +1,23 @@
-"""The backend registry and the dispatcher that picks a kernel per attention site."""
+"""The backend registry and the dispatcher that picks a kernel per attention site.
+
+``auto`` picks from measured numbers when a timing table for this GPU covers the site (see ``measured``):
+per call, the backend measured fastest for the call's shape. Without one it takes the first backend of
+``AUTO_ORDER`` that serves the site.
+"""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
 from .base import AttentionBackend, AttentionNeeds, BackendStatus
 from .flash_attn import FlashAttnBackend
+from .measured import MeasuredAutoBackend, load_attention_table, measured_backend
 from .reference import ReferenceBackend
 from .sdpa import SdpaBackend
 
 __all__ = [
     "AttentionBackend", "AttentionNeeds", "BackendStatus", "BackendUnavailableError",
     "available_backends", "get_backend", "choose_backend", "BACKEND_NAMES", "AUTO_ORDER",
+    "MeasuredAutoBackend", "load_attention_table",
 ]
 
 _BACKENDS: Dict[str, AttentionBackend] = {
@@ -22,9 +29,10 @@ _BACKENDS: Dict[str, AttentionBackend] = {
 }
 BACKEND_NAMES: Tuple[str, ...] = tuple(_BACKENDS)
 
-# ``auto`` tries these in order and takes the first that serves the site. SDPA comes first: on the H100,
-# torch's cuDNN attention measured 0.46 ms against 0.64 ms for FA2 on ViT-L-14's (256x16x257x64) shape
-# (../shared/design.md), and SDPA serves every device and dtype. The reference backend is never automatic.
+# Without a measured table for this GPU, ``auto`` tries these in order and takes the first that serves the
+# site. SDPA comes first: on the H100, torch's cuDNN attention measured 0.46 ms against 0.64 ms for FA2 on
+# ViT-L-14's (256x16x257x64) shape (../shared/design.md), and SDPA serves every device and dtype. The
+# reference backend is never automatic.
 AUTO_ORDER: Tuple[str, ...] = ("sdpa", "flash_attn")
 
 
@@ -46,7 +54,15 @@ def available_backends() -> Dict[str, BackendStatus]:
 
 
 def choose_backend(requested: str, needs: AttentionNeeds) -> Tuple[Optional[AttentionBackend], Dict[str, List[str]]]:
-    """The backend that serves ``needs`` (``None`` if none does) and, per backend tried, why it could not."""
+    """The backend that serves ``needs`` (``None`` if none does) and, per backend tried, why it could not.
+
+    ``auto`` returns a ``MeasuredAutoBackend`` when a timing table for this GPU has entries for the site's
+    dtype, head dim and causality; otherwise the first backend of ``AUTO_ORDER`` that serves the site.
+    """
+    if requested == "auto":
+        measured = measured_backend(needs)
+        if measured is not None:
+            return measured, {}
     candidates = AUTO_ORDER if requested == "auto" else (requested,)
     rejected: Dict[str, List[str]] = {}
     for name in candidates:
