@@ -289,7 +289,7 @@ def _apply(model: nn.Module, swaps: List[_Swap], state: _PatchState) -> None:
 
 
 def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
-          fuse_blocks: bool = True, gemm_epilogue: bool = True) -> PatchReport:
+          fuse_blocks: bool = True, gemm_epilogue: bool = False) -> PatchReport:
     """Patch an OpenCLIP model in place to run its attention (and the passes around it) on fused kernels.
 
     Args:
@@ -302,7 +302,9 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
         fuse_blocks: fuse LayerNorm, biases, activation, LayerScale and residual adds around the GEMMs.
         gemm_epilogue: with ``fuse_blocks``, let c_fc's bias and activation run in a Triton GEMM epilogue where
             that measures faster than cuBLAS + a separate pass (CUDA fp16/bf16 inference; timed once per
-            shape, see ``clip_flash.gemm_epilogue``).
+            shape, see ``clip_flash.gemm_epilogue``). Off by default: on the H100 the Triton kernel lost to
+            cuBLAS + the bias_act pass at every ViT shape (results/h100/gemm_epilogue_fp16.txt), so turning
+            it on there only adds the one-time calibration.
 
     Returns:
         A ``PatchReport``: each attention site, the backend that runs there or why it stayed stock.
