@@ -38,6 +38,10 @@ try:
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
+    try:  # Hopper's tensor-memory-accelerator loads (Triton >= 3.3)
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        TensorDescriptor = None
     _TRITON_ERROR: Optional[str] = None
 except Exception as error:  # noqa: BLE001 - any import failure only disables this kernel
     triton = None
@@ -95,16 +99,61 @@ if triton is not None:
 
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols).to(tl.float32)[None, :]
-        # Round as the unfused GEMM stores its output, then activate in fp32.
-        v = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        v = _activate(acc, y_ptr.dtype.element_ty, ACTIVATION)
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, v, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+    @triton.jit
+    def _activate(acc, out_dtype: tl.constexpr, ACTIVATION: tl.constexpr):
+        # Round as the unfused GEMM stores its output, then activate in fp32 and round once more.
+        v = acc.to(out_dtype).to(tl.float32)
         if ACTIVATION == 1:
             v = 0.5 * v * (1.0 + libdevice.erf(v * 0.7071067811865476))
         elif ACTIVATION == 2:
             v = 0.5 * v * (1.0 + libdevice.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
         elif ACTIVATION == 3:
             v = v / (1.0 + libdevice.exp(-1.702 * v))
-        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        tl.store(y_ptrs, v.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        return v.to(out_dtype)
+
+    def _set_tma_blocks(nargs):
+        m, n, k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+        nargs["x_desc"].block_shape = [m, k]
+        nargs["w_desc"].block_shape = [n, k]
+        nargs["y_desc"].block_shape = [m, n]
+
+    def _tma_configs():
+        shapes = [(128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 4),
+                  (128, 128, 128, 3, 8)]
+        return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w,
+                              pre_hook=_set_tma_blocks) for m, n, k, s, w in shapes]
+
+    @triton.autotune(configs=_tma_configs(), key=["ROWS_BUCKET", "N", "K"])
+    @triton.jit
+    def _linear_act_tma_kernel(
+        x_desc, w_desc, b_ptr, y_desc, M, N, K, ROWS_BUCKET,
+        ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ):
+        # The same GEMM with TMA tile loads (bounds handled by the hardware: zero fill, clipped stores).
+        pid = tl.program_id(0)
+        tiles_m = tl.cdiv(M, BLOCK_M)
+        tiles_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * tiles_n
+        first_m = (pid // per_group) * GROUP_M
+        group_rows = min(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % group_rows
+        pid_n = (pid % per_group) // group_rows
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = x_desc.load([off_m, k])
+            b = w_desc.load([off_n, k])
+            acc = tl.dot(a, b.T, acc)
+        if HAS_BIAS:
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        y_desc.store([off_m, off_n], _activate(acc, y_desc.dtype, ACTIVATION))
 
 
 def _rows_bucket(rows: int) -> int:
@@ -124,9 +173,27 @@ def unavailable_reason(x: Tensor, weight: Tensor) -> Optional[str]:
     return None
 
 
-def triton_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
-    """``activation(x @ weight.T + bias)`` in one Triton kernel; ``x`` is (..., K), ``weight`` (N, K)."""
+def tma_unavailable_reason(x: Tensor, weight: Tensor) -> Optional[str]:
+    """Why the TMA variant cannot take these operands (None: it can)."""
     reason = unavailable_reason(x, weight)
+    if reason is not None:
+        return reason
+    if TensorDescriptor is None:
+        return "this Triton has no host tensor descriptors"
+    if torch.cuda.get_device_capability(x.device) < (9, 0):
+        return "TMA needs compute capability >= 9.0"
+    if (x.shape[-1] * x.element_size()) % 16 or (weight.shape[0] * weight.element_size()) % 16:
+        return "TMA needs rows of a multiple of 16 bytes"
+    return None
+
+
+def triton_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
+                      tma: bool = False) -> Tensor:
+    """``activation(x @ weight.T + bias)`` in one Triton kernel; ``x`` is (..., K), ``weight`` (N, K).
+
+    ``tma`` selects the variant whose tiles are loaded by Hopper's tensor memory accelerator.
+    """
+    reason = tma_unavailable_reason(x, weight) if tma else unavailable_reason(x, weight)
     if reason is not None:
         raise RuntimeError(f"triton_linear_act: {reason}")
     rows_in = x.reshape(-1, x.shape[-1])
@@ -142,12 +209,30 @@ def triton_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activat
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
     with torch.cuda.device(x.device):
-        _linear_act_kernel[grid](
-            rows_in, weight, bias if bias is not None else weight, out, m, n, k, _rows_bucket(m),
-            rows_in.stride(0), weight.stride(0), out.stride(0),
-            ACTIVATION=_ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
-        )
+        if tma:
+            # TMA wants 16-byte aligned bases and row strides; copy the rare operand that is not.
+            if rows_in.data_ptr() % 16 or rows_in.stride(0) * rows_in.element_size() % 16:
+                rows_in = rows_in.clone(memory_format=torch.contiguous_format)
+            if weight.data_ptr() % 16 or weight.stride(0) * weight.element_size() % 16:
+                weight = weight.clone(memory_format=torch.contiguous_format)
+            # Block shapes are placeholders: the autotuner's pre-hook sets them per config.
+            _linear_act_tma_kernel[grid](
+                TensorDescriptor.from_tensor(rows_in, [64, 64]), TensorDescriptor.from_tensor(weight, [64, 64]),
+                bias if bias is not None else weight, TensorDescriptor.from_tensor(out, [64, 64]),
+                m, n, k, _rows_bucket(m), ACTIVATION=_ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+            )
+        else:
+            _linear_act_kernel[grid](
+                rows_in, weight, bias if bias is not None else weight, out, m, n, k, _rows_bucket(m),
+                rows_in.stride(0), weight.stride(0), out.stride(0),
+                ACTIVATION=_ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+            )
     return out.view(*x.shape[:-1], n)
+
+
+def triton_tma_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
+    """``triton_linear_act`` on the TMA variant."""
+    return triton_linear_act(x, weight, bias, activation, tma=True)
 
 
 def cublas_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
@@ -175,18 +260,20 @@ def _median_ms(function: Callable[[], Tensor], repeats: int = 10) -> float:
 
 
 def _calibrate(key: ShapeKey, x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str):
-    try:
-        fused_ms = _median_ms(lambda: triton_linear_act(x, weight, bias, activation))
-    except Exception as error:  # noqa: BLE001 - a kernel that does not compile here simply loses
-        logger.warning("fused c_fc+%s kernel failed for %s (%s: %s); using cuBLAS + bias_act",
-                       activation, key[:3], type(error).__name__, error)
-        return cublas_linear_act
-    unfused_ms = _median_ms(lambda: cublas_linear_act(x, weight, bias, activation))
-    winner = triton_linear_act if fused_ms < unfused_ms else cublas_linear_act
-    logger.info("c_fc+%s rows~%d N=%d K=%d %s: Triton epilogue %.3f ms, cuBLAS + bias_act %.3f ms -> %s",
-                activation, key[0], key[1], key[2], str(key[3]).replace("torch.", ""), fused_ms, unfused_ms,
-                "Triton epilogue" if winner is triton_linear_act else "cuBLAS + bias_act")
-    return winner
+    candidates = {"cuBLAS + bias_act": cublas_linear_act, "Triton epilogue": triton_linear_act}
+    if tma_unavailable_reason(x, weight) is None:
+        candidates["Triton TMA epilogue"] = triton_tma_linear_act
+    timings = {}
+    for name, function in candidates.items():
+        try:
+            timings[name] = _median_ms(lambda: function(x, weight, bias, activation))
+        except Exception as error:  # noqa: BLE001 - a kernel that does not compile here simply loses
+            logger.warning("c_fc+%s for %s: %s failed (%s: %s)", activation, key[:3], name,
+                           type(error).__name__, error)
+    winner = min(timings, key=timings.get)
+    logger.info("c_fc+%s rows~%d N=%d K=%d %s: %s -> %s", activation, key[0], key[1], key[2],
+                str(key[3]).replace("torch.", ""), ", ".join(f"{n} {t:.3f} ms" for n, t in timings.items()), winner)
+    return candidates[winner]
 
 
 def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
@@ -212,11 +299,18 @@ def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: st
 
 def tuned_config() -> Optional[str]:
     """The tile Triton's autotuner picked last (for result files)."""
-    config = getattr(_linear_act_kernel, "best_config", None) if triton is not None else None
-    return None if config is None else str(config)
+    if triton is None:
+        return None
+    configs = {name: getattr(kernel, "best_config", None)
+               for name, kernel in (("pointer", _linear_act_kernel), ("tma", _linear_act_tma_kernel))}
+    return "; ".join(f"{name}: {config}" for name, config in configs.items() if config is not None) or None
 
 
 def calibrated_choices() -> Dict[str, str]:
     """What the calibration chose per shape so far (for reports and result files)."""
     return {f"rows~{k[0]} N={k[1]} K={k[2]} {str(k[3]).replace('torch.', '')} {k[4]}":
-            ("triton_epilogue" if v is triton_linear_act else "cublas+bias_act") for k, v in _choices.items()}
+            _CHOICE_NAMES.get(v, v.__name__) for k, v in _choices.items()}
+
+
+_CHOICE_NAMES = {cublas_linear_act: "cublas+bias_act", triton_linear_act: "triton_epilogue",
+                 triton_tma_linear_act: "triton_tma_epilogue"}

@@ -58,16 +58,17 @@ def test_patch_option_reaches_every_fused_block(build_model):
 
 
 @needs_cuda
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
 @pytest.mark.parametrize("precision", list(DTYPES))
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("shape", [(4100, 3072, 768), (333, 200, 100), (8192, 4096, 1024), (1000, 5120, 1280)])
-def test_kernel_error_at_most_twice_the_unfused_path(shape, activation, precision):
-    if gemm_epilogue.unavailable_reason(torch.empty(1, 8, device="cuda", dtype=torch.float16),
-                                        torch.empty(8, 8, device="cuda", dtype=torch.float16)):
-        pytest.skip("the Triton kernel cannot run on this GPU")
+@pytest.mark.parametrize("shape", [(4100, 3072, 768), (333, 200, 104), (8192, 4096, 1024), (1000, 5120, 1280)])
+def test_kernel_error_at_most_twice_the_unfused_path(shape, activation, precision, tma):
     rows, n, k = shape
     x, weight, bias = _operands(rows, n, k, DTYPES[precision], "cuda", bias=activation != "identity")
-    fused = gemm_epilogue.triton_linear_act(x, weight, bias, activation)
+    reason = (gemm_epilogue.tma_unavailable_reason if tma else gemm_epilogue.unavailable_reason)(x, weight)
+    if reason:
+        pytest.skip(reason)
+    fused = gemm_epilogue.triton_linear_act(x, weight, bias, activation, tma=tma)
     unfused = gemm_epilogue.cublas_linear_act(x, weight, bias, activation)
     reference = _reference(x, weight, bias, activation)
     assert fused.shape == unfused.shape and fused.dtype == x.dtype
@@ -87,6 +88,11 @@ def test_three_dimensional_and_strided_inputs():
     strided = wide[:, :128]  # rows with a stride past their length, as a slice of a wider buffer
     torch.testing.assert_close(gemm_epilogue.triton_linear_act(strided, weight, bias, "gelu"),
                                fused.view(-1, 256), rtol=0, atol=0)
+    if gemm_epilogue.tma_unavailable_reason(x, weight) is None:
+        tma = gemm_epilogue.triton_tma_linear_act(x3, weight, bias, "gelu")
+        torch.testing.assert_close(gemm_epilogue.triton_tma_linear_act(strided, weight, bias, "gelu"),
+                                   tma.view(-1, 256), rtol=0, atol=0)
+        torch.testing.assert_close(tma, fused, rtol=0, atol=2e-3)  # same math, another summation order
 
 
 @needs_cuda
@@ -95,7 +101,8 @@ def test_dispatch_calibrates_once_per_shape_and_matches(monkeypatch):
     x, weight, bias = _operands(gemm_epilogue.MIN_ROWS + 100, 1024, 256, torch.float16, "cuda")
     first = gemm_epilogue.linear_act(x, weight, bias, "gelu")
     choices = gemm_epilogue.calibrated_choices()
-    assert len(choices) == 1 and list(choices.values())[0] in ("triton_epilogue", "cublas+bias_act")
+    assert len(choices) == 1 and list(choices.values())[0] in (
+        "triton_epilogue", "triton_tma_epilogue", "cublas+bias_act")
     second = gemm_epilogue.linear_act(x[:-50], weight, bias, "gelu")  # same rows bucket: no new calibration
     assert len(gemm_epilogue.calibrated_choices()) == 1
     torch.testing.assert_close(second, first[:-50], rtol=0, atol=0)
@@ -105,11 +112,15 @@ def test_dispatch_calibrates_once_per_shape_and_matches(monkeypatch):
 
 
 @needs_cuda
+@pytest.mark.parametrize("kernel", ["triton_linear_act", "triton_tma_linear_act"])
 @pytest.mark.parametrize("precision", list(DTYPES))
-def test_patched_model_on_the_epilogue_kernel_keeps_the_accuracy_rule(monkeypatch, precision):
+def test_patched_model_on_the_epilogue_kernel_keeps_the_accuracy_rule(monkeypatch, precision, kernel):
+    probe = torch.empty(8, 64, device="cuda", dtype=torch.float16)
+    if kernel == "triton_tma_linear_act" and gemm_epilogue.tma_unavailable_reason(probe, probe):
+        pytest.skip(gemm_epilogue.tma_unavailable_reason(probe, probe))
     # Force the kernel wherever the dispatcher would calibrate, so this test covers it whatever wins here.
     monkeypatch.setattr(gemm_epilogue, "_choices", {})
-    monkeypatch.setattr(gemm_epilogue, "_calibrate", lambda *args: gemm_epilogue.triton_linear_act)
+    monkeypatch.setattr(gemm_epilogue, "_calibrate", lambda *args: getattr(gemm_epilogue, kernel))
     torch.manual_seed(0)
     reference = open_clip.create_model("ViT-B-32", pretrained=None, device="cuda").eval()
     model = open_clip.create_model("ViT-B-32", pretrained=None, precision=precision, device="cuda").eval()
