@@ -77,15 +77,15 @@ def main() -> int:
                 for _ in range(3):
                     fn()
             torch.cuda.synchronize()
-            timed = {name: [] for name in paths}
+            timed = {path: [] for path in paths}
             for _ in range(3):  # alternate blocks so clocks and caches treat every path alike
-                for name, fn in paths.items():
-                    timed[name].append(_median_ms(fn, args.repeats))
+                for path, fn in paths.items():
+                    timed[path].append(_median_ms(fn, args.repeats))
             ms = {k: sorted(v)[1] for k, v in timed.items()}
             ms.setdefault("tma", float("nan"))
             best = min(ms["fused"], ms["tma"]) if ms["tma"] == ms["tma"] else ms["fused"]
-            diff = max((paths[name]().float() - unfused().float()).abs().max().item()
-                       for name in ("fused", "tma") if name in paths)
+            diff = max((paths[path]().float() - unfused().float()).abs().max().item()
+                       for path in ("fused", "tma") if path in paths)
             row = dict(model=name, batch=batch, rows=x.shape[0], n=hidden, k=width, activation=activation,
                        dtype=args.dtype, gemm_ms=ms["gemm"], cublas_bias_act_ms=ms["unfused"],
                        triton_epilogue_ms=ms["fused"], triton_tma_epilogue_ms=ms["tma"],
