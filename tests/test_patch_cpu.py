@@ -269,3 +269,30 @@ def test_available_backends_explains_what_cannot_run():
     assert statuses["sdpa"].available and statuses["reference"].available
     if not torch.cuda.is_available():
         assert not statuses["flash_attn"].available and statuses["flash_attn"].reason
+
+
+def test_pinned_sdpa_from_many_threads_leaves_the_global_flags_as_they_were():
+    """sdpa_kernel() flips process-wide flags: concurrent pins must not leave one behind (a server's threads)."""
+    import random
+    import threading
+    import time
+
+    from clip_flash.backends import get_backend
+
+    flags = (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
+             torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.cudnn_sdp_enabled)
+    before = [flag() for flag in flags]
+    backends = [get_backend(name) for name in ("sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "sdpa:math", "sdpa")]
+
+    def worker(seed):
+        rng = random.Random(seed)
+        for _ in range(200):
+            with rng.choice(backends)._context():
+                time.sleep(rng.random() * 1e-4)  # widen the window between setting and restoring the flags
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [flag() for flag in flags] == before

@@ -3,6 +3,7 @@ or the user pins one kernel (``sdpa:cudnn``, ``sdpa:flash``, ``sdpa:efficient``,
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import List, Optional
 
 import torch
@@ -23,6 +24,24 @@ _PINNABLE = {
     "math": SDPBackend.MATH,
 }
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+# sdpa_kernel() pins a kernel by setting process-wide flags and restores them on exit. Two threads pinning at
+# once restore each other's flags, which can leave a pin in place for the whole process (every later SDPA call
+# then fails with "No available kernel" where the pinned kernel does not apply). Every SDPA call clip_flash
+# makes holds this lock while the flags are set, so its own calls never interleave; it is held only for the
+# kernel launch.
+_SDPA_FLAGS_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _flags_held(pinned: Optional[str]):
+    if torch.compiler.is_compiling():  # traced: dynamo handles sdpa_kernel itself; a lock would break the graph
+        with sdpa_kernel([_PINNABLE[pinned]]) if pinned else contextlib.nullcontext():
+            yield
+        return
+    with _SDPA_FLAGS_LOCK:
+        with sdpa_kernel([_PINNABLE[pinned]]) if pinned else contextlib.nullcontext():
+            yield
 
 
 class SdpaBackend(AttentionBackend):
@@ -63,7 +82,7 @@ class SdpaBackend(AttentionBackend):
         return reasons
 
     def _context(self):
-        return sdpa_kernel([_PINNABLE[self.pinned]]) if self.pinned else contextlib.nullcontext()
+        return _flags_held(self.pinned)
 
     def attend(self, q, k, v, causal, attn_mask=None, dropout_p=0.0):
         # (B, L, H, D) -> (B, H, L, D) views: SDPA takes strided inputs, as nn.MultiheadAttention does.
