@@ -51,6 +51,7 @@ from clip_flash.benchmark.runner import (  # noqa: E402
 from clip_flash.benchmark.workloads import ImageFolderError, check_image_folder  # noqa: E402
 
 # Defaults per device. CPU ones keep `--model ViT-B-32 --device cpu` at about a minute on 2 cores.
+BASELINES = ("stock", "compile:default", "compile:max-autotune", "compile:max-autotune-no-cudagraphs")
 CUDA_DEFAULTS = {"times": 100, "warmup": 5, "dtype": "fp16", "zero_shot_repeats": 3}
 CPU_DEFAULTS = {"times": 3, "warmup": 1, "dtype": "fp32", "zero_shot_repeats": 1}
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -160,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zero-shot-repeats", type=positive_int, default=None, metavar="R",
                         help="builds per side, alternating; the median is reported "
                              "[default: 3 on CUDA, 1 on CPU]")
+    parser.add_argument("--baseline", default="stock", choices=BASELINES,
+                        help="what the patched model is compared with: the stock model (default) or the stock "
+                             "model under torch.compile in the given mode (compiled per shape during warm-up)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="run the patched side through clip_flash.GraphedEncoder (CUDA graphs, captured first)")
     parser.add_argument("--latency", type=positive_int, default=None, metavar="N",
@@ -204,6 +208,7 @@ def make_settings(args: argparse.Namespace, device: torch.device) -> BenchSettin
         zero_shot_repeats=args.zero_shot_repeats or defaults["zero_shot_repeats"],
         latency_requests=args.latency,
         cuda_graphs=args.cuda_graphs,
+        baseline=args.baseline,
     )
 
 
@@ -216,8 +221,11 @@ def settings_note(args: argparse.Namespace, settings: BenchSettings) -> str:
         where = f"device `{device}`"
     options = "".join(f", {key}={value!r}" for key, value in settings.patch_options.items())
     images = f"pictures from {settings.images_dir}" if settings.images_dir else "random normal pixels"
+    baseline = "" if settings.baseline == "stock" else \
+        f"baseline: torch.compile(stock, mode={settings.baseline.split(':', 1)[1]!r}) (the 'stock' columns); "
     return (
         f"Settings: {where}, dtype {settings.precision}, clip_flash.patch(backend={settings.backend!r}{options}); "
+        f"{baseline}"
         f"text: {TEXT_INPUT_NOTES[settings.text_input]}; images: {images}; "
         f"{settings.warmup} warm-up call(s) per side, then {settings.times} timed call(s) per side in "
         f"alternating blocks; baseline(s)/flash_attn(s) are total seconds, mean diff is mean "

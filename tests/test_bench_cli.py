@@ -95,12 +95,25 @@ def test_parser_defaults_and_flags():
         ["--model", "ViT-B-32", "--patch-option", "backend=sdpa"],
         ["--model", "ViT-B-32::"],
         ["--model", "ViT-B-32", "--zero-shot-templates", "81"],
+        ["--model", "ViT-B-32", "--baseline", "compile:fastest"],
     ],
 )
 def test_parser_rejects(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_clip.build_parser().parse_args(argv)
     assert exit_info.value.code == 2
+
+
+def test_compiled_baseline_is_said_in_the_settings_line():
+    parser = bench_clip.build_parser()
+    stock = parser.parse_args(["--model", "ViT-B-32"])
+    compiled = parser.parse_args(["--model", "ViT-B-32", "--baseline", "compile:max-autotune"])
+    for args in (stock, compiled):
+        settings = bench_clip.make_settings(args, torch.device("cpu"))
+        assert settings.baseline == args.baseline
+    note = bench_clip.settings_note(compiled, bench_clip.make_settings(compiled, torch.device("cpu")))
+    assert "torch.compile(stock, mode='max-autotune')" in note
+    assert "torch.compile" not in bench_clip.settings_note(stock, bench_clip.make_settings(stock, torch.device("cpu")))
 
 
 def test_device_defaults():
