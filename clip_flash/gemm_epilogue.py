@@ -57,6 +57,17 @@ if triton is not None:
         return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w)
                 for m, n, k, s, w in shapes]
 
+    @triton.jit
+    def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+        # Grouped tile order: GROUP_M row tiles share each weight tile while it is in L2.
+        pid = tl.program_id(0)
+        tiles_m = tl.cdiv(M, BLOCK_M)
+        tiles_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * tiles_n
+        first_m = (pid // per_group) * GROUP_M
+        group_rows = min(tiles_m - first_m, GROUP_M)
+        return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
     @triton.autotune(configs=_configs(), key=["ROWS_BUCKET", "N", "K"])
     @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
     @triton.jit
@@ -65,15 +76,7 @@ if triton is not None:
         ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ):
-        # Grouped tile order: GROUP_M row tiles share each weight tile while it is in L2.
-        pid = tl.program_id(0)
-        tiles_m = tl.cdiv(M, BLOCK_M)
-        tiles_n = tl.cdiv(N, BLOCK_N)
-        per_group = GROUP_M * tiles_n
-        first_m = (pid // per_group) * GROUP_M
-        group_rows = min(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % group_rows
-        pid_n = (pid % per_group) // group_rows
+        pid_m, pid_n = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,14 +138,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ):
         # The same GEMM with TMA tile loads (bounds handled by the hardware: zero fill, clipped stores).
-        pid = tl.program_id(0)
-        tiles_m = tl.cdiv(M, BLOCK_M)
-        tiles_n = tl.cdiv(N, BLOCK_N)
-        per_group = GROUP_M * tiles_n
-        first_m = (pid // per_group) * GROUP_M
-        group_rows = min(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % group_rows
-        pid_n = (pid % per_group) // group_rows
+        pid_m, pid_n = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -245,7 +241,8 @@ _choices: Dict[ShapeKey, Callable[..., Tensor]] = {}
 _choices_lock = threading.Lock()
 
 
-def _median_ms(function: Callable[[], Tensor], repeats: int = 10) -> float:
+def median_cuda_ms(function: Callable[[], object], repeats: int = 10) -> float:
+    """Median CUDA-event milliseconds of ``function()`` over ``repeats`` calls, after one untimed call."""
     function()  # compile / autotune / warm caches outside the timing
     torch.cuda.synchronize()
     times = []
@@ -266,7 +263,7 @@ def _calibrate(key: ShapeKey, x: Tensor, weight: Tensor, bias: Optional[Tensor],
     timings = {}
     for name, function in candidates.items():
         try:
-            timings[name] = _median_ms(lambda: function(x, weight, bias, activation))
+            timings[name] = median_cuda_ms(lambda: function(x, weight, bias, activation))
         except Exception as error:  # noqa: BLE001 - a kernel that does not compile here simply loses
             logger.warning("c_fc+%s for %s: %s failed (%s: %s)", activation, key[:3], name,
                            type(error).__name__, error)

@@ -34,18 +34,6 @@ VISION_MLPS = {
 }
 
 
-def _median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(VISION_MLPS))
@@ -80,7 +68,7 @@ def main() -> int:
             timed = {path: [] for path in paths}
             for _ in range(3):  # alternate blocks so clocks and caches treat every path alike
                 for path, fn in paths.items():
-                    timed[path].append(_median_ms(fn, args.repeats))
+                    timed[path].append(gemm_epilogue.median_cuda_ms(fn, args.repeats))
             ms = {k: sorted(v)[1] for k, v in timed.items()}
             ms.setdefault("tma", float("nan"))
             best = min(ms["fused"], ms["tma"]) if ms["tma"] == ms["tma"] else ms["fused"]
