@@ -9,10 +9,12 @@ Numerics match the unfused path (cuBLAS GEMM with bias, then ``fused_ops.bias_ac
 bias added in fp32, the sum rounded to the model's dtype (the stock GEMM's output), then the activation in fp32
 with accurate libdevice ``erf``/``tanh``/``exp`` and one final rounding.
 
-Whether it runs is measured, not assumed: the first call for a (rows bucket, N, K, dtype, device) times this
-kernel (Triton autotunes its tile over a few configs) against cuBLAS + ``bias_act`` and keeps the faster for
-that shape for the process's lifetime (logged at INFO). Below ``MIN_ROWS`` rows, during CUDA-graph capture and
-when Triton is missing, the cuBLAS path runs without calibrating.
+Two variants: plain pointer loads, and (sm90+) tiles loaded by the tensor memory accelerator. Whether either
+runs is measured, not assumed: the first call for a (rows bucket, N, K, dtype, device) times both (Triton
+autotunes each one's tile over a few configs) against cuBLAS + ``bias_act`` and keeps the fastest for that shape
+for the process's lifetime (logged at INFO). Below ``MIN_ROWS`` rows, during CUDA-graph capture and when Triton
+is missing, the cuBLAS path runs without calibrating. On the H100 the kernels win nothing that matters (see
+``patch(gemm_epilogue=...)``), so patch() only routes here when asked.
 """
 from __future__ import annotations
 

@@ -302,9 +302,10 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
         fuse_blocks: fuse LayerNorm, biases, activation, LayerScale and residual adds around the GEMMs.
         gemm_epilogue: with ``fuse_blocks``, let c_fc's bias and activation run in a Triton GEMM epilogue where
             that measures faster than cuBLAS + a separate pass (CUDA fp16/bf16 inference; timed once per
-            shape, see ``clip_flash.gemm_epilogue``). Off by default: on the H100 the Triton kernel lost to
-            cuBLAS + the bias_act pass at every ViT shape (results/h100/gemm_epilogue_fp16.txt), so turning
-            it on there only adds the one-time calibration.
+            shape, see ``clip_flash.gemm_epilogue``). Off by default: on the H100 the Triton kernels lost to
+            cuBLAS + the bias_act pass at every ViT MLP shape but the two largest, where they broke even
+            (<= 1.03x; results/h100/gemm_epilogue_fp16.txt), so turning it on there buys little beyond the
+            one-time calibration.
 
     Returns:
         A ``PatchReport``: each attention site, the backend that runs there or why it stayed stock.
