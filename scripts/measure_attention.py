@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from clip_flash.backends import AttentionNeeds, available_backends, get_backend  # noqa: E402
+from clip_flash.info import environment as clip_flash_environment  # noqa: E402
 from clip_flash.backends.measured import SHIPPED_TABLE_DIR, parse_table  # noqa: E402
 
 DEFAULT_MODELS = ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-g-14")
@@ -234,29 +235,15 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
-def _version(module: str) -> Optional[str]:
-    try:
-        return getattr(__import__(module), "__version__", "unknown")
-    except Exception:
-        return None
-
-
 def environment(command: str) -> Dict[str, Any]:
-    """The table's header: GPU, versions, the command line and when."""
-    import clip_flash
-
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "capability": list(torch.cuda.get_device_capability()),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "flash_attn": _version("flash_attn"),
-        "open_clip": _version("open_clip"),
-        "clip_flash": clip_flash.__version__,
-        "command": command,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    """The table's header: GPU, versions (as ``python -m clip_flash.info`` reports them), the command and when."""
+    info = clip_flash_environment()
+    header: Dict[str, Any] = {key: info[key] for key in ("gpu", "torch", "cuda", "cudnn", "flash_attn", "open_clip",
+                                                         "clip_flash")}
+    header["capability"] = list(torch.cuda.get_device_capability())  # tables match on it
+    header["command"] = command
+    header["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return header
 
 
 def _fmt(ms: Optional[float]) -> str:
