@@ -682,19 +682,27 @@ def test_torch_compile_inductor_cuda(dtype):
 
 
 @requires_kernels
+@pytest.mark.parametrize("loss_on", ["block_output", "next_norm", "both"])
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
-def test_training_gradients_cuda(dtype):
+def test_training_gradients_cuda(dtype, loss_on):
     """Kernel forward, plain-torch backward: gradients as accurate as the stock sequence's."""
     inputs = _block_inputs(ROWS, 512, device="cuda", dtype=dtype, requires_grad=True)
+    picked = {"block_output": [0], "next_norm": [1], "both": [0, 1]}[loss_on]
 
     def grads_of(block: Callable, tensors):
         leaves = [t.detach().clone().requires_grad_() for t in tensors]
         outputs = block(*leaves)
-        return torch.autograd.grad(sum(o.float().square().mean() for o in outputs), leaves)
+        return torch.autograd.grad(sum(outputs[i].float().square().mean() for i in picked), leaves)
 
     ours = grads_of(_block_like, inputs)
     stock = grads_of(_plain_block_like, inputs)
     reference = grads_of(_plain_block_like, [t.float() for t in inputs])
+    failures = []
     for name, o, s, r in zip(["residual", "delta", "out_bias", "gamma", "ln_w", "ln_b", "fc_bias"], ours, stock, reference):
         o_err, s_err = (o.float() - r).norm().item(), (s.float() - r).norm().item()
-        assert o_err <= 2 * s_err + 1e-4 * r.norm().item(), f"{name}: ours {o_err:.3g}, stock {s_err:.3g}"
+        floor = (r.to(dtype).float() - r).norm().item()  # error of the exact gradient rounded once to dtype
+        print(f"grad {dtype} loss_on={loss_on} {name}: ours {o_err:.3g} stock {s_err:.3g} "
+              f"rounding floor {floor:.3g} |ref| {r.norm().item():.3g}")
+        if not o_err <= 2 * s_err + 1e-4 * r.norm().item():
+            failures.append(f"{name}: ours {o_err:.3g}, stock {s_err:.3g}")
+    assert not failures, failures
