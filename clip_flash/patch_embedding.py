@@ -9,11 +9,14 @@ so the patched ``conv1`` gathers the patches with one copy and calls cuBLAS. The
 
 For 16-bit CUDA inputs whose patch length is not a multiple of 8 (14x14 patches: 588), the patch matrix
 and the kernel are padded with zero columns to the next multiple of 8, which lets cuBLAS use its 16-byte
-aligned kernels; zeros add nothing to the products, so the result is the same.
+aligned kernels; zeros add nothing to the products, so the result is the same. Padding costs three more
+launches, so it is done only from ``PAD_MIN_PATCHES`` patches on: on the H100 (results/h100/patch_embedding.md)
+the padded GEMM of ViT-L/H/g-14 took 0.32-0.37 ms against 0.60-0.77 ms unpadded at batch 256 and was ahead
+at batch 64 (16384 patches), while at batch 16 (4096 patches) and below the unpadded one was faster.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +25,7 @@ from torch import Tensor, nn
 __all__ = ["patch_embedding_blockers", "patch_embedding", "PatchEmbeddingConv2d"]
 
 _ALIGN_ELEMENTS = 8  # 16 bytes of fp16/bf16
+PAD_MIN_PATCHES = 8192  # between the measured crossover's ends, 4096 and 16384 patches (see above)
 
 
 def patch_embedding_blockers(conv: nn.Module) -> List[str]:
@@ -39,20 +43,22 @@ def patch_embedding_blockers(conv: nn.Module) -> List[str]:
     return blockers
 
 
-def _padded_length(length: int, x: Tensor) -> int:
-    if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and length % _ALIGN_ELEMENTS:
+def _padded_length(length: int, patches: int, x: Tensor) -> int:
+    if (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and length % _ALIGN_ELEMENTS
+            and patches >= PAD_MIN_PATCHES):
         return length + _ALIGN_ELEMENTS - length % _ALIGN_ELEMENTS
     return length
 
 
-def patch_embedding(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, pad: bool = True) -> Tensor:
+def patch_embedding(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *, pad: Optional[bool] = None) -> Tensor:
     """``F.conv2d(x, weight, bias, stride=kernel)`` for an unpadded, undilated, ungrouped conv, as a GEMM.
 
     Args:
         x: images, (B, C, H, W). Rows and columns beyond the last whole patch are ignored, as the conv does.
         weight: the conv kernel, (E, C, ph, pw).
         bias: optional (E,) bias.
-        pad: pad the patch length to a multiple of 8 for 16-bit CUDA inputs (see the module docstring).
+        pad: pad the patch length to a multiple of 8 for 16-bit CUDA inputs; None (default) pads from
+            ``PAD_MIN_PATCHES`` patches on (see the module docstring).
 
     Returns:
         (B, E, H // ph, W // pw), laid out as (B, H // ph, W // pw, E) in memory.
@@ -66,12 +72,16 @@ def patch_embedding(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, pa
     # (B, C, gh, ph, gw, pw) -> (B, gh, gw, C, ph, pw): one row per patch, in the kernel's (C, ph, pw) order.
     patches_view = x.reshape(batch, channels, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5)
     length = channels * ph * pw
-    padded = _padded_length(length, x) if pad else length
+    patch_count = batch * gh * gw
+    if pad is None:
+        padded = _padded_length(length, patch_count, x)
+    else:
+        padded = _padded_length(length, PAD_MIN_PATCHES, x) if pad else length
     kernel = weight.reshape(embed, length)
     if padded == length:
-        patches = patches_view.reshape(batch * gh * gw, length)
+        patches = patches_view.reshape(patch_count, length)
     else:
-        patches = x.new_empty(batch * gh * gw, padded)
+        patches = x.new_empty(patch_count, padded)
         patches[:, length:].zero_()
         patches[:, :length].view(batch, gh, gw, channels, ph, pw).copy_(patches_view)
         kernel = F.pad(kernel, (0, padded - length))

@@ -22,6 +22,8 @@ from torch import nn
 
 from . import fused_ops
 from .backends import AttentionNeeds, BackendUnavailableError, choose_backend, get_backend, require_available
+from .layer_norms import fused_norm_class
+from .patch_embedding import PatchEmbeddingConv2d, patch_embedding_blockers
 from .poolers import FlashAttentionalPooler, FlashAttentionPool2d, PoolerPlan
 from .report import STOCK, PatchReport, describe_dtype
 from .residual_block import (
@@ -92,12 +94,15 @@ def _walk(model: nn.Module) -> Iterator[Tuple[str, nn.Module, List[nn.Module]]]:
 class _Planner:
     """Collects the swaps and the report for one patch() call; never mutates the model."""
 
-    def __init__(self, model: nn.Module, backend: str, skip_padding: bool, fuse: bool, gemm_epilogue: bool):
+    def __init__(self, model: nn.Module, backend: str, skip_padding: bool, fuse: bool, gemm_epilogue: bool,
+                 patch_embedding_gemm: bool = True):
         self.model = model
         self.requested = backend
         self.skip_padding = skip_padding
         self.fuse = fuse
         self.gemm_epilogue = gemm_epilogue
+        self.patch_embedding_gemm = patch_embedding_gemm
+        self.tower_notes: Dict[str, List[str]] = {}  # per tower: what changed outside the attention sites
         self.swaps: List[_Swap] = []
         param = next(model.parameters(), None)
         self.report = PatchReport(
@@ -199,6 +204,32 @@ class _Planner:
         self.swaps.append(_Swap(module, new_class, {"_clip_flash_plan": PoolerPlan(backend)}))
         self.report.add(tower, path, "pooler", backend.name, note)
 
+    # -- outside the blocks ---------------------------------------------------------------------------
+    def plan_standalone_norms(self, tower_module: nn.Module, tower: str, names: Tuple[str, ...]) -> None:
+        """The tower's norms outside its blocks (ln_pre, ln_post, ln_final) in one pass each."""
+        if not self.fuse:
+            return
+        swapped = []
+        for name in names:
+            norm = getattr(tower_module, name, None)
+            new_class = fused_norm_class(norm) if isinstance(norm, nn.Module) else None
+            if new_class is not None:
+                self.swaps.append(_Swap(norm, new_class, {}))
+                swapped.append(name)
+        if swapped:
+            self.tower_notes.setdefault(tower, []).append(f"{'/'.join(swapped)} in one pass")
+
+    def plan_vision_front(self, vit: VisionTransformer) -> None:
+        """conv1 as one GEMM over the patches, and the norms around the transformer in one pass each."""
+        if self.patch_embedding_gemm:
+            blockers = patch_embedding_blockers(vit.conv1)
+            if blockers:
+                self.tower_notes.setdefault("vision", []).append(f"patch embedding stock ({blockers[0]})")
+            else:
+                self.swaps.append(_Swap(vit.conv1, PatchEmbeddingConv2d, {}))
+                self.tower_notes.setdefault("vision", []).append("patch embedding as one GEMM")
+        self.plan_standalone_norms(vit, "vision", ("ln_pre", "ln_post"))
+
     # -- text towers ---------------------------------------------------------------------------------
     def plan_text_tower(self, tower: nn.Module):
         """Skip padding where it is exact; say why not elsewhere."""
@@ -267,6 +298,9 @@ class _Planner:
                 self.report.add(tower, path, "pooler", STOCK, f"unknown subclass {name}")
             if isinstance(module, (CLIP, TextTransformer)) and hasattr(module, "transformer"):
                 text_towers.append(module)
+                self.plan_standalone_norms(module, "text", ("ln_final",))
+            if type(module) is VisionTransformer:
+                self.plan_vision_front(module)
             if type(module) is Transformer:
                 transformers.append(module)
         for tower in text_towers:
@@ -277,6 +311,9 @@ class _Planner:
             fused = [p for p in self.patched_blocks.values() if p.causal_mask_owner is None and p.fused]
             if fused:
                 self.report.towers["vision"] = f"fused residual blocks ({fused_ops.describe_backend()})"
+        for tower, notes in self.tower_notes.items():
+            current = self.report.towers.get(tower)
+            self.report.towers[tower] = "; ".join(([current] if current else []) + notes)
 
 
 def _apply(model: nn.Module, swaps: List[_Swap], state: _PatchState) -> None:
@@ -289,7 +326,7 @@ def _apply(model: nn.Module, swaps: List[_Swap], state: _PatchState) -> None:
 
 
 def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
-          fuse_blocks: bool = True, gemm_epilogue: bool = False) -> PatchReport:
+          fuse_blocks: bool = True, gemm_epilogue: bool = False, patch_embedding_gemm: bool = True) -> PatchReport:
     """Patch an OpenCLIP model in place to run its attention (and the passes around it) on fused kernels.
 
     Args:
@@ -299,13 +336,17 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
             ``clip_flash.available_backends()``: ``"sdpa"``, ``"sdpa:cudnn"``, ``"sdpa:flash"``,
             ``"sdpa:efficient"``, ``"sdpa:math"``, ``"flash_attn"``, ``"reference"``.
         skip_padding: let causal text towers pooled at one token compute only real tokens (exact).
-        fuse_blocks: fuse LayerNorm, biases, activation, LayerScale and residual adds around the GEMMs.
+        fuse_blocks: fuse LayerNorm, biases, activation, LayerScale and residual adds around the GEMMs, and
+            run the norms outside the blocks (ln_pre, ln_post, ln_final) in one pass each.
         gemm_epilogue: with ``fuse_blocks``, let c_fc's bias and activation run in a Triton GEMM epilogue where
             that measures faster than cuBLAS + a separate pass (CUDA fp16/bf16 inference; timed once per
             shape, see ``clip_flash.gemm_epilogue``). Off by default: on the H100 the Triton kernels lost to
             cuBLAS + the bias_act pass at every ViT MLP shape but the two largest, where they broke even
             (<= 1.03x; results/h100/gemm_epilogue_fp16.txt), so turning it on there buys little beyond the
             one-time calibration.
+        patch_embedding_gemm: run a ViT's patch embedding (conv1: stride = kernel, no padding) as one GEMM
+            over the patches instead of cuDNN's convolution (``clip_flash.patch_embedding``; the same products,
+            on the H100 up to 9x faster at batch 256, results/h100/patch_embedding.md).
 
     Returns:
         A ``PatchReport``: each attention site, the backend that runs there or why it stayed stock.
@@ -328,7 +369,7 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
     if was_patched:  # plan against the stock model, so patching twice equals patching once
         previous = _unpatch_state(model)
     try:
-        planner = _Planner(model, backend, skip_padding, fuse_blocks, gemm_epilogue)
+        planner = _Planner(model, backend, skip_padding, fuse_blocks, gemm_epilogue, patch_embedding_gemm)
         planner.plan()
         if not planner.report.sites:
             raise ValueError(f"no OpenCLIP attention found in {type(model).__name__}: nothing to patch")
@@ -344,7 +385,7 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
         logger.warning("backend %r left a site stock: %s", backend, line)
     state = _PatchState(report=planner.report,
                         options={"backend": backend, "skip_padding": skip_padding, "fuse_blocks": fuse_blocks,
-                                 "gemm_epilogue": gemm_epilogue})
+                                 "gemm_epilogue": gemm_epilogue, "patch_embedding_gemm": patch_embedding_gemm})
     _apply(model, planner.swaps, state)
     logger.info("%s", planner.report)
     return planner.report

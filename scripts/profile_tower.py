@@ -20,6 +20,8 @@ KINDS = [
     ("clip_flash fused LN/residual", ("layer_norm_packed", "layer_norm_scalar")),
     ("clip_flash bias+activation", ("bias_act",)),
     ("clip_flash residual add", ("residual_add_kernel", "residual_add_packed", "residual_add_scalar")),
+    # cuDNN's patch-embedding conv (and its layout conversion) before "attention", which matches "cudnn".
+    ("patch embedding conv (cuDNN)", ("s16816fprop", "nchwtonhwc", "nhwctonchw", "implicit_gemm", "convolve")),
     ("attention", ("fmha", "flash", "attention", "cudnn", "sdpa")),
     ("GEMM", ("gemm", "xmma", "cutlass", "cublas", "matmul", "sm90_", "nvjet")),
     ("LayerNorm (torch)", ("layer_norm", "LayerNorm")),
