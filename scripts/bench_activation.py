@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Time the activation pass after c_fc: torch's activation (stock's pass) against clip_flash's bias_act.
+
+For each model's vision MLP output (batch x tokens rows, mlp-width columns) it reports CUDA-event medians
+(three alternating blocks of --repeats calls, median block) and the achieved bandwidth (bytes read + written
+per call / time), and checks that every path gives the same values as the fp32 formula rounded once.
+
+    python scripts/bench_activation.py --batch-sizes 64 256 --markdown out.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from clip_flash import fused_ops  # noqa: E402
+from clip_flash.gemm_epilogue import median_cuda_ms  # noqa: E402
+from clip_flash.info import environment  # noqa: E402
+
+# (mlp width, tokens per image) of each model's vision tower (open_clip configs).
+VISION_MLPS = {"ViT-B-32": (3072, 50), "ViT-B-16": (3072, 197), "ViT-L-14": (4096, 257),
+               "ViT-H-14": (5120, 257), "ViT-g-14": (6144, 257)}
+
+TORCH_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # open_clip's QuickGELU: three kernels
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(VISION_MLPS))
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[64, 256])
+    parser.add_argument("--activations", nargs="+", choices=list(TORCH_ACTIVATIONS), default=["gelu"])
+    parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    dtype = getattr(torch, args.dtype)
+    header = "| model | batch | activation | torch ms | bias_act ms (no bias) | bias_act ms (bias) | torch GB/s | bias_act GB/s |"
+    lines, rows = [header, "|" + "---|" * 8], []
+    print(header)
+    for name in args.models:
+        width, tokens = VISION_MLPS[name]
+        for batch in args.batch_sizes:
+            torch.manual_seed(0)
+            x = torch.randn(batch * tokens, width, device="cuda").to(dtype)
+            bias = torch.randn(width, device="cuda").to(dtype)
+            for activation in args.activations:
+                paths = {
+                    "torch": lambda: TORCH_ACTIVATIONS[activation](x),
+                    "bias_act": lambda: fused_ops.bias_act(x, None, activation),
+                    "bias_act_bias": lambda: fused_ops.bias_act(x, bias, activation),
+                }
+                timed = {path: [] for path in paths}
+                for _ in range(3):
+                    for path, fn in paths.items():
+                        timed[path].append(median_cuda_ms(fn, args.repeats))
+                ms = {path: sorted(v)[1] for path, v in timed.items()}
+                expected = fused_ops._bias_act_reference(x, None, activation)
+                same = torch.equal(paths["bias_act"](), expected)
+                gigabytes = 2 * x.numel() * x.element_size() / 1e9
+                row = dict(model=name, batch=batch, activation=activation, dtype=args.dtype, rows=x.shape[0],
+                           cols=width, torch_ms=ms["torch"], bias_act_ms=ms["bias_act"],
+                           bias_act_with_bias_ms=ms["bias_act_bias"], bias_act_equals_reference=same)
+                rows.append(row)
+                line = (f"| {name} | {batch} | {activation} | {ms['torch']:.4f} | {ms['bias_act']:.4f} | "
+                        f"{ms['bias_act_bias']:.4f} | {gigabytes / ms['torch'] * 1e3:.0f} | "
+                        f"{gigabytes / ms['bias_act'] * 1e3:.0f} |")
+                lines.append(line)
+                print(line, flush=True)
+    env = environment()
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    if args.json:
+        args.json.write_text(json.dumps({"command": command, "environment": env, "rows": rows}, indent=2))
+    if args.markdown:
+        args.markdown.write_text(
+            f"<!-- command: {command} -->\nActivation pass on `{env.get('gpu')}` ({args.dtype}, torch "
+            f"{env.get('torch')}); CUDA events, median of {args.repeats} calls per block, median of 3 alternating "
+            f"blocks; GB/s counts one read and one write of the matrix.\n\n" + "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
