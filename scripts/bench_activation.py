@@ -59,8 +59,9 @@ def main() -> int:
             for activation in args.activations:
                 paths = {
                     "torch": lambda: TORCH_ACTIVATIONS[activation](x),
-                    "bias_act": lambda: fused_ops.bias_act(x, None, activation),
-                    "bias_act_bias": lambda: fused_ops.bias_act(x, bias, activation),
+                    # Out of place like torch's (eager bias_act would overwrite x, and then time GELU of GELU ...).
+                    "bias_act": lambda: fused_ops._bias_act_impl(x, None, activation, in_place=False),
+                    "bias_act_bias": lambda: fused_ops._bias_act_impl(x, bias, activation, in_place=False),
                 }
                 timed = {path: [] for path in paths}
                 for _ in range(3):
