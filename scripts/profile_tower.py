@@ -40,11 +40,8 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
-
-
 def kernel_times(fn, calls: int = 3):
-    """(ms per call by kind, ms per call by kernel name, ms per call by (GEMM op, input shapes))."""
+    """(ms per call by kind, ms per call by kernel name)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -58,18 +55,7 @@ def kernel_times(fn, calls: int = 3):
         if device_us > 0:
             by_kind[kind_of(event.key)] += device_us / calls / 1000
             by_name[event.key] += device_us / calls / 1000
-    # Which GEMM took the time: a second run that also records CPU ops with their input shapes (kept apart
-    # from the one above, where CPU ops would count their kernels a second time).
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    by_gemm = defaultdict(float)
-    for event in prof.key_averages(group_by_input_shape=True):
-        if event.key in GEMM_OPS:
-            device_us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
-            by_gemm[(event.key, str(event.input_shapes))] += device_us / calls / 1000
-    return by_kind, by_name, by_gemm
+    return by_kind, by_name
 
 
 def wall_ms(fn, calls: int = 20) -> float:
@@ -112,9 +98,9 @@ def main() -> int:
     with torch.inference_mode():
         results = {name: kernel_times(lambda m=m: encode(m)) for name, m in (("stock", stock), ("patched", patched))}
         walls = {name: wall_ms(lambda m=m: encode(m)) for name, m in (("stock", stock), ("patched", patched))}
-    kinds = sorted({k for by_kind, *_ in results.values() for k in by_kind},
+    kinds = sorted({k for by_kind, _ in results.values() for k in by_kind},
                    key=lambda k: -results["stock"][0].get(k, 0) - results["patched"][0].get(k, 0))
-    totals = {name: sum(by_kind.values()) for name, (by_kind, *_) in results.items()}
+    totals = {name: sum(by_kind.values()) for name, (by_kind, _) in results.items()}
     lines.append("| kind | stock ms | stock % | patched ms | patched % |")
     lines.append("|---|---|---|---|---|")
     for kind in kinds:
@@ -130,10 +116,6 @@ def main() -> int:
         lines += ["", f"Top {side} kernels:", ""]
         for name, ms in sorted(results[side][1].items(), key=lambda kv: -kv[1])[:12]:
             lines.append(f"- {ms:7.2f} ms  [{kind_of(name)}] {name[:110]}")
-    for side in ("stock", "patched"):
-        lines += ["", f"{side} GEMM ops by input shapes (device ms per call):", ""]
-        for (op, shapes), ms in sorted(results[side][2].items(), key=lambda kv: -kv[1])[:10]:
-            lines.append(f"- {ms:7.2f} ms  {op} {shapes}")
     text = "\n".join(lines)
     print(text)
     if args.markdown:
