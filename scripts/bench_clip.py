@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "model under torch.compile in the given mode (compiled per shape during warm-up)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="run the patched side through clip_flash.GraphedEncoder (CUDA graphs, captured first)")
+    parser.add_argument("--graph-batch-sizes", type=positive_int, nargs="+", default=None, metavar="N",
+                        help="with --cuda-graphs: the GraphedEncoder's batch buckets (batches above the largest "
+                             "run eager) [default: GraphedEncoder's own, 1 2 4 8 16 32]")
     parser.add_argument("--latency", type=positive_int, default=None, metavar="N",
                         help="also run a closed loop of N single requests (batch 1) per tower and "
                              "report p50/p99 both ways")
@@ -208,6 +211,7 @@ def make_settings(args: argparse.Namespace, device: torch.device) -> BenchSettin
         zero_shot_repeats=args.zero_shot_repeats or defaults["zero_shot_repeats"],
         latency_requests=args.latency,
         cuda_graphs=args.cuda_graphs,
+        graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None,
         baseline=args.baseline,
     )
 
@@ -223,6 +227,9 @@ def settings_note(args: argparse.Namespace, settings: BenchSettings) -> str:
     images = f"pictures from {settings.images_dir}" if settings.images_dir else "random normal pixels"
     baseline = "" if settings.baseline == "stock" else \
         f"baseline: torch.compile(stock, mode={settings.baseline.split(':', 1)[1]!r}) (the 'stock' columns); "
+    if settings.cuda_graphs:
+        buckets = settings.graph_batch_sizes or "GraphedEncoder defaults"
+        baseline += f"patched side through clip_flash.GraphedEncoder (CUDA graphs; batch buckets: {buckets}); "
     return (
         f"Settings: {where}, dtype {settings.precision}, clip_flash.patch(backend={settings.backend!r}{options}); "
         f"{baseline}"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 
@@ -58,8 +60,35 @@ def kernel_times(fn, calls: int = 3):
     return by_kind, by_name
 
 
-def wall_ms(fn, calls: int = 20) -> float:
-    """Median wall milliseconds per call, each call synchronized (so queued work is never missed)."""
+def _sample_clocks(samples: list, stop: threading.Event) -> None:
+    query = ["nvidia-smi", f"--id={torch.cuda.current_device()}", "--query-gpu=clocks.sm,power.draw",
+             "--format=csv,noheader,nounits"]
+    while not stop.is_set():
+        try:
+            sm_mhz, watts = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout.split(",")[:2]
+            samples.append((float(sm_mhz), float(watts)))
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return  # no nvidia-smi here: the clock column says n/a
+        stop.wait(0.05)
+
+
+def _mean_times(runs):
+    """Average (by kind, by name) over profiler runs."""
+    merged = []
+    for index in range(2):
+        total = defaultdict(float)
+        for run in runs:
+            for key, ms in run[index].items():
+                total[key] += ms / len(runs)
+        merged.append(total)
+    return tuple(merged)
+
+
+def wall_ms(fn, calls: int = 20):
+    """(median wall ms per call, each call synchronized; mean SM MHz and watts meanwhile, or None)."""
+    samples, stop = [], threading.Event()
+    sampler = threading.Thread(target=_sample_clocks, args=(samples, stop), daemon=True)
+    sampler.start()
     times = []
     for _ in range(calls):
         torch.cuda.synchronize()
@@ -67,7 +96,10 @@ def wall_ms(fn, calls: int = 20) -> float:
         fn()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
+    stop.set()
+    sampler.join()
+    clocks = tuple(sum(column) / len(samples) for column in zip(*samples)) if samples else None
+    return sorted(times)[len(times) // 2], clocks
 
 
 def main() -> int:
@@ -94,10 +126,15 @@ def main() -> int:
         inputs = tokenizer(prompts[:: max(1, len(prompts) // args.batch)][: args.batch]).cuda()
         encode = lambda m: m.encode_text(inputs)
     lines = [f"Kernel time per call, {args.model} {args.tower} batch {args.batch} {args.dtype} on "
-             f"`{torch.cuda.get_device_name()}` (torch {torch.__version__}; torch.profiler, mean of 3 calls)", ""]
+             f"`{torch.cuda.get_device_name()}` (torch {torch.__version__}; torch.profiler, mean of 3 calls per run, runs in ABBA order averaged)", ""]
     with torch.inference_mode():
-        results = {name: kernel_times(lambda m=m: encode(m)) for name, m in (("stock", stock), ("patched", patched))}
-        walls = {name: wall_ms(lambda m=m: encode(m)) for name, m in (("stock", stock), ("patched", patched))}
+        models = {"stock": stock, "patched": patched}
+        # ABBA order, averaged, so clock drift over the run (the GPU heating up) hits both sides alike.
+        runs = {name: [] for name in models}
+        for name in ("stock", "patched", "patched", "stock"):
+            runs[name].append(kernel_times(lambda m=models[name]: encode(m)))
+        results = {name: _mean_times(pair) for name, pair in runs.items()}
+        walls = {name: wall_ms(lambda m=m: encode(m)) for name, m in models.items()}
     kinds = sorted({k for by_kind, _ in results.values() for k in by_kind},
                    key=lambda k: -results["stock"][0].get(k, 0) - results["patched"][0].get(k, 0))
     totals = {name: sum(by_kind.values()) for name, (by_kind, _) in results.items()}
@@ -110,8 +147,12 @@ def main() -> int:
             cells += [f"{ms:.2f}", f"{100 * ms / totals[name]:.1f}"]
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     lines.append(f"| total kernel time | {totals['stock']:.2f} | 100 | {totals['patched']:.2f} | 100 |")
-    lines.append(f"| wall time per call (no profiler; > kernel time: launch-bound) | {walls['stock']:.2f} | | "
-                 f"{walls['patched']:.2f} | |")
+    lines.append(f"| wall time per call (no profiler; > kernel time: launch-bound) | {walls['stock'][0]:.2f} | | "
+                 f"{walls['patched'][0]:.2f} | |")
+    clocks = [walls[name][1] for name in ("stock", "patched")]
+    if all(clocks):
+        lines.append(f"| mean SM clock MHz / board watts during those calls | {clocks[0][0]:.0f} / {clocks[0][1]:.0f} | | "
+                     f"{clocks[1][0]:.0f} / {clocks[1][1]:.0f} | |")
     for side in ("stock", "patched"):
         lines += ["", f"Top {side} kernels:", ""]
         for name, ms in sorted(results[side][1].items(), key=lambda kv: -kv[1])[:12]:

@@ -63,6 +63,7 @@ class BenchSettings:
     zero_shot_repeats: int = 3
     latency_requests: Optional[int] = None  # None: no latency mode
     cuda_graphs: bool = False  # the patched side runs through clip_flash.GraphedEncoder
+    graph_batch_sizes: Optional[Tuple[int, ...]] = None  # GraphedEncoder's buckets (None: its defaults)
     baseline: str = "stock"  # or "compile:<mode>": the stock side runs under torch.compile in that mode
 
 
@@ -166,7 +167,8 @@ class ModelBench:
         self.graphed = None
         if settings.cuda_graphs:
             # Captured up front (as a server would at startup); replays serve the patched side.
-            self.graphed = clip_flash.GraphedEncoder(self.patched)
+            buckets = {} if settings.graph_batch_sizes is None else {"batch_sizes": settings.graph_batch_sizes}
+            self.graphed = clip_flash.GraphedEncoder(self.patched, **buckets)
             self.graphed.capture_all(image_shape=(3, *self.loaded.image_size), image_dtype=self.loaded.dtype)
         self._image_pool: Optional[torch.Tensor] = None
         self._tokenizer = None
