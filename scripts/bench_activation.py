@@ -10,8 +10,6 @@ per call / time), and checks that every path gives the same values as the fp32 f
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash import fused_ops  # noqa: E402
 from clip_flash.gemm_epilogue import median_cuda_ms  # noqa: E402
-from clip_flash.info import environment  # noqa: E402
+from clip_flash.benchmark.results import write_microbenchmark  # noqa: E402
 
 # (mlp width, tokens per image) of each model's vision tower (open_clip configs).
 VISION_MLPS = {"ViT-B-32": (3072, 50), "ViT-B-16": (3072, 197), "ViT-L-14": (4096, 257),
@@ -80,15 +78,10 @@ def main() -> int:
                         f"{gigabytes / ms['bias_act'] * 1e3:.0f} |")
                 lines.append(line)
                 print(line, flush=True)
-    env = environment()
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
-    if args.json:
-        args.json.write_text(json.dumps({"command": command, "environment": env, "rows": rows}, indent=2))
-    if args.markdown:
-        args.markdown.write_text(
-            f"<!-- command: {command} -->\nActivation pass on `{env.get('gpu')}` ({args.dtype}, torch "
-            f"{env.get('torch')}); CUDA events, median of {args.repeats} calls per block, median of 3 alternating "
-            f"blocks; GB/s counts one read and one write of the matrix.\n\n" + "\n".join(lines) + "\n")
+    write_microbenchmark(
+        args.json, args.markdown,
+        f"Activation pass after c_fc ({args.dtype}); CUDA events, median of {args.repeats} calls per block, median "
+        f"of 3 alternating blocks; GB/s counts one read and one write of the matrix.", lines, rows)
     return 0
 
 

@@ -11,8 +11,6 @@ clip_flash runs), the unpadded GEMM, and each path's max and mean |error| agains
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.gemm_epilogue import median_cuda_ms  # noqa: E402
-from clip_flash.info import environment  # noqa: E402
+from clip_flash.benchmark.results import write_microbenchmark  # noqa: E402
 from clip_flash.patch_embedding import patch_embedding  # noqa: E402
 
 # (patch size, width) of each model's vision conv1 (open_clip configs).
@@ -88,15 +86,10 @@ def main() -> int:
                         f"| {errors['gemm_padded'][0]:.2e} / {errors['gemm_padded'][1]:.2e} |")
                 lines.append(line)
                 print(line, flush=True)
-    env = environment()
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
-    if args.json:
-        args.json.write_text(json.dumps({"command": command, "environment": env, "rows": rows}, indent=2))
-    if args.markdown:
-        args.markdown.write_text(
-            f"<!-- command: {command} -->\nPatch embedding (conv1) on `{env.get('gpu')}` (torch {env.get('torch')}, "
-            f"CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}); CUDA events, median of {args.repeats} calls per "
-            f"block, median of 3 alternating blocks; errors against an fp32 conv (TF32 off).\n\n" + "\n".join(lines) + "\n")
+    write_microbenchmark(
+        args.json, args.markdown,
+        f"Patch embedding (conv1); CUDA events, median of {args.repeats} calls per block, median of 3 alternating "
+        f"blocks; errors against an fp32 conv (TF32 off).", lines, rows)
     return 0
 
 

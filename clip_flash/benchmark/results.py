@@ -84,6 +84,28 @@ def environment_record(device: torch.device, command: str) -> Dict[str, Any]:
     }
 
 
+def write_microbenchmark(json_path: Optional[Path], markdown_path: Optional[Path], title: str,
+                         table_lines: Sequence[str], rows: Sequence[Dict[str, Any]]) -> None:
+    """Write a kernel microbenchmark's rows (JSON) and table (markdown), each with how it was taken.
+
+    ``title`` is a sentence naming what was timed and how; the command line, git revision, GPU and versions
+    come from ``environment_record``.
+    """
+    import shlex
+    import sys
+
+    command = "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
+    record = environment_record(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"), command)
+    if json_path:
+        json_path.write_text(json.dumps({**record, "title": title, "rows": list(rows)}, indent=2) + "\n")
+    if markdown_path:
+        env = record["clip_flash_environment"]
+        markdown_path.write_text(
+            f"<!-- command: {command} -->\n<!-- git: {record['git_revision']} -->\n{title} On `{record['device_name']}` "
+            f"(torch {env.get('torch')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}).\n\n"
+            + "\n".join(table_lines) + "\n")
+
+
 # ----- number formats ------------------------------------------------------------------------
 def _seconds(value: float) -> str:
     return f"{value:.5f}"
