@@ -296,3 +296,42 @@ def test_pinned_sdpa_from_many_threads_leaves_the_global_flags_as_they_were():
     for thread in threads:
         thread.join()
     assert [flag() for flag in flags] == before
+
+
+@pytest.mark.parametrize("pinned", ["cudnn", "flash", "efficient", "math", None])
+def test_pinned_flags_are_sdpa_kernels_and_are_restored_after_errors(pinned):
+    """clip_flash's lean pin sets exactly the flags sdpa_kernel() sets, and restores them even on errors."""
+    import threading
+
+    from torch.nn.attention import sdpa_kernel
+
+    from clip_flash.backends import sdpa as sdpa_module
+
+    flags = (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
+             torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.cudnn_sdp_enabled)
+    before = [flag() for flag in flags]
+    expected = before
+    if pinned is not None:
+        with sdpa_kernel([sdpa_module._PINNABLE[pinned]]):
+            expected = [flag() for flag in flags]
+    with sdpa_module._flags_held(pinned):
+        assert [flag() for flag in flags] == expected
+    assert [flag() for flag in flags] == before
+
+    with pytest.raises(RuntimeError, match="inside"):
+        with sdpa_module._flags_held(pinned):
+            raise RuntimeError("inside")
+    assert [flag() for flag in flags] == before
+    # The lock was released: another thread can take it at once.
+    acquired = []
+
+    def take_and_release():
+        got = sdpa_module._SDPA_FLAGS_LOCK.acquire(timeout=5)
+        acquired.append(got)
+        if got:
+            sdpa_module._SDPA_FLAGS_LOCK.release()
+
+    thread = threading.Thread(target=take_and_release)
+    thread.start()
+    thread.join()
+    assert acquired == [True]

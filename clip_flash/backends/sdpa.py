@@ -33,15 +33,79 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _SDPA_FLAGS_LOCK = threading.RLock()
 
 
+def _flag_accessors():
+    """(getter, setter, SDPBackend) per SDPA kernel flag, as ``sdpa_kernel`` walks them; None if this torch lacks them."""
+    names = getattr(torch.nn.attention, "_backend_names", None)  # {"cudnn": "CUDNN_ATTENTION", ...}
+    try:
+        return tuple((getattr(torch._C, f"_get_{name}_sdp_enabled"), getattr(torch._C, f"_set_sdp_use_{name}"),
+                      getattr(SDPBackend, member)) for name, member in names.items())
+    except (AttributeError, TypeError):
+        return None
+
+
+_FLAG_ACCESSORS = _flag_accessors()
+
+
+class _HeldFlags:
+    """Hold the lock and, when pinned, ``sdpa_kernel([backend])``'s flags for the with-block; restore on exit.
+
+    The flags set and restored are exactly sdpa_kernel's; this skips its per-call Python work (building and
+    deduplicating lists, name lookups, a generator context), which costs ~30 us a call on the hosts we
+    measured: at launch-bound batch sizes that is as much as the attention kernel itself.
+    """
+
+    __slots__ = ("_wanted", "_previous")
+
+    def __init__(self, pinned: Optional[str]):
+        backend = _PINNABLE[pinned] if pinned else None
+        self._wanted = None if backend is None else [member == backend for _, _, member in _FLAG_ACCESSORS]
+        self._previous = None
+
+    def __enter__(self) -> None:
+        _SDPA_FLAGS_LOCK.acquire()
+        if self._wanted is not None:
+            try:
+                self._previous = [get() for get, _, _ in _FLAG_ACCESSORS]
+                for (_, set_flag, _), enabled in zip(_FLAG_ACCESSORS, self._wanted):
+                    set_flag(enabled)
+            except BaseException:
+                self._restore()
+                raise
+
+    def __exit__(self, *exc_info) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        try:
+            if self._previous is not None:
+                for (_, set_flag, _), enabled in zip(_FLAG_ACCESSORS, self._previous):
+                    set_flag(enabled)
+        finally:
+            self._previous = None
+            _SDPA_FLAGS_LOCK.release()
+
+
 @contextlib.contextmanager
-def _flags_held(pinned: Optional[str]):
-    if torch.compiler.is_compiling():  # traced: dynamo handles sdpa_kernel itself; a lock would break the graph
-        with sdpa_kernel([_PINNABLE[pinned]]) if pinned else contextlib.nullcontext():
-            yield
-        return
+def _traced_flags(pinned: Optional[str]):
+    # Traced: dynamo handles sdpa_kernel itself; a lock would break the graph.
+    with sdpa_kernel([_PINNABLE[pinned]]) if pinned else contextlib.nullcontext():
+        yield
+
+
+@contextlib.contextmanager
+def _locked_sdpa_kernel(pinned: Optional[str]):
     with _SDPA_FLAGS_LOCK:
         with sdpa_kernel([_PINNABLE[pinned]]) if pinned else contextlib.nullcontext():
             yield
+
+
+def _flags_held(pinned: Optional[str]):
+    """A context that runs SDPA with ``pinned`` as the only enabled kernel (None: torch's choice), thread-safely."""
+    if torch.compiler.is_compiling():
+        return _traced_flags(pinned)
+    if _FLAG_ACCESSORS is None:  # a torch without the flag accessors: the public context manager
+        return _locked_sdpa_kernel(pinned)
+    return _HeldFlags(pinned)
 
 
 class SdpaBackend(AttentionBackend):
