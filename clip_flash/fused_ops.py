@@ -125,14 +125,6 @@ def _kernel_applies(matrices: Sequence[Tensor], vectors: Sequence[Optional[Tenso
     return extension_available()
 
 
-def _as_rows(t: Tensor) -> Tensor:
-    """``t`` as (rows, C) with a contiguous last dim: a view whenever one exists, else a copy."""
-    rows = t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
-    if rows.shape[-1] > 1 and rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    return rows
-
-
 def _as_vector(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
@@ -146,8 +138,8 @@ def _owned_contiguous(result: Tensor, *inputs: Tensor) -> Tensor:
 
 def _layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
     if _kernel_applies([x], [weight, bias]):
-        normed = load_extension().layer_norm(_as_rows(x), _as_vector(weight), _as_vector(bias), eps)
-        return normed.view(x.shape)
+        # The extension takes any rank as rows over the last dim and returns x's shape (cheaper than here).
+        return load_extension().layer_norm(x, _as_vector(weight), _as_vector(bias), eps)
     return _owned_contiguous(_layer_norm_reference(x, weight, bias, eps), x)
 
 
@@ -162,16 +154,9 @@ def _add_layer_norm_impl(
 ) -> Tuple[Tensor, Tensor]:
     _check_same_shape(residual, delta)
     if _kernel_applies([residual, delta], [delta_bias, scale, weight, bias]):
-        updated, normed = load_extension().add_layer_norm(
-            _as_rows(residual),
-            _as_rows(delta),
-            _as_vector(delta_bias),
-            _as_vector(scale),
-            _as_vector(weight),
-            _as_vector(bias),
-            eps,
+        return load_extension().add_layer_norm(
+            residual, delta, _as_vector(delta_bias), _as_vector(scale), _as_vector(weight), _as_vector(bias), eps,
         )
-        return updated.view(residual.shape), normed.view(residual.shape)
     updated, normed = _add_layer_norm_reference(residual, delta, delta_bias, scale, weight, bias, eps)
     return _owned_contiguous(updated, residual, delta), _owned_contiguous(normed)
 
@@ -181,11 +166,11 @@ def _bias_act_impl(x: Tensor, bias: Optional[Tensor], activation: str, in_place:
     _check_activation(activation)
     if _kernel_applies([x], [bias]):
         in_place = in_place and x.is_contiguous()
-        out = load_extension().bias_act(_as_rows(x), _as_vector(bias), activation, in_place)
+        out = load_extension().bias_act(x, _as_vector(bias), activation, in_place)
         if in_place:
             torch.autograd.graph.increment_version(x)  # the kernel wrote through a raw pointer
             return x
-        return out.view(x.shape)
+        return out
     return _owned_contiguous(_bias_act_reference(x, bias, activation), x)
 
 
@@ -194,10 +179,7 @@ def _residual_add_impl(
 ) -> Tensor:
     _check_same_shape(residual, delta)
     if _kernel_applies([residual, delta], [delta_bias, scale]):
-        out = load_extension().residual_add(
-            _as_rows(residual), _as_rows(delta), _as_vector(delta_bias), _as_vector(scale)
-        )
-        return out.view(residual.shape)
+        return load_extension().residual_add(residual, delta, _as_vector(delta_bias), _as_vector(scale))
     return _owned_contiguous(_residual_update_reference(residual, delta, delta_bias, scale), residual, delta)
 
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -38,6 +39,17 @@ void check_matrix(const at::Tensor& matrix, const char* name) {
   TORCH_CHECK(matrix.dim() == 2, name, " must be 2-D (rows, cols), got shape ", matrix.sizes());
   TORCH_CHECK(matrix.size(1) <= 1 || matrix.stride(1) == 1, name, " must have a contiguous last dimension");
   matrix_element_type(matrix);
+}
+
+// An input of any rank >= 1 as (rows, cols) over its last dim with a contiguous last dimension: a view
+// whenever one exists, else a copy. Done here rather than in Python, where the reshape and the view back
+// cost a few microseconds per call, which adds up in launch-bound (small-batch) forwards.
+at::Tensor as_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() >= 1, name, " must have at least one dimension");
+  at::Tensor rows = t.dim() == 2 ? t : t.reshape({-1, t.size(-1)});
+  if (rows.size(1) > 1 && rows.stride(1) != 1) rows = rows.contiguous();
+  check_matrix(rows, name);
+  return rows;
 }
 
 void check_like(const at::Tensor& matrix, const at::Tensor& like, const char* name) {
@@ -73,16 +85,19 @@ Activation parse_activation(const std::string& name) {
   TORCH_CHECK(false, "unknown activation '", name, "'; expected gelu, gelu_tanh, quick_gelu or identity");
 }
 
-at::Tensor empty_matrix_like(const at::Tensor& matrix) {
-  return at::empty({matrix.size(0), matrix.size(1)}, matrix.options());
+// A new contiguous tensor with the input's shape (any rank), and its (rows, cols) view for the kernel.
+std::pair<at::Tensor, at::Tensor> empty_like_rows(const at::Tensor& input, const at::Tensor& rows) {
+  at::Tensor out = at::empty(input.sizes(), rows.options());
+  return {out, out.view({rows.size(0), rows.size(1)})};
 }
 
 }  // namespace
 
-at::Tensor layer_norm(const at::Tensor& x, const OptionalTensor& weight, const OptionalTensor& bias, double eps) {
-  check_matrix(x, "x");
+at::Tensor layer_norm(const at::Tensor& input, const OptionalTensor& weight, const OptionalTensor& bias,
+                      double eps) {
+  const at::Tensor x = as_rows(input, "x");
   const c10::cuda::CUDAGuard device_guard(x.device());
-  at::Tensor normed = empty_matrix_like(x);
+  auto [normed, normed_rows] = empty_like_rows(input, x);
   LayerNormArgs args;
   args.type = matrix_element_type(x);
   args.rows = x.size(0);
@@ -91,21 +106,24 @@ at::Tensor layer_norm(const at::Tensor& x, const OptionalTensor& weight, const O
   args.weight = column_vector(weight, x, "weight");
   args.bias = column_vector(bias, x, "bias");
   args.eps = static_cast<float>(eps);
-  args.normed_out = mutable_matrix(normed);
+  args.normed_out = mutable_matrix(normed_rows);
   launch_layer_norm(args, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return normed;
 }
 
-std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& residual, const at::Tensor& delta,
+std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& residual_input, const at::Tensor& delta_input,
                                                   const OptionalTensor& delta_bias, const OptionalTensor& scale,
                                                   const OptionalTensor& weight, const OptionalTensor& bias,
                                                   double eps) {
-  check_matrix(residual, "residual");
+  TORCH_CHECK(delta_input.sizes() == residual_input.sizes(), "delta must have shape ", residual_input.sizes(),
+              ", got ", delta_input.sizes());
+  const at::Tensor residual = as_rows(residual_input, "residual");
+  const at::Tensor delta = as_rows(delta_input, "delta");
   check_like(delta, residual, "delta");
   const c10::cuda::CUDAGuard device_guard(residual.device());
-  at::Tensor updated = empty_matrix_like(residual);
-  at::Tensor normed = empty_matrix_like(residual);
+  auto [updated, updated_rows] = empty_like_rows(residual_input, residual);
+  auto [normed, normed_rows] = empty_like_rows(residual_input, residual);
   LayerNormArgs args;
   args.type = matrix_element_type(residual);
   args.rows = residual.size(0);
@@ -117,17 +135,25 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& residual, co
   args.weight = column_vector(weight, residual, "weight");
   args.bias = column_vector(bias, residual, "bias");
   args.eps = static_cast<float>(eps);
-  args.updated_out = mutable_matrix(updated);
-  args.normed_out = mutable_matrix(normed);
+  args.updated_out = mutable_matrix(updated_rows);
+  args.normed_out = mutable_matrix(normed_rows);
   launch_layer_norm(args, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {updated, normed};
 }
 
-at::Tensor bias_act(at::Tensor& x, const OptionalTensor& bias, const std::string& activation, bool in_place) {
-  check_matrix(x, "x");
+at::Tensor bias_act(at::Tensor& input, const OptionalTensor& bias, const std::string& activation, bool in_place) {
+  TORCH_CHECK(!in_place || input.is_contiguous(), "bias_act in place needs a contiguous x");
+  const at::Tensor x = as_rows(input, "x");
   const c10::cuda::CUDAGuard device_guard(x.device());
-  at::Tensor out = in_place ? x : empty_matrix_like(x);
+  at::Tensor out;
+  at::Tensor out_rows;
+  if (in_place) {
+    out = input;
+    out_rows = x;  // a view of input's memory (contiguous input)
+  } else {
+    std::tie(out, out_rows) = empty_like_rows(input, x);
+  }
   BiasActArgs args;
   args.type = matrix_element_type(x);
   args.rows = x.size(0);
@@ -135,18 +161,21 @@ at::Tensor bias_act(at::Tensor& x, const OptionalTensor& bias, const std::string
   args.x = const_matrix(x);
   args.bias = column_vector(bias, x, "bias");
   args.activation = parse_activation(activation);
-  args.out = mutable_matrix(out);
+  args.out = mutable_matrix(out_rows);
   launch_bias_act(args, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
-at::Tensor residual_add(const at::Tensor& residual, const at::Tensor& delta, const OptionalTensor& delta_bias,
-                        const OptionalTensor& scale) {
-  check_matrix(residual, "residual");
+at::Tensor residual_add(const at::Tensor& residual_input, const at::Tensor& delta_input,
+                        const OptionalTensor& delta_bias, const OptionalTensor& scale) {
+  TORCH_CHECK(delta_input.sizes() == residual_input.sizes(), "delta must have shape ", residual_input.sizes(),
+              ", got ", delta_input.sizes());
+  const at::Tensor residual = as_rows(residual_input, "residual");
+  const at::Tensor delta = as_rows(delta_input, "delta");
   check_like(delta, residual, "delta");
   const c10::cuda::CUDAGuard device_guard(residual.device());
-  at::Tensor out = empty_matrix_like(residual);
+  auto [out, out_rows] = empty_like_rows(residual_input, residual);
   ResidualAddArgs args;
   args.type = matrix_element_type(residual);
   args.rows = residual.size(0);
@@ -155,7 +184,7 @@ at::Tensor residual_add(const at::Tensor& residual, const at::Tensor& delta, con
   args.delta = const_matrix(delta);
   args.delta_bias = column_vector(delta_bias, residual, "delta_bias");
   args.scale = column_vector(scale, residual, "scale");
-  args.out = mutable_matrix(out);
+  args.out = mutable_matrix(out_rows);
   launch_residual_add(args, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -164,7 +193,8 @@ at::Tensor residual_add(const at::Tensor& residual, const at::Tensor& delta, con
 }  // namespace clip_flash
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.doc() = "CUDA kernels of clip_flash (float16/bfloat16, 2-D inputs with a contiguous last dim).";
+  module.doc() = "CUDA kernels of clip_flash (float16/bfloat16; inputs of any rank, taken as rows over the last dim; outputs "
+      "contiguous, in the input's shape).";
   module.def("layer_norm", &clip_flash::layer_norm, "LayerNorm with fp32 statistics; returns a new tensor.",
              py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"));
   module.def("add_layer_norm", &clip_flash::add_layer_norm,
