@@ -34,7 +34,10 @@ _SDPA_FLAGS_LOCK = threading.RLock()
 
 
 def _flag_accessors():
-    """(getter, setter, SDPBackend) per SDPA kernel flag, as ``sdpa_kernel`` walks them; None if this torch lacks them."""
+    """(getter, setter, SDPBackend) per SDPA kernel flag, as ``sdpa_kernel`` walks them.
+
+    None when this torch lacks them (then the public ``sdpa_kernel`` is used).
+    """
     names = getattr(torch.nn.attention, "_backend_names", None)  # {"cudnn": "CUDNN_ATTENTION", ...}
     try:
         return tuple((getattr(torch._C, f"_get_{name}_sdp_enabled"), getattr(torch._C, f"_set_sdp_use_{name}"),
