@@ -258,6 +258,16 @@ def median_cuda_ms(function: Callable[[], object], repeats: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def alternating_median_ms(paths: Dict[str, Callable[[], object]], repeats: int, blocks: int = 3) -> Dict[str, float]:
+    """Per path, the median over ``blocks`` of ``median_cuda_ms(path, repeats)``, the paths alternating block by
+    block so clock and cache drift treat every path alike (the microbenchmark scripts' timing rule)."""
+    timed: Dict[str, list] = {path: [] for path in paths}
+    for _ in range(blocks):
+        for path, function in paths.items():
+            timed[path].append(median_cuda_ms(function, repeats))
+    return {path: sorted(values)[len(values) // 2] for path, values in timed.items()}
+
+
 def _calibrate(key: ShapeKey, x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str):
     candidates = {"cuBLAS + bias_act": cublas_linear_act, "Triton epilogue": triton_linear_act}
     if tma_unavailable_reason(x, weight) is None:

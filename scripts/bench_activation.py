@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash import fused_ops  # noqa: E402
-from clip_flash.gemm_epilogue import median_cuda_ms  # noqa: E402
+from clip_flash.gemm_epilogue import alternating_median_ms  # noqa: E402
 from clip_flash.benchmark.results import write_microbenchmark  # noqa: E402
 
 # (mlp width, tokens per image) of each model's vision tower (open_clip configs).
@@ -61,11 +61,7 @@ def main() -> int:
                     "bias_act": lambda: fused_ops._bias_act_impl(x, None, activation, in_place=False),
                     "bias_act_bias": lambda: fused_ops._bias_act_impl(x, bias, activation, in_place=False),
                 }
-                timed = {path: [] for path in paths}
-                for _ in range(3):
-                    for path, fn in paths.items():
-                        timed[path].append(median_cuda_ms(fn, args.repeats))
-                ms = {path: sorted(v)[1] for path, v in timed.items()}
+                ms = alternating_median_ms(paths, args.repeats)
                 expected = fused_ops._bias_act_reference(x, None, activation)
                 same = torch.equal(paths["bias_act"](), expected)
                 gigabytes = 2 * x.numel() * x.element_size() / 1e9

@@ -65,11 +65,7 @@ def main() -> int:
                 for _ in range(3):
                     fn()
             torch.cuda.synchronize()
-            timed = {path: [] for path in paths}
-            for _ in range(3):  # alternate blocks so clocks and caches treat every path alike
-                for path, fn in paths.items():
-                    timed[path].append(gemm_epilogue.median_cuda_ms(fn, args.repeats))
-            ms = {k: sorted(v)[1] for k, v in timed.items()}
+            ms = gemm_epilogue.alternating_median_ms(paths, args.repeats)
             ms.setdefault("tma", float("nan"))
             best = min(ms["fused"], ms["tma"]) if ms["tma"] == ms["tma"] else ms["fused"]
             diff = max((paths[path]().float() - unfused().float()).abs().max().item()

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from clip_flash.gemm_epilogue import median_cuda_ms  # noqa: E402
+from clip_flash.gemm_epilogue import alternating_median_ms  # noqa: E402
 from clip_flash.benchmark.results import write_microbenchmark  # noqa: E402
 from clip_flash.patch_embedding import patch_embedding  # noqa: E402
 
@@ -65,11 +65,7 @@ def main() -> int:
                     "gemm_padded": lambda: patch_embedding(images, weight, pad=True),
                     "gemm": lambda: patch_embedding(images, weight, pad=False),
                 }
-                timed = {path: [] for path in paths}
-                for _ in range(3):  # alternate blocks so clocks and caches treat every path alike
-                    for path, fn in paths.items():
-                        timed[path].append(median_cuda_ms(fn, args.repeats))
-                ms = {path: sorted(v)[1] for path, v in timed.items()}
+                ms = alternating_median_ms(paths, args.repeats)
                 reference = F.conv2d(images.float(), weight.float(), stride=patch)
                 errors = {}
                 for path in ("conv", "gemm_padded"):

@@ -47,6 +47,10 @@ def _flag_accessors():
 
 
 _FLAG_ACCESSORS = _flag_accessors()
+# Per pinnable kernel, the value of each flag in _FLAG_ACCESSORS while it is pinned (worked out once, not per call).
+_PINNED_FLAGS = {} if _FLAG_ACCESSORS is None else {
+    name: [member == backend for _, _, member in _FLAG_ACCESSORS] for name, backend in _PINNABLE.items()
+}
 
 
 class _HeldFlags:
@@ -60,8 +64,7 @@ class _HeldFlags:
     __slots__ = ("_wanted", "_previous")
 
     def __init__(self, pinned: Optional[str]):
-        backend = _PINNABLE[pinned] if pinned else None
-        self._wanted = None if backend is None else [member == backend for _, _, member in _FLAG_ACCESSORS]
+        self._wanted = _PINNED_FLAGS[pinned] if pinned else None
         self._previous = None
 
     def __enter__(self) -> None:
