@@ -114,6 +114,7 @@ setup(
     ],
     extras_require={
         "flash-attn": ["flash-attn>=2.5"],
+        "plot": ["matplotlib"],  # scripts/bench_clip.py --plot
         "test": ["pytest"],
     },
     ext_modules=ext_modules,

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Benchmark OpenCLIP encoders stock vs ``clip_flash.patch``-ed, on the same weights and inputs.
 
-    python scripts/bench_clip.py --model ViT-L-14::laion2b-s32b-b82k --times 100
+    python scripts/bench_clip.py --model ViT-L-14::laion2b_s32b_b82k --times 100
     python scripts/bench_clip.py --model ViT-B-32 --device cpu          # random init, ~1 min on CPU
     python scripts/bench_clip.py --models --json results.json            # the five published models
+    python scripts/bench_clip.py --plot-from results/h100/ViT-L-14-text.json --plot text.png  # no measuring
 
 The first table of each model has exactly the shape of the published openclip-flashattn tables:
 ``baseline(s)``/``flash_attn(s)`` are total seconds of ``--times`` calls of the stock/patched model,
@@ -17,6 +18,7 @@ or ``NAME`` alone for random-init weights (timings do not depend on the weights;
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 import sys
@@ -30,6 +32,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from clip_flash.benchmark import results  # noqa: E402
+from clip_flash.benchmark import plots  # noqa: E402
 from clip_flash.benchmark.model_spec import (  # noqa: E402
     DEFAULT_MODEL_SET,
     PRECISION_DTYPES,
@@ -122,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="several specs in one run; with no values: "
                             f"{' '.join(DEFAULT_MODEL_SET)} with random-init weights (no network "
                             f"needed). The published tables used {published}")
+    which.add_argument("--plot-from", type=Path, nargs="+", metavar="JSON",
+                       help="measure nothing: draw --plot from results files written earlier by --json")
     parser.add_argument("--times", type=positive_int, default=None,
                         help="calls timed per shape and side [default: 100 on CUDA, 3 on CPU]")
     parser.add_argument("--warmup", type=positive_int, default=None,
@@ -176,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--csv", type=Path, default=None, metavar="PATH", help="write per-shape rows as CSV")
     parser.add_argument("--markdown", type=Path, default=None, metavar="PATH",
                         help="write the printed tables and the environment as markdown")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                        help="draw stock vs patched per shape (time per call and speed-up) into FILE "
+                             "(needs matplotlib; .png, .svg or .pdf)")
     return parser
 
 
@@ -307,6 +315,40 @@ class ConsoleObserver(RunObserver):
 
 
 # ----- main ----------------------------------------------------------------------------------
+def show_library_notes() -> None:
+    """clip_flash's log records on stderr: its warnings, and the benchmark's own notes (such as "fetching
+    pretrained weights ...") as they happen, so a slow step is never silent."""
+    library = logging.getLogger("clip_flash")
+    if any(getattr(handler, "_bench_clip", False) for handler in library.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("bench_clip: %(message)s"))
+    handler._bench_clip = True
+    library.addHandler(handler)
+    library.setLevel(logging.WARNING)
+    logging.getLogger("clip_flash.benchmark").setLevel(logging.INFO)
+
+
+def cpu_precision_warning(settings: BenchSettings) -> Optional[str]:
+    """A warning for fp16 on the CPU: most CPUs have no fp16 arithmetic, and the patch is for GPUs."""
+    if settings.device.type != "cpu" or settings.precision != "fp16":
+        return None
+    return ("bench_clip: warning: --dtype fp16 on the CPU is slow (most CPUs have no fp16 arithmetic, so "
+            "torch emulates it; expect minutes) and is not what clip_flash is for: its fused kernels run on "
+            "CUDA GPUs. On a CPU use fp32 (the default) to check that the patch computes the same thing.")
+
+
+def draw_plot(records: Sequence[Dict[str, Any]], path: Path) -> int:
+    """Write the stock-vs-patched figure; 0, or 2 with one message when it cannot be drawn."""
+    try:
+        plots.plot_records(records, path)
+    except plots.PlotUnavailableError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def command_line(argv: Optional[Sequence[str]]) -> str:
     """The exact command that ran (the interpreter's own argv when called as a script)."""
     if argv is None:
@@ -331,6 +373,23 @@ def write_outputs(args: argparse.Namespace, record: Dict[str, Any], markdown: st
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the benchmark; returns the process exit code (0 ok, 2 usage/load error, 130 interrupted)."""
     args = build_parser().parse_args(argv)
+    show_library_notes()
+    if args.plot_from:
+        if args.plot is None:
+            print("error: --plot-from needs --plot FILE.png (where to draw)", file=sys.stderr)
+            return 2
+        try:
+            records = plots.load_records(args.plot_from)
+        except plots.PlotUnavailableError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return draw_plot(records, args.plot)
+    if args.plot is not None:
+        try:  # before minutes of measuring, not after
+            plots.require_matplotlib()
+        except plots.PlotUnavailableError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     specs: List[ModelSpec] = [args.model] if args.model else (
         args.models or [parse_model_spec(name) for name in DEFAULT_MODEL_SET])
     try:
@@ -345,6 +404,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bench_clip: no CUDA GPU found, running on CPU (--times {settings.times}, --warmup "
               f"{settings.warmup}, --dtype {settings.precision}; CPU defaults for any not given)",
               file=sys.stderr)
+    warning = cpu_precision_warning(settings)
+    if warning:
+        print(warning, file=sys.stderr)
     note = settings_note(args, settings)
     environment = results.environment_record(device, command_line(argv))
     device_label = environment["device_name"]
@@ -380,6 +442,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         observer.close()
     if record["models"] or exit_code == 0:
         write_outputs(args, record, "\n\n".join(markdown_blocks))
+    if args.plot is not None and record["models"]:
+        exit_code = exit_code or draw_plot([record], args.plot)
     return exit_code
 
 

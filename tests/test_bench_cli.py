@@ -45,11 +45,13 @@ def _cells(line: str) -> list:
     "text, name, weights, kind",
     [
         ("ViT-B-32", "ViT-B-32", None, "random"),
-        ("ViT-L-14::laion2b-s32b-b82k", "ViT-L-14", "laion2b-s32b-b82k", "tag"),
+        ("ViT-L-14::laion2b-s32b-b82k", "ViT-L-14", "laion2b_s32b_b82k", "tag"),
+        ("ViT-L-14::laion2b_s32b_b82k", "ViT-L-14", "laion2b_s32b_b82k", "tag"),
+        ("ViT-L-14::LAION2B-S32B-B82K", "ViT-L-14", "laion2b_s32b_b82k", "tag"),
         ("ViT-B-16::laion400m_e31", "ViT-B-16", "laion400m_e31", "tag"),
         ("ViT-B-32::/ckpt/open_clip_model.safetensors", "ViT-B-32", "/ckpt/open_clip_model.safetensors", "checkpoint"),
         ("ViT-B-32::model.bin", "ViT-B-32", "model.bin", "checkpoint"),
-        (" ViT-H-14 :: laion2b-s32b-b79k ", "ViT-H-14", "laion2b-s32b-b79k", "tag"),
+        (" ViT-H-14 :: laion2b-s32b-b79k ", "ViT-H-14", "laion2b_s32b_b79k", "tag"),
     ],
 )
 def test_parse_model_spec(text, name, weights, kind):
@@ -67,7 +69,7 @@ def test_parse_model_spec_rejects_malformed(text):
 def test_parser_defaults_and_flags():
     parser = bench_clip.build_parser()
     args = parser.parse_args(["--model", "ViT-L-14::laion2b-s32b-b82k", "--times", "100"])
-    assert args.model.name == "ViT-L-14" and args.model.weights == "laion2b-s32b-b82k"
+    assert args.model.name == "ViT-L-14" and args.model.weights == "laion2b_s32b_b82k"
     assert args.times == 100 and args.batch_sizes == [1, 2, 4, 8, 16]
     assert args.text_input == "random" and args.backend == "auto" and args.dtype is None
 
@@ -150,6 +152,9 @@ def test_end_to_end_cpu_random_init(tmp_path):
         "--batch-sizes", "1", "2", "--latency", "2", "--zero-shot-classifier", "--zero-shot-classes", "2",
         "--zero-shot-templates", "2", "--zero-shot-batch", "3", "--json", str(out_json), "--csv", str(out_csv), "--markdown", str(out_md),
     ]
+    out_png = tmp_path / "r.png"
+    draws = importlib.util.find_spec("matplotlib") is not None  # --plot is optional; drawn when it can be
+    command += ["--plot", str(out_png)] if draws else []
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -170,11 +175,14 @@ def test_end_to_end_cpu_random_init(tmp_path):
     assert "Zero-shot classifier: 2 classes x 2 templates" in done.stdout
     assert "Latency: closed loop" in done.stdout
     assert "Traceback" not in done.stderr
+    if draws:
+        assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {out_png}" in done.stderr
 
     record = json.loads(out_json.read_text())
     environment = record["environment"]
     assert record["complete"] is True
-    assert environment["command"].split()[-1] == str(out_md) and "--model ViT-B-32" in environment["command"]
+    assert environment["command"].split()[-1] == str(out_png if draws else out_md)
+    assert "--model ViT-B-32" in environment["command"]
     assert environment["git_revision"] and environment["device"] == "cpu"
     for key in ("torch", "cuda", "cudnn", "flash_attn", "clip_flash"):
         assert key in environment["clip_flash_environment"]
@@ -206,17 +214,23 @@ def test_end_to_end_cpu_random_init(tmp_path):
 
 # ----- unreachable weights -------------------------------------------------------------------
 def test_unreachable_tag_is_one_clear_message(monkeypatch, capsys):
+    """The hub answers the probe but the download fails: OpenCLIP's error becomes one message."""
     import open_clip.factory
+
+    from clip_flash.benchmark import weights_fetch
 
     def no_network(*args, **kwargs):
         raise OSError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(open_clip.factory, "download_pretrained", no_network)
+    monkeypatch.setattr(weights_fetch, "probe_host", lambda host, *args, **kwargs: None)
+    monkeypatch.setattr(weights_fetch, "hub_offline", lambda: False)
+    monkeypatch.setattr(weights_fetch, "_cached_hub_file", lambda repo_id, filename: None)
     code = bench_clip.main(["--model", "ViT-B-32::laion2b-s34b-b79k", "--device", "cpu", "--times", "1"])
     err = capsys.readouterr().err
     assert code != 0
     assert err.count("error:") == 1 and "Traceback" not in err
-    assert "'laion2b-s34b-b79k'" in err and "Name or service not known" in err
+    assert "'laion2b_s34b_b79k'" in err and "Name or service not known" in err
     assert "--model ViT-B-32\n" in err and "--model ViT-B-32::/path/to/" in err
 
 
@@ -229,15 +243,27 @@ def test_unreachable_tag_real_process_offline(tmp_path):
     )
     assert done.returncode != 0
     assert "Traceback" not in done.stderr and done.stderr.count("error:") == 1
-    assert "laion2b-s34b-b79k" in done.stderr and "random-init" in done.stderr
+    assert "laion2b_s34b_b79k" in done.stderr and "random-init" in done.stderr
+    assert "HF_HUB_OFFLINE is set" in done.stderr
 
 
 def test_unknown_tag_and_model(capsys):
     assert bench_clip.main(["--model", "ViT-B-32::no-such-tag", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert "no pretrained tag 'no-such-tag'" in err and "laion2b_s34b_b79k" in err
+    assert "no pretrained tag 'no_such_tag'" in err and "laion2b_s34b_b79k" in err
     assert bench_clip.main(["--model", "ViT-B-33", "--device", "cpu"]) == 2
     assert "unknown OpenCLIP model 'ViT-B-33'" in capsys.readouterr().err
+
+
+def test_fp16_on_cpu_warns_before_running(capsys):
+    """fp16 on the CPU is slow and not what the patch is for: said at once, before any model loads."""
+    assert bench_clip.main(["--model", "ViT-B-33", "--device", "cpu", "--dtype", "fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: --dtype fp16 on the CPU is slow" in err and "CUDA GPUs" in err
+    assert err.index("warning:") < err.index("unknown OpenCLIP model")
+    for quiet in (["--dtype", "fp32"], ["--dtype", "bf16"], []):
+        assert bench_clip.main(["--model", "ViT-B-33", "--device", "cpu", *quiet]) == 2
+        assert "warning:" not in capsys.readouterr().err
 
 
 def test_missing_checkpoint(tmp_path, capsys):

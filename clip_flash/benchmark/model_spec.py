@@ -1,12 +1,14 @@
 """Model specs (``NAME``, ``NAME::TAG``, ``NAME::/path/to/checkpoint``) and loading them.
 
 ``NAME::TAG`` is clip-as-service's spelling, used by the published table; OpenCLIP itself takes the
-name and the tag as two arguments, and accepts ``laion2b-s32b-b82k`` and ``laion2b_s32b_b82k`` alike.
+name and the tag as two arguments. Tags are accepted in either spelling (``laion2b-s32b-b82k`` or
+``laion2b_s32b_b82k``, any case, as OpenCLIP does) and written in OpenCLIP's own: lower case, underscores.
 A bare ``NAME`` builds the architecture with random-init weights: timings do not depend on the
 weights, and every table says plainly when they are random.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import logging
@@ -17,6 +19,8 @@ from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 
+from .weights_fetch import WeightsUnreachableError, prepared_fetch
+
 SEPARATOR = "::"
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 
@@ -26,11 +30,11 @@ DEFAULT_MODEL_SET = ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-g-14")
 
 # The pretrained tags the published tables name, for users who have the network to fetch them.
 PUBLISHED_TAGS = {
-    "ViT-B-32": "laion2b-s34b-b79k",
+    "ViT-B-32": "laion2b_s34b_b79k",
     "ViT-B-16": "laion400m_e31",
-    "ViT-L-14": "laion2b-s32b-b82k",
-    "ViT-H-14": "laion2b-s32b-b79k",
-    "ViT-g-14": "laion2b-s12b-b42k",
+    "ViT-L-14": "laion2b_s32b_b82k",
+    "ViT-H-14": "laion2b_s32b_b79k",
+    "ViT-g-14": "laion2b_s12b_b42k",
 }
 
 PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -77,15 +81,30 @@ def looks_like_path(weights: str) -> bool:
     )
 
 
+def canonical_tag(tag: str) -> str:
+    """OpenCLIP's own spelling of a pretrained tag: ``laion2b-s32b-b82k`` -> ``laion2b_s32b_b82k``.
+
+    OpenCLIP looks tags up lower-cased with ``-`` read as ``_``; writing them that way everywhere keeps one
+    spelling in specs, tables and results files.
+    """
+    return tag.strip().lower().replace("-", "_")
+
+
 def parse_model_spec(text: str) -> ModelSpec:
-    """Parse ``NAME``, ``NAME::TAG`` or ``NAME::/path``; raise ``ValueError`` on a malformed spec."""
+    """Parse ``NAME``, ``NAME::TAG`` or ``NAME::/path``; raise ``ValueError`` on a malformed spec.
+
+    A tag may be given in either spelling; the spec holds (and ``text`` shows) the canonical one.
+    """
     name, separator, weights = text.strip().partition(SEPARATOR)
     name, weights = name.strip(), weights.strip()
     if not name:
         raise ValueError(f"model spec {text!r} has no model name (expected NAME, NAME::TAG or NAME::/path)")
     if separator and not weights:
         raise ValueError(f"model spec {text!r} ends in '::' with no tag or path after it")
-    return ModelSpec(text=text.strip(), name=name, weights=weights or None)
+    if weights and not looks_like_path(weights):
+        weights = canonical_tag(weights)
+    shown = f"{name}{SEPARATOR}{weights}" if weights else name
+    return ModelSpec(text=shown, name=name, weights=weights or None)
 
 
 @dataclass
@@ -197,7 +216,9 @@ def _check_spec(spec: ModelSpec) -> None:
 def load_model(spec: ModelSpec, device: torch.device, precision: str, seed: int = 0) -> LoadedModel:
     """Build ``spec`` on ``device`` in ``precision`` through OpenCLIP, in eval mode.
 
-    Random-init weights are seeded so repeated runs use the same weights. Raises
+    Random-init weights are seeded so repeated runs use the same weights. A tag's weights come from the
+    local cache when they are there; otherwise the fetch is announced (logged) and the host probed first,
+    so no network, or ``HF_HUB_OFFLINE=1`` without cached weights, fails in seconds. Raises
     :class:`ModelLoadError` (one readable message, no traceback needed) when the name or tag is
     unknown, the checkpoint is missing, or the tag's weights cannot be fetched.
     """
@@ -205,11 +226,17 @@ def load_model(spec: ModelSpec, device: torch.device, precision: str, seed: int 
 
     _check_spec(spec)
     torch.manual_seed(seed)
+    fetch = prepared_fetch(spec.name, spec.weights) if spec.kind == "tag" else contextlib.nullcontext()
     try:
-        with _quiet_open_clip_logging():
+        with fetch, _quiet_open_clip_logging():
             model, _, preprocess = open_clip.create_model_and_transforms(
                 spec.name, pretrained=spec.weights, precision=precision, device=device
             )
+    except WeightsUnreachableError as error:
+        raise ModelLoadError(
+            f"error: cannot fetch pretrained weights for tag {spec.weights!r} of {spec.name}: {error}\n"
+            + _alternatives(spec.name)
+        ) from None
     except Exception as error:  # OpenCLIP raises RuntimeError, the hub OSError subclasses
         cause = _one_line(_root_cause(error))
         if spec.kind == "tag":
