@@ -1,0 +1,62 @@
+"""The README as a new user meets it: its example runs as written, its numbers come from committed results
+files, and its install lines pin what CI installs."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _usage_example() -> str:
+    match = re.search(r"^## Use\n\n```python\n(.*?)^```", README, re.S | re.M)
+    assert match, "README has no python block right under '## Use'"
+    return match.group(1)
+
+
+def _gain_table_rows():
+    head = README[: README.index("## Use")]
+    return [line for line in head.splitlines() if line.startswith("| ") and "](results/" in line]
+
+
+def test_usage_example_runs_as_written(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(_usage_example())
+    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "attention sites patched" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "torch.Size([2, 512]) torch.Size([1, 512])"
+
+
+def test_gain_table_numbers_are_in_their_results_files():
+    rows = _gain_table_rows()
+    assert len(rows) >= 3, "the gains table (text batch, image batch, single request) is missing"
+    for row in rows:
+        link = re.search(r"\]\((results/[^)]+)\)", row).group(1)
+        source = (REPO_ROOT / link).read_text(encoding="utf-8")
+        cells = row.strip("|").split("|")
+        stock, patched = (float(re.search(r"([\d.]+) ms", cells[i]).group(1)) for i in (1, 2))
+        recorded = {round(float(number), 2) for number in re.findall(r"\d+\.\d+", source)}
+        for value in (stock, patched):
+            assert value in recorded, f"{value} ms is not a number of {link} (to 2 decimals)"
+        gain = float(re.search(r"([\d.]+)x", cells[3]).group(1))
+        assert abs(stock / patched - gain) < 0.02 * gain, row  # the cells are rounded
+    assert "| end to end (files/strings to embeddings)" in README
+
+
+def test_plot_shown_is_committed():
+    image = re.search(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", README)
+    assert image and (REPO_ROOT / image.group(1)).is_file()
+
+
+def test_cpu_torch_line_pins_what_ci_installs():
+    pins = dict(re.findall(r"^(torch|torchvision)==(\S+)", (REPO_ROOT / "requirements-ci.txt").read_text(), re.M))
+    line = next(line for line in README.splitlines() if "download.pytorch.org/whl/cpu" in line)
+    assert f"torch=={pins['torch']}" in line and f"torchvision=={pins['torchvision']}" in line
+    assert "--index-url" in line
