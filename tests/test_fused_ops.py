@@ -341,7 +341,7 @@ def test_opcheck():
 
 
 def test_extension_reason_logged_once(caplog):
-    _extension._load.cache_clear()
+    _extension._state.cache_clear()
     with caplog.at_level(logging.INFO, logger="clip_flash._extension"):
         available = _extension.extension_available()
         _extension.extension_available()

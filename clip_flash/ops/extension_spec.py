@@ -1,0 +1,14 @@
+"""What ``clip_flash._C`` is built from: sources and compiler flags, shared by setup.py's build and the
+build on first use (``jit_build``). Imports nothing, so setup.py can read it without importing the package."""
+
+# Relative to the repository root (where setup.py is).
+EXTENSION_SOURCES = (
+    "csrc/bindings.cpp",
+    "csrc/layer_norm_kernels.cu",
+    "csrc/elementwise_kernels.cu",
+)
+# Every file of these kinds under csrc/ (headers included) keys the build on first use.
+SOURCE_SUFFIXES = (".cpp", ".cu", ".cuh", ".h")
+CXX_FLAGS = ("-O3", "-std=c++17")
+# No --use_fast_math: the activations need accurate erff/tanhf/expf.
+NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo")
