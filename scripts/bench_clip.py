@@ -40,6 +40,7 @@ from clip_flash.benchmark.model_spec import (  # noqa: E402
     ModelLoadError,
     ModelSpec,
     parse_model_spec,
+    precision_warning,
 )
 from clip_flash.benchmark.runner import (  # noqa: E402
     BenchError,
@@ -329,15 +330,6 @@ def show_library_notes() -> None:
     logging.getLogger("clip_flash.benchmark").setLevel(logging.INFO)
 
 
-def cpu_precision_warning(settings: BenchSettings) -> Optional[str]:
-    """A warning for fp16 on the CPU: most CPUs have no fp16 arithmetic, and the patch is for GPUs."""
-    if settings.device.type != "cpu" or settings.precision != "fp16":
-        return None
-    return ("bench_clip: warning: --dtype fp16 on the CPU is slow (most CPUs have no fp16 arithmetic, so "
-            "torch emulates it; expect minutes) and is not what clip_flash is for: its fused kernels run on "
-            "CUDA GPUs. On a CPU use fp32 (the default) to check that the patch computes the same thing.")
-
-
 def draw_plot(records: Sequence[Dict[str, Any]], path: Path) -> int:
     """Write the stock-vs-patched figure; 0, or 2 with one message when it cannot be drawn."""
     try:
@@ -404,9 +396,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bench_clip: no CUDA GPU found, running on CPU (--times {settings.times}, --warmup "
               f"{settings.warmup}, --dtype {settings.precision}; CPU defaults for any not given)",
               file=sys.stderr)
-    warning = cpu_precision_warning(settings)
+    warning = precision_warning(settings.device, settings.precision)
     if warning:
-        print(warning, file=sys.stderr)
+        print(f"bench_clip: warning: {warning}", file=sys.stderr)
     note = settings_note(args, settings)
     environment = results.environment_record(device, command_line(argv))
     device_label = environment["device_name"]

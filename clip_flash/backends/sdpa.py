@@ -114,6 +114,26 @@ def _flags_held(pinned: Optional[str]):
     return _HeldFlags(pinned)
 
 
+# Oldest GPU each CUDA kernel of SDPA runs on (torch's own hardware checks in its SDPA dispatch).
+_MIN_CAPABILITY = {"cudnn": (8, 0), "flash": (8, 0), "efficient": (5, 0)}
+
+
+def _cuda_kernel_unavailable(pinned: str) -> Optional[str]:
+    """Why SDPA's ``pinned`` CUDA kernel cannot run on this machine, or None when it can."""
+    if not torch.cuda.is_available():
+        why = "this torch is a CPU-only build" if not torch.version.cuda else "no CUDA device is visible"
+        return f"SDPA's {pinned} kernel needs a CUDA GPU: {why}"
+    if pinned == "cudnn" and not torch.backends.cudnn.is_available():
+        return "SDPA's cudnn kernel needs cuDNN, which this torch cannot load"
+    if pinned == "flash" and not torch.backends.cuda.is_flash_attention_available():
+        return "this torch was built without SDPA's flash kernel"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < _MIN_CAPABILITY[pinned]:
+        need = "%d.%d" % _MIN_CAPABILITY[pinned]
+        return f"SDPA's {pinned} kernel needs compute capability >= {need}, this GPU is sm_{major}{minor}"
+    return None
+
+
 class SdpaBackend(AttentionBackend):
     """Serves every site on every device and dtype (its math kernel is the universal fallback)."""
 
@@ -126,7 +146,9 @@ class SdpaBackend(AttentionBackend):
         self.name = "sdpa" if pinned is None else f"sdpa:{pinned}"
 
     def status(self) -> BackendStatus:
-        return BackendStatus(self.name, True, version=torch.__version__)
+        """``sdpa`` and ``sdpa:math`` run anywhere; the pinned CUDA kernels only where torch can launch them."""
+        reason = _cuda_kernel_unavailable(self.pinned) if self.pinned in _MIN_CAPABILITY else None
+        return BackendStatus(self.name, reason is None, reason, version=torch.__version__)
 
     def unsupported_reasons(self, needs: AttentionNeeds) -> List[str]:
         reasons: List[str] = []

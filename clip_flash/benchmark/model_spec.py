@@ -42,6 +42,16 @@ PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.
 RANDOM_INIT_NOTE = "(random init weights: no checkpoint)"
 
 
+def precision_warning(device: torch.device, precision: str) -> Optional[str]:
+    """Why ``precision`` on ``device`` is a poor choice, or None. fp16 on a CPU: most CPUs have no fp16
+    arithmetic (torch emulates it), and clip_flash's kernels are for CUDA GPUs."""
+    if device.type != "cpu" or precision != "fp16":
+        return None
+    return ("--dtype fp16 on the CPU is slow (most CPUs have no fp16 arithmetic, so torch emulates it; expect "
+            "minutes) and is not what clip_flash is for: its fused kernels run on CUDA GPUs. On a CPU use fp32 "
+            "(the default) to check that the patch computes the same thing.")
+
+
 class ModelLoadError(Exception):
     """A model could not be built or its weights loaded; ``str()`` is the whole user-facing message."""
 
