@@ -1,4 +1,4 @@
-"""Package metadata of clip_flash and the build of its optional CUDA extension ``clip_flash._C``.
+"""The build of clip_flash's optional CUDA extension ``clip_flash._C`` (metadata: pyproject.toml).
 
 The extension is built only when it can be: torch importable here, a CUDA build of torch, a CUDA
 toolkit (``CUDA_HOME``), and a target architecture (a visible GPU, or ``TORCH_CUDA_ARCH_LIST``).
@@ -15,14 +15,12 @@ Typical GPU install: ``pip install --no-build-isolation -e .`` (pip's isolated b
 torch, so an isolated build is always pure Python).
 """
 import os
-import re
 import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
-ROOT = Path(__file__).resolve().parent
 BUILD_SWITCH = "CLIP_FLASH_BUILD_EXT"
 EXTENSION_NAME = "clip_flash._C"
 EXTENSION_SOURCES = [
@@ -30,15 +28,6 @@ EXTENSION_SOURCES = [
     "csrc/layer_norm_kernels.cu",
     "csrc/elementwise_kernels.cu",
 ]
-
-
-def read_version() -> str:
-    """``__version__`` from clip_flash/__init__.py, read as text so the build never imports the package."""
-    init_text = (ROOT / "clip_flash" / "__init__.py").read_text(encoding="utf-8")
-    match = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", init_text, re.MULTILINE)
-    if match is None:
-        raise RuntimeError("clip_flash/__init__.py defines no __version__ = '...'")
-    return match.group(1)
 
 
 def reason_extension_cannot_build() -> Optional[str]:
@@ -99,24 +88,4 @@ def cuda_extensions() -> Tuple[List, dict]:
 
 ext_modules, cmdclass = cuda_extensions()
 
-setup(
-    name="clip_flash",
-    version=read_version(),
-    description="Faster OpenCLIP encoders on NVIDIA GPUs, computing the same thing",
-    packages=find_packages(exclude=("tests", "tests.*", "scripts", "scripts.*")),
-    # Measured attention timings per GPU, read by backend="auto" (a data folder, not a package).
-    package_data={"clip_flash": ["attention_tables/*.json"]},
-    python_requires=">=3.9",
-    install_requires=[
-        "torch>=2.4",  # torch.library.custom_op / register_fake / register_autograd
-        "open_clip_torch>=2.24,<4",
-        "pillow",
-    ],
-    extras_require={
-        "flash-attn": ["flash-attn>=2.5"],
-        "test": ["pytest"],
-    },
-    ext_modules=ext_modules,
-    cmdclass=cmdclass,
-    zip_safe=False,
-)
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -12,9 +12,11 @@ from typing import Dict
 
 from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
 from .backends import available_backends as _available_backends
-from .cuda_graphs import GraphedEncoder
-from .patching import is_patched, patch, patch_report, patched, unpatch
-from .report import PatchReport, SiteReport
+from .graphs import GraphedEncoder
+from .patch.report import PatchReport, SiteReport
+# Last: binding the function ``patch`` replaces the subpackage ``clip_flash.patch`` as this package's attribute
+# (import its modules with ``from clip_flash.patch.<module> import ...``).
+from .patch.patching import is_patched, patch, patch_report, patched, unpatch
 
 __version__ = "0.1.0"
 __all__ = [

@@ -17,13 +17,13 @@ def _version(module_name: str) -> Optional[str]:
 
 def _attention_table() -> Dict[str, object]:
     """The measured attention table ``backend="auto"`` uses on this GPU (path, GPU, entries), or why none."""
-    from clip_flash.backends import measured
+    from clip_flash.backends import attention_table
 
-    table = measured.active_table()
+    table = attention_table.active_table()
     if table is not None:
         return {"path": table.source, "gpu": table.gpu, "entries": len(table.entries), "note": None}
-    gpu = measured.current_gpu()
-    known = measured.candidate_tables()
+    gpu = attention_table.current_gpu()
+    known = attention_table.candidate_tables()
     if gpu is None:
         note = f"no CUDA device (tables are per GPU; {len(known)} known)"
     else:
@@ -37,7 +37,7 @@ def environment() -> Dict[str, object]:
     import torch
 
     import clip_flash
-    from clip_flash import fused_ops
+    from clip_flash.ops import fused_ops
 
     info: Dict[str, object] = {
         "python": platform.python_version(),

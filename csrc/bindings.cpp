@@ -1,5 +1,5 @@
 // Python bindings of clip_flash._C: argument checks, output allocation, and kernel launches on the
-// current CUDA stream. The public, torch.compile-friendly ops live in clip_flash/fused_ops.py, which
+// current CUDA stream. The public, torch.compile-friendly ops live in clip_flash/ops/fused_ops.py, which
 // calls these functions for CUDA float16/bfloat16 tensors.
 // Narrow includes instead of <torch/extension.h> cut this file's compile time about 3x; the stream comes
 // from c10's CUDAStream.h rather than ATen's CUDAContext.h, which also needs the cuBLAS/cuSPARSE headers

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from clip_flash import fused_ops, gemm_epilogue  # noqa: E402
+from clip_flash.ops import fused_ops  # noqa: E402
+from clip_flash.ops.experimental import gemm_epilogue  # noqa: E402
 from clip_flash.info import environment  # noqa: E402
 
 # (width, mlp width, tokens per image, activation) of each model's vision tower (open_clip configs).

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from clip_flash._extension import extension_available, extension_unavailable_reason, load_extension
+from ._extension import extension_available, extension_unavailable_reason, load_extension
 
 __all__ = ["ACTIVATIONS", "layer_norm", "add_layer_norm", "bias_act", "residual_add", "describe_backend"]
 

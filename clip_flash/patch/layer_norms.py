@@ -15,7 +15,7 @@ import torch
 from open_clip.transformer import LayerNorm, LayerNormFp32
 from torch import Tensor, nn
 
-from . import fused_ops
+from ..ops import fused_ops
 
 __all__ = ["fused_norm_class"]
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from open_clip.modified_resnet import AttentionPool2d
 from open_clip.transformer import AttentionalPooler
 
-from .backends import AttentionBackend, get_backend
+from ..backends import AttentionBackend, get_backend
 
 
 @dataclass

@@ -39,7 +39,7 @@ class PatchReport:
 
     def __post_init__(self) -> None:
         if self.attention_table is None and self.requested_backend == "auto" and self.device.startswith("cuda"):
-            from .backends.measured import describe_auto_choice  # lazy: reports are plain data otherwise
+            from ..backends.measured import describe_auto_choice  # lazy: reports are plain data otherwise
             self.attention_table = describe_auto_choice()
 
     def add(self, tower: str, block: str, kind: str, backend: str, reason: str = "") -> None:

@@ -24,8 +24,9 @@ from open_clip.transformer import (
 )
 from torch import nn
 
-from . import fused_ops, gemm_epilogue
-from .backends import AttentionBackend, get_backend
+from ..ops import fused_ops
+from ..ops.experimental import gemm_epilogue
+from ..backends import AttentionBackend, get_backend
 
 # (cu_seqlens, max_seqlen) of a packed batch of variable-length sequences.
 Packing = Tuple[torch.Tensor, int]

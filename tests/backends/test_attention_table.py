@@ -1,9 +1,9 @@
-"""``backend="auto"`` from measured attention tables (clip_flash/backends/measured.py, scripts/measure_attention.py).
+"""``backend="auto"`` from measured attention tables (clip_flash/backends/attention_table.py and measured.py, scripts/measure_attention.py).
 
-CPU tests fake the GPU (``measured.current_gpu``) and the backends (spies registered in the backend registry) to
+CPU tests fake the GPU (``attention_table.current_gpu``) and the backends (spies registered in the backend registry) to
 check parsing, the nearest-shape choice, which table applies, dispatch and fallbacks. GPU tests (skipped without
 CUDA; the flash-attn ones also without flash-attn) check flash_attn against the accuracy rule of
-tests/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a table
+tests/patch/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a table
 for this GPU says.
 """
 from __future__ import annotations
@@ -19,18 +19,20 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import edge_case_tokens, relative_error
+from tests.utils import edge_case_tokens, relative_error
 from open_clip.model import CLIP, CLIPTextCfg, CLIPVisionCfg, convert_weights_to_lp
 
 import clip_flash
 import clip_flash.backends as backends_pkg
 from clip_flash.backends import AttentionBackend, AttentionNeeds, choose_backend, get_backend, measured
 from clip_flash.backends.flash_attn import FlashAttnBackend
-from clip_flash.backends.measured import AttentionTableError, MeasuredAutoBackend, parse_table
+from clip_flash.backends import attention_table, registry
+from clip_flash.backends.attention_table import AttentionTableError, parse_table
+from clip_flash.backends.measured import MeasuredAutoBackend
 from clip_flash.backends.sdpa import SdpaBackend
-from clip_flash.report import PatchReport
+from clip_flash.patch.report import PatchReport
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_GPU = ("Fake GPU 9000", (9, 0))
 REFERENCE = get_backend("reference")
 
@@ -38,16 +40,16 @@ REFERENCE = get_backend("reference")
 @pytest.fixture(autouse=True)
 def clean_tables(monkeypatch):
     """No registered table, env table or cached decision leaks between tests."""
-    monkeypatch.delenv(measured.TABLE_ENV, raising=False)
-    measured.clear_attention_tables()
+    monkeypatch.delenv(attention_table.TABLE_ENV, raising=False)
+    attention_table.clear_attention_tables()
     yield
-    measured.clear_attention_tables()
+    attention_table.clear_attention_tables()
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """Pretend the current CUDA device is FAKE_GPU (only the table lookup sees it)."""
-    monkeypatch.setattr(measured, "current_gpu", lambda: FAKE_GPU)
+    monkeypatch.setattr(attention_table, "current_gpu", lambda: FAKE_GPU)
     return FAKE_GPU
 
 
@@ -101,7 +103,7 @@ def spies(monkeypatch):
     made = {name: Spy(name) for name in ("spy:a", "spy:b", "sdpa")}
     made["spy:picky"] = Spy("spy:picky", accepts=False)
     for name, spy in made.items():
-        monkeypatch.setitem(backends_pkg._BACKENDS, name, spy)
+        monkeypatch.setitem(registry._BACKENDS, name, spy)
     return made
 
 
@@ -121,7 +123,7 @@ def test_table_parses_and_round_trips(tmp_path):
               errors={"flash_attn": "skipped: not installed"}),
         entry(16, 40, {"sdpa": 0.05, "flash_attn": 0.04}, causal=True, varlen=True, heads=12, tokens=384),
     ])
-    table = measured.read_table(path)
+    table = attention_table.read_table(path)
     assert table.gpu == FAKE_GPU[0] and table.capability == (9, 0) and table.source == str(path)
     assert table.meta["command"] == "test" and len(table.entries) == 2
     first, packed = table.entries
@@ -157,10 +159,10 @@ def test_unreadable_table_file_is_an_error_when_loaded_explicitly(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     with pytest.raises(AttentionTableError, match="not valid JSON"):
-        measured.load_attention_table(broken)
+        attention_table.load_attention_table(broken)
     with pytest.raises(AttentionTableError, match="cannot read"):
-        measured.load_attention_table(tmp_path / "missing.json")
-    assert not measured._registered  # nothing was registered
+        attention_table.load_attention_table(tmp_path / "missing.json")
+    assert not attention_table._registered  # nothing was registered
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -209,7 +211,7 @@ def test_pick_skips_backends_unavailable_here(monkeypatch):
         entry(64, 257, {"flash_attn": 0.1}),  # nearest to b64, but nothing in it can run here
         entry(256, 257, {"flash_attn": 0.5, "sdpa:flash": 0.3, "sdpa:cudnn": 0.4}),
     ]))
-    pick = lambda batch: table.pick(torch.float16, False, False, 16, 64, batch, 257)  # noqa: E731
+    pick = lambda batch: table.pick(torch.float16, False, False, 16, 64, batch, 257, measured.backend_usable)  # noqa: E731
     assert pick(16) == "sdpa:cudnn"   # not flash_attn (unavailable), not reference (never automatic)
     # The b64 entry is passed over; b16 and b256 are equally near b64 and the first in the table wins.
     assert pick(64) == "sdpa:cudnn" and pick(80) == "sdpa:flash"
@@ -219,10 +221,10 @@ def test_pick_skips_backends_unavailable_here(monkeypatch):
 
 
 def test_module_pick_uses_the_table_for_the_current_gpu(tmp_path, fake_gpu, monkeypatch):
-    measured.load_attention_table(write_table(tmp_path / "t.json", [entry(4, 50, {"sdpa:efficient": 0.1,
+    attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(4, 50, {"sdpa:efficient": 0.1,
                                                                                   "sdpa:cudnn": 0.2})]))
     assert measured.pick(torch.float16, False, False, 16, 64, 4, 50) == "sdpa:efficient"
-    monkeypatch.setattr(measured, "current_gpu", lambda: None)  # no CUDA: no table applies
+    monkeypatch.setattr(attention_table, "current_gpu", lambda: None)  # no CUDA: no table applies
     assert measured.pick(torch.float16, False, False, 16, 64, 4, 50) is None
 
 
@@ -231,44 +233,44 @@ def test_module_pick_uses_the_table_for_the_current_gpu(tmp_path, fake_gpu, monk
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_table_applies_only_to_its_gpu_and_capability(tmp_path, fake_gpu, monkeypatch):
-    other = measured.load_attention_table(write_table(tmp_path / "other.json", [entry(1, 50, {"sdpa:cudnn": 1.0})],
+    other = attention_table.load_attention_table(write_table(tmp_path / "other.json", [entry(1, 50, {"sdpa:cudnn": 1.0})],
                                                       gpu="NVIDIA Other GPU"))
-    assert measured.active_table() is None and not other.applies_to(*FAKE_GPU)
-    wrong_cc = measured.load_attention_table(write_table(tmp_path / "cc.json", [entry(1, 50, {"sdpa:cudnn": 1.0})],
+    assert attention_table.active_table() is None and not other.applies_to(*FAKE_GPU)
+    wrong_cc = attention_table.load_attention_table(write_table(tmp_path / "cc.json", [entry(1, 50, {"sdpa:cudnn": 1.0})],
                                                          capability=(8, 0)))
-    assert measured.active_table() is None and not wrong_cc.applies_to(*FAKE_GPU)
-    mine = measured.load_attention_table(write_table(tmp_path / "mine.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
-    assert measured.active_table() is mine
-    monkeypatch.setattr(measured, "current_gpu", lambda: ("NVIDIA Other GPU", (9, 0)))
-    assert measured.active_table() is other
+    assert attention_table.active_table() is None and not wrong_cc.applies_to(*FAKE_GPU)
+    mine = attention_table.load_attention_table(write_table(tmp_path / "mine.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
+    assert attention_table.active_table() is mine
+    monkeypatch.setattr(attention_table, "current_gpu", lambda: ("NVIDIA Other GPU", (9, 0)))
+    assert attention_table.active_table() is other
 
 
 def test_env_table_and_precedence(tmp_path, fake_gpu, monkeypatch):
     env = write_table(tmp_path / "env.json", [entry(1, 50, {"sdpa:cudnn": 1.0})])
-    monkeypatch.setenv(measured.TABLE_ENV, str(env))
-    assert measured.active_table().source == str(env)
-    registered = measured.load_attention_table(write_table(tmp_path / "reg.json", [entry(1, 50, {"sdpa:flash": 1.0})]))
-    assert measured.active_table() is registered  # registered tables come before the env var's
-    assert [t.source for t in measured.candidate_tables()][:2] == [registered.source, str(env)]
+    monkeypatch.setenv(attention_table.TABLE_ENV, str(env))
+    assert attention_table.active_table().source == str(env)
+    registered = attention_table.load_attention_table(write_table(tmp_path / "reg.json", [entry(1, 50, {"sdpa:flash": 1.0})]))
+    assert attention_table.active_table() is registered  # registered tables come before the env var's
+    assert [t.source for t in attention_table.candidate_tables()][:2] == [registered.source, str(env)]
 
 
 def test_broken_env_table_is_ignored_with_a_warning(tmp_path, fake_gpu, monkeypatch, caplog):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"gpu": FAKE_GPU[0]}))
-    monkeypatch.setenv(measured.TABLE_ENV, str(bad))
-    caplog.set_level(logging.WARNING, logger="clip_flash.backends.measured")
-    assert measured.active_table() is None
+    monkeypatch.setenv(attention_table.TABLE_ENV, str(bad))
+    caplog.set_level(logging.WARNING, logger="clip_flash.backends.attention_table")
+    assert attention_table.active_table() is None
     assert any("missing 'entries'" in record.getMessage() for record in caplog.records)
 
 
 def test_logs_once_which_table_or_how_to_make_one(tmp_path, fake_gpu, caplog):
-    caplog.set_level(logging.INFO, logger="clip_flash.backends.measured")
-    measured.active_table(), measured.active_table()
+    caplog.set_level(logging.INFO, logger="clip_flash.backends.attention_table")
+    attention_table.active_table(), attention_table.active_table()
     none_lines = [r.getMessage() for r in caplog.records if "no measured attention table" in r.getMessage()]
     assert len(none_lines) == 1 and "measure_attention.py" in none_lines[0] and FAKE_GPU[0] in none_lines[0]
-    table = measured.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
+    table = attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
     caplog.clear()
-    measured.active_table(), measured.active_table()
+    attention_table.active_table(), attention_table.active_table()
     used = [r.getMessage() for r in caplog.records if "uses the measured attention table" in r.getMessage()]
     assert len(used) == 1 and table.source in used[0]
 
@@ -282,7 +284,7 @@ def _needs(dtype=torch.float16, head_dim=64, causal=False, explicit_mask=False, 
 
 
 def test_choose_auto_returns_the_measured_backend_when_a_table_covers_the_site(tmp_path, fake_gpu):
-    measured.load_attention_table(write_table(tmp_path / "t.json", [
+    attention_table.load_attention_table(write_table(tmp_path / "t.json", [
         entry(1, 257, {"sdpa:cudnn": 0.1, "sdpa:flash": 0.2}),
         entry(256, 257, {"sdpa:cudnn": 0.5, "sdpa:flash": 0.4}),
         entry(16, 257, {"sdpa:cudnn": 0.1, "sdpa:flash": 0.2}),
@@ -305,7 +307,7 @@ def test_choose_auto_returns_the_measured_backend_when_a_table_covers_the_site(t
 
 
 def test_choose_auto_keeps_the_old_order_without_a_table_for_this_gpu(tmp_path, fake_gpu):
-    measured.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 257, {"sdpa:cudnn": 0.1})],
+    attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 257, {"sdpa:cudnn": 0.1})],
                                               gpu="Another GPU"))
     backend, rejected = choose_backend("auto", _needs())
     assert backend is get_backend(backends_pkg.AUTO_ORDER[0]) and rejected == {}
@@ -314,7 +316,7 @@ def test_choose_auto_keeps_the_old_order_without_a_table_for_this_gpu(tmp_path, 
 def test_table_whose_winners_cannot_run_here_is_not_used(tmp_path, fake_gpu, monkeypatch):
     from clip_flash.backends.base import BackendStatus
     monkeypatch.setattr(FlashAttnBackend, "status", lambda self: BackendStatus(self.name, False, "not here"))
-    measured.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 257, {"flash_attn": 0.1})]))
+    attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 257, {"flash_attn": 0.1})]))
     assert choose_backend("auto", _needs())[0] is get_backend("sdpa")
 
 
@@ -456,7 +458,7 @@ def tiny_clip(head_dim: int = 32, heads: int = 2, cast_dtype=None) -> CLIP:
 def test_patch_on_cpu_ignores_gpu_tables_and_matches_stock(tmp_path, fake_gpu):
     model = tiny_clip()
     site = dict(dtype="float32", heads=2, head_dim=32)
-    measured.load_attention_table(write_table(tmp_path / "t.json", [
+    attention_table.load_attention_table(write_table(tmp_path / "t.json", [
         entry(2, 17, {"sdpa:efficient": 0.1}, **site),
         entry(7, 77, {"sdpa:efficient": 0.1}, causal=True, **site),
     ]))
@@ -478,7 +480,7 @@ def test_report_says_which_table_auto_used(tmp_path, fake_gpu):
     without = PatchReport("CLIP", "auto", "float16", "cuda:0")
     assert without.attention_table.startswith(f"sdpa (no measured table for {FAKE_GPU[0]}")
     assert f"auto attention: sdpa (no measured table for {FAKE_GPU[0]}" in str(without)
-    table = measured.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
+    table = attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
     with_table = PatchReport("CLIP", "auto", "float16", "cuda:0")
     assert with_table.attention_table == f"measured table {table.source} ({FAKE_GPU[0]}, 1 entries)"
     assert with_table.to_dict()["attention_table"] == with_table.attention_table
@@ -489,7 +491,7 @@ def test_report_says_which_table_auto_used(tmp_path, fake_gpu):
 def test_info_lists_the_table_in_use(tmp_path, fake_gpu, capsys):
     import clip_flash.info as info
     assert info._attention_table()["path"] is None and FAKE_GPU[0] in info._attention_table()["note"]
-    table = measured.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0}),
+    table = attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0}),
                                                                            entry(4, 50, {"sdpa:cudnn": 1.0})]))
     assert info._attention_table() == {"path": table.source, "gpu": FAKE_GPU[0], "entries": 2, "note": None}
     info.main()
@@ -497,17 +499,17 @@ def test_info_lists_the_table_in_use(tmp_path, fake_gpu, capsys):
 
 
 def test_shipped_tables_parse():
-    """Every table shipped in clip_flash/attention_tables/ is valid (and so usable on its GPU)."""
-    for path in measured.shipped_table_paths():
-        table = measured.read_table(path)
+    """Every table shipped in clip_flash/backends/attention_tables/ is valid (and so usable on its GPU)."""
+    for path in attention_table.shipped_table_paths():
+        table = attention_table.read_table(path)
         assert table.entries and table.gpu, path
 
 
 def test_setup_ships_the_table_folder():
     setup_text = (REPO_ROOT / "setup.py").read_text()
     assert '"attention_tables/*.json"' in setup_text
-    assert "recursive-include clip_flash/attention_tables *.json" in (REPO_ROOT / "MANIFEST.in").read_text()
-    assert measured.SHIPPED_TABLE_DIR == REPO_ROOT / "clip_flash" / "attention_tables"
+    assert "recursive-include clip_flash/backends/attention_tables *.json" in (REPO_ROOT / "MANIFEST.in").read_text()
+    assert attention_table.SHIPPED_TABLE_DIR == REPO_ROOT / "clip_flash" / "backends" / "attention_tables"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -591,7 +593,7 @@ def _flash_attn_or_skip():
 
 
 def _errors(output: torch.Tensor, reference: torch.Tensor):
-    """(max relative error, max 1 - cosine) against the fp32 reference: as tests/test_gpu_accuracy.py."""
+    """(max relative error, max 1 - cosine) against the fp32 reference: as tests/patch/test_gpu_accuracy.py."""
     output, reference = output.float(), reference.float()
     max_rel = ((output - reference).abs().max() / reference.abs().max()).item()
     one_minus_cos = (1 - F.cosine_similarity(output, reference, dim=-1)).max().item()
@@ -599,7 +601,7 @@ def _errors(output: torch.Tensor, reference: torch.Tensor):
 
 
 def _assert_within_rule(tower, out, stock, ref):
-    """Patched error against fp32 at most about twice stock's (the rule of tests/test_gpu_accuracy.py)."""
+    """Patched error against fp32 at most about twice stock's (the rule of tests/patch/test_gpu_accuracy.py)."""
     stock_rel, stock_cos = _errors(stock, ref)
     rel, cos = _errors(out, ref)
     print(f"ACCURACY {tower}: max-rel stock {stock_rel:.3e} patched {rel:.3e} | "
@@ -679,7 +681,7 @@ def test_auto_follows_a_measured_table_for_this_gpu(tmp_path, monkeypatch):
         entry(4, 17, {"sdpa:efficient": 0.01, "sdpa:cudnn": 0.5, "sdpa:flash": 0.5}, **site),
         entry(256, 17, {"sdpa:efficient": 0.5, "sdpa:cudnn": 0.5, "sdpa:flash": 0.01}, **site),
     ], gpu=gpu, capability=capability)
-    measured.load_attention_table(path)
+    attention_table.load_attention_table(path)
     ran = []
     original = SdpaBackend.attend
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "bench_clip.py"
 PUBLISHED_HEADER = "| shape | baseline(s) | flash_attn(s) | speed up (x) | mean diff |"
 

@@ -13,14 +13,17 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import edge_case_tokens
+from tests.utils import edge_case_tokens
 from torch import nn
 
 import clip_flash
-from clip_flash.cuda_graphs import GraphedEncoder, TowerWatch, _live_watches, _tower_watches
-from clip_flash.text_fast_path import encode_pooled_text, pooled_positions
+from clip_flash.graphs import GraphedEncoder
+from clip_flash.graphs.capture import GraphKey
+from clip_flash.graphs.staleness import _live_watches
+from clip_flash.graphs.staleness import tower_watches as _tower_watches
+from clip_flash.patch.text_fast_path import encode_pooled_text, pooled_positions
 
-LOGGER = "clip_flash.cuda_graphs"
+LOGGER = "clip_flash.graphs.encoder"
 LENGTHS = (8, 16, 24, 32, 48, 64, 77)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -156,7 +159,7 @@ def test_captured_text_function_on_padded_buffers_matches_eager():
         expected = model.encode_text(tokens)
         setup = encoder._fresh_setup("text")
         length = encoder.length_bucket(tokens)
-        key = ("text", encoder.batch_bucket(3), length, 77, torch.long)
+        key = GraphKey("text", encoder.batch_bucket(3), (77,), torch.long, length)
         shape, function = encoder._graphed_function(setup, key)
         static = torch.zeros(shape, dtype=torch.long)
         static[:3] = tokens
@@ -331,7 +334,7 @@ def _eager_like_graph_text(model, encoder, tokens):
 
 
 def _pool_bytes(encoder: GraphedEncoder, pools=None) -> int:
-    pools = encoder._setup.pools() if pools is None else pools
+    pools = encoder._setup.space.pools() if pools is None else pools
     return sum(s["total_size"] for pool in pools for s in torch.cuda.memory_snapshot(mempool_id=pool))
 
 
@@ -510,7 +513,7 @@ def test_a_failed_capture_runs_eager_and_leaves_the_pool_sound(caplog):
             assert torch.equal(encoder.encode_text(tokens), _eager_like_graph_text(model, encoder, tokens.cuda()))
         stats = encoder.stats()
         assert stats.graphs == 1 and len(stats.failed_captures) == 1 and stats.eager_calls == 2
-        pools = encoder._setup.pools()
+        pools = encoder._setup.space.pools()
         assert _pool_bytes(encoder) > 0
         encoder.release()  # the failed capture gave its use of the pool back: every pool can be freed
         assert _pool_bytes(encoder, pools) == 0
@@ -539,7 +542,7 @@ def test_memory_is_bounded_and_returned(gpu_models):
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() - allocated < (1 << 20)  # nothing kept per call
         assert encoder.stats().graphs == stats.graphs  # no graph added by serving
-        pool, reserved = encoder._setup.pool, torch.cuda.memory_reserved()
+        pool, reserved = encoder._setup.space.pool, torch.cuda.memory_reserved()
         encoder.release()
         assert sum(s["total_size"] for s in torch.cuda.memory_snapshot(mempool_id=pool)) == 0
         assert reserved - torch.cuda.memory_reserved() >= stats.graph_memory_bytes // 2

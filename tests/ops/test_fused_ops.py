@@ -1,4 +1,4 @@
-"""Tests of clip_flash.fused_ops.
+"""Tests of clip_flash.ops.fused_ops.
 
 CPU: the plain-PyTorch path against the obvious torch formulas (and stock OpenCLIP modules), gradients,
 torch.compile tracing, odd shapes and layouts. GPU (skipped without CUDA or without clip_flash._C): the CUDA
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from clip_flash import _extension
-from clip_flash.fused_ops import ACTIVATIONS, add_layer_norm, bias_act, describe_backend, layer_norm, residual_add
+from clip_flash.ops import _extension
+from clip_flash.ops.fused_ops import ACTIVATIONS, add_layer_norm, bias_act, describe_backend, layer_norm, residual_add
 
 EPS = 1e-5
 # The kernel tests need the compiled extension too; without it the ops fall back to plain PyTorch.
@@ -29,7 +29,7 @@ def _maybe(t: Tensor, present: bool) -> Optional[Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The obvious torch formulas (fp32 math, one rounding), written independently of clip_flash.fused_ops.
+# The obvious torch formulas (fp32 math, one rounding), written independently of clip_flash.ops.fused_ops.
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -342,11 +342,11 @@ def test_opcheck():
 
 def test_extension_reason_logged_once(caplog):
     _extension._load.cache_clear()
-    with caplog.at_level(logging.INFO, logger="clip_flash._extension"):
+    with caplog.at_level(logging.INFO, logger="clip_flash.ops._extension"):
         available = _extension.extension_available()
         _extension.extension_available()
         reason = _extension.extension_unavailable_reason()
-    records = [r for r in caplog.records if r.name == "clip_flash._extension"]
+    records = [r for r in caplog.records if r.name == "clip_flash.ops._extension"]
     if available:
         assert reason is None and not records
     else:

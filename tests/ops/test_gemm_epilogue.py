@@ -1,4 +1,4 @@
-"""c_fc's bias + activation in a Triton GEMM epilogue (clip_flash.gemm_epilogue).
+"""c_fc's bias + activation in a Triton GEMM epilogue (clip_flash.ops.experimental.gemm_epilogue).
 
 On CPU: the dispatcher falls back to the unfused path exactly. On the GPU (skipped without CUDA): the kernel's
 error against an fp32 reference is at most about twice the unfused path's, on even and ragged shapes and every
@@ -9,11 +9,12 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import image_size
+from tests.utils import image_size
 
 import clip_flash
-from clip_flash import fused_ops, gemm_epilogue
-from clip_flash.residual_block import FlashResidualAttentionBlock
+from clip_flash.ops import fused_ops
+from clip_flash.ops.experimental import gemm_epilogue
+from clip_flash.patch.residual_block import FlashResidualAttentionBlock
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 ACTIVATIONS = ["gelu", "gelu_tanh", "quick_gelu", "identity"]

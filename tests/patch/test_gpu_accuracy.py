@@ -10,7 +10,7 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import edge_case_tokens, image_size
+from tests.utils import edge_case_tokens, image_size
 
 import clip_flash
 

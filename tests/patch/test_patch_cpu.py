@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
-from conftest import edge_case_tokens, image_size, relative_error
+from tests.utils import edge_case_tokens, image_size, relative_error
 
 import clip_flash
-from clip_flash.residual_block import FlashResidualAttentionBlock
+from clip_flash.patch.residual_block import FlashResidualAttentionBlock
 
 FAMILIES = [
     "ViT-B-32",            # classic CLIP

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from open_clip.transformer import LayerNorm, LayerNormFp32
 
 import clip_flash
-import clip_flash.patch_embedding as patch_embedding_module
-from clip_flash.layer_norms import OnePassLayerNormFp32, fused_norm_class
-from clip_flash.patch_embedding import PatchEmbeddingConv2d, patch_embedding, patch_embedding_blockers
+from clip_flash.patch import patch_embedding as patch_embedding_module
+from clip_flash.patch.layer_norms import OnePassLayerNormFp32, fused_norm_class
+from clip_flash.patch.patch_embedding import PatchEmbeddingConv2d, patch_embedding, patch_embedding_blockers
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import fused_ops
+from .. import fused_ops
 
 logger = logging.getLogger(__name__)
 
