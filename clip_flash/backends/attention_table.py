@@ -156,20 +156,6 @@ class AttentionTable:
         return [e for e in self.entries
                 if e.dtype == name and e.causal == causal and e.varlen == varlen and e.head_dim == head_dim]
 
-    def pick(self, dtype: DtypeLike, causal: bool, varlen: bool, heads: int, head_dim: int, batch: int, seq: int,
-             usable: Callable[[str], bool]) -> Optional[str]:
-        """The fastest usable backend of the entry nearest to (batch, seq) in log scale; None if no entry fits.
-
-        Entries considered: this dtype/causal/varlen/head_dim and the same number of heads, or any number of
-        heads when none has it; entries none of whose timed backends is usable here do not count.
-        """
-        points = []
-        for entry in self.kind_entries(dtype, causal, varlen, head_dim):
-            name = entry.fastest(usable)
-            if name is not None:
-                points.append(_point(entry, name))
-        return nearest(points, heads, batch, seq)
-
     def describe(self) -> str:
         return f"{self.source} ({self.gpu}, {len(self.entries)} entries)"
 

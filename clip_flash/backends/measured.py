@@ -17,12 +17,9 @@ from .attention_table import (
     AttentionTable, DtypeLike, Point, _TABLE_DTYPES, _TORCH_DTYPES, _point, active_table, dtype_name, nearest,
 )
 from .base import AttentionBackend, AttentionNeeds, BackendStatus
-from .registry import _BACKENDS, AUTO_ORDER, get_backend
+from .registry import _BACKENDS, AUTO_ORDER, fallback_backend, get_backend, runnable_on
 
 logger = logging.getLogger(__name__)
-
-# Names a table may rank; the reference backend is an oracle, never automatic.
-_NEVER_AUTOMATIC = ("reference",)
 
 _lock = attention_table._lock  # the tables' lock: registering a table clears these backends under it
 _site_backends: Dict[tuple, "MeasuredAutoBackend"] = {}
@@ -42,36 +39,14 @@ def describe_auto_choice() -> str:
 
 # -- choosing per call -----------------------------------------------------------------------------------------
 
-def _get_backend(name: str) -> AttentionBackend:
-    return get_backend(name)
-
-
-def _registered_names() -> Tuple[str, ...]:
-    return tuple(_BACKENDS)  # the registry as it is now (tests add backends to it)
-
 
 def backend_usable(name: str) -> bool:
     """Whether a table's backend name can be chosen here: registered, automatic, and available."""
-    if name in _NEVER_AUTOMATIC:
-        return False
     try:
-        backend = _get_backend(name)
+        backend = get_backend(name)
     except ValueError:  # a name from another clip_flash version
         return False
-    return backend.status().available
-
-
-def pick(dtype: DtypeLike, causal: bool, varlen: bool, heads: int, head_dim: int, batch: int,
-         seq: int) -> Optional[str]:
-    """The measured-fastest available backend for this attention shape on the current GPU, or None.
-
-    Among the active table's entries with this dtype/causal/varlen/heads/head_dim (if none, any heads), the
-    one nearest in (log batch, log seq) decides. ``batch``/``seq`` of packed batches: sequences, longest one.
-    """
-    table = active_table()
-    if table is None:
-        return None
-    return table.pick(dtype, causal, varlen, heads, head_dim, batch, seq, backend_usable)
+    return backend.automatic and backend.status().available
 
 
 class MeasuredAutoBackend(AttentionBackend):
@@ -86,7 +61,6 @@ class MeasuredAutoBackend(AttentionBackend):
     """
 
     kind = "auto"
-    supports_varlen = True
     MAX_DECISIONS = 4096  # distinct shapes remembered; text cut/packed batches vary, so keep it bounded
 
     def __init__(self, table: AttentionTable, dtype: DtypeLike, head_dim: int, causal: bool,
@@ -96,17 +70,20 @@ class MeasuredAutoBackend(AttentionBackend):
         self.dtype = _TORCH_DTYPES[dtype_name(dtype)]
         self.head_dim = head_dim
         self.device_type = device_type
-        self.fallback = _get_backend("sdpa")
+        # It serves what its fallback serves: any call it cannot give a measured winner runs there.
+        self.fallback = fallback_backend()
+        self.limits, self.varlen_limits = self.fallback.limits, self.fallback.varlen_limits
         # Per (causal, varlen): the entries' winners among backends usable here that serve such a call.
         self._points: Dict[Tuple[bool, bool], List[Point]] = {}
         for call_causal in (False, True):
             for varlen in (False, True):
-                needs = AttentionNeeds(device_type, self.dtype, head_dim, call_causal, False, varlen)
+                needs = AttentionNeeds(device_type=device_type, dtype=self.dtype, head_dim=head_dim,
+                                       causal=call_causal, varlen=varlen)
 
                 def serves(name: str, needs: AttentionNeeds = needs) -> bool:
-                    if name not in _registered_names() or not usable(name):
+                    if name not in _BACKENDS or not usable(name):  # the registry as it is now (tests add to it)
                         return False
-                    return not _get_backend(name).unsupported_reasons(needs)
+                    return not get_backend(name).unsupported_reasons(needs)
 
                 self._points[(call_causal, varlen)] = [
                     _point(entry, name) for entry in table.kind_entries(self.dtype, call_causal, varlen, head_dim)
@@ -124,11 +101,9 @@ class MeasuredAutoBackend(AttentionBackend):
     def status(self) -> BackendStatus:
         return BackendStatus(self.name, True, version=torch.__version__)
 
-    def unsupported_reasons(self, needs: AttentionNeeds) -> List[str]:
-        return self.fallback.unsupported_reasons(needs)  # it can always run a call on sdpa
-
-    def accepts(self, q: torch.Tensor) -> bool:
-        return True  # each call is checked against the picked backend, falling back to sdpa
+    @property
+    def supports_varlen(self) -> bool:
+        return self.fallback.supports_varlen
 
     def decision(self, q: torch.Tensor, causal: bool, varlen: bool, batch: int, seq: int,
                  kv_seq: int) -> AttentionBackend:
@@ -150,8 +125,7 @@ class MeasuredAutoBackend(AttentionBackend):
         name = nearest(self._points[(bool(causal), varlen)], q.shape[-2], batch, seq)
         if name is None:
             return self.fallback
-        backend = _get_backend(name)
-        return backend if backend.accepts(q) else self.fallback
+        return runnable_on(get_backend(name), q)
 
     def attend(self, q, k, v, causal, attn_mask=None, dropout_p=0.0):
         if attn_mask is not None or dropout_p > 0.0:  # tables time mask-free inference
@@ -180,7 +154,7 @@ def measured_backend(needs: AttentionNeeds) -> Optional[MeasuredAutoBackend]:
         return None
     if not table.has_site(needs.dtype, needs.head_dim, needs.causal):
         return None
-    if _get_backend("sdpa").unsupported_reasons(needs):
+    if fallback_backend().unsupported_reasons(needs):
         return None
     key = (id(table), dtype_name(needs.dtype), needs.head_dim, needs.causal)
     with _lock:
@@ -192,4 +166,4 @@ def measured_backend(needs: AttentionNeeds) -> Optional[MeasuredAutoBackend]:
     return backend if backend.winners else None
 
 
-__all__ = ["MeasuredAutoBackend", "describe_auto_choice", "backend_usable", "pick", "measured_backend"]
+__all__ = ["MeasuredAutoBackend", "describe_auto_choice", "backend_usable", "measured_backend"]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+import torch
+
 from .base import AttentionBackend, BackendStatus
 from .flash_attn import FlashAttnBackend
 from .reference import ReferenceBackend
@@ -22,6 +24,7 @@ BACKEND_NAMES: Tuple[str, ...] = tuple(_BACKENDS)
 # shape (the shipped table in attention_tables/ has the numbers), and SDPA serves every device and dtype. The
 # reference backend is never automatic.
 AUTO_ORDER: Tuple[str, ...] = ("sdpa", "flash_attn")
+FALLBACK = "sdpa"
 
 
 class BackendUnavailableError(RuntimeError):
@@ -34,6 +37,16 @@ def get_backend(name: str) -> AttentionBackend:
         return _BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown attention backend {name!r}; choose 'auto' or one of {list(BACKEND_NAMES)}") from None
+
+
+def fallback_backend() -> AttentionBackend:
+    """SDPA, which serves every call (any device, dtype and mask): where a chosen backend cannot run a call."""
+    return _BACKENDS[FALLBACK]
+
+
+def runnable_on(backend: AttentionBackend, q: torch.Tensor) -> AttentionBackend:
+    """``backend`` when it takes ``q``'s device and dtype (they may have changed since patching), else SDPA."""
+    return backend if backend.accepts(q) else _BACKENDS[FALLBACK]
 
 
 def available_backends() -> Dict[str, BackendStatus]:

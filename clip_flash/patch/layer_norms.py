@@ -9,15 +9,16 @@ matching subclass below; unpatch swaps it back.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
-from open_clip.transformer import LayerNorm, LayerNormFp32
+from open_clip.transformer import LayerNorm, LayerNormFp32, VisionTransformer
 from torch import Tensor, nn
 
 from ..ops import fused_ops
+from .context import PlanContext, Site
 
-__all__ = ["fused_norm_class"]
+__all__ = ["fused_norm_class", "plan_vision_norms", "plan_text_norms"]
 
 
 class _OnePassNorm:
@@ -66,3 +67,30 @@ def fused_norm_class(module: nn.Module) -> Optional[type]:
     if new_class is None or not module.elementwise_affine or len(module.normalized_shape) != 1:
         return None
     return new_class
+
+
+def _plan_norms(tower_module: nn.Module, tower: str, names: Tuple[str, ...], context: PlanContext) -> None:
+    """The tower's norms outside its blocks in one pass each (with ``fuse_blocks``)."""
+    if not context.options.fuse_blocks:
+        return
+    swapped = []
+    for name in names:
+        norm = getattr(tower_module, name, None)
+        new_class = fused_norm_class(norm) if isinstance(norm, nn.Module) else None
+        if new_class is not None:
+            context.swap(norm, new_class)
+            swapped.append(name)
+    if swapped:
+        context.note(tower, f"{'/'.join(swapped)} in one pass")
+
+
+def plan_vision_norms(vit: nn.Module, site: Site, context: PlanContext) -> None:
+    """A stock ViT's ln_pre and ln_post."""
+    if type(vit) is VisionTransformer:
+        _plan_norms(vit, "vision", ("ln_pre", "ln_post"), context)
+
+
+def plan_text_norms(tower: nn.Module, site: Site, context: PlanContext) -> None:
+    """A text tower's ln_final (a CLIP model or a TextTransformer, subclasses included)."""
+    if hasattr(tower, "transformer"):
+        _plan_norms(tower, "text", ("ln_final",), context)

@@ -20,7 +20,10 @@ from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
+from open_clip.transformer import VisionTransformer
 from torch import Tensor, nn
+
+from .context import PlanContext, Site
 
 __all__ = ["patch_embedding_blockers", "patch_embedding", "PatchEmbeddingConv2d"]
 
@@ -96,3 +99,15 @@ class PatchEmbeddingConv2d(nn.Conv2d):
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             return super().forward(x)  # let the stock conv raise its own error
         return patch_embedding(x, self.weight, self.bias)
+
+
+def plan_patch_embedding(vit: nn.Module, site: Site, context: PlanContext) -> None:
+    """A stock ViT's conv1 as one GEMM over the patches (with ``patch_embedding_gemm``)."""
+    if type(vit) is not VisionTransformer or not context.options.patch_embedding_gemm:
+        return
+    blockers = patch_embedding_blockers(vit.conv1)
+    if blockers:
+        context.note("vision", f"patch embedding stock ({blockers[0]})")
+    else:
+        context.swap(vit.conv1, PatchEmbeddingConv2d)
+        context.note("vision", "patch embedding as one GEMM")

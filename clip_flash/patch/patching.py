@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from open_clip.model import CLIP
@@ -20,16 +20,11 @@ from open_clip.transformer import (
 )
 from torch import nn
 
+from ..backends import BackendUnavailableError, get_backend, require_available
 from ..ops import fused_ops
-from ..backends import AttentionNeeds, BackendUnavailableError, choose_backend, get_backend, require_available
-from .layer_norms import fused_norm_class
-from .patch_embedding import PatchEmbeddingConv2d, patch_embedding_blockers
-from .poolers import FlashAttentionalPooler, FlashAttentionPool2d, PoolerPlan
-from .report import STOCK, PatchReport, describe_dtype
-from .residual_block import (
-    BlockPlan, FlashResidualAttentionBlock, FlashTransformer, activation_name, fusion_blockers,
-)
-from .text_fast_path import SKIPPABLE_POOLING, FlashTextCLIP, FlashTextTransformer, TextPlan
+from . import layer_norms, patch_embedding, poolers, residual_block, text_fast_path
+from .context import PatchOptions, PlanContext, Site, Swap
+from .report import STOCK, PatchReport
 
 logger = logging.getLogger(__name__)
 
@@ -42,29 +37,12 @@ _FOREIGN_TOWERS = {  # class name -> what to say; imported lazily by name so tim
 
 
 @dataclass
-class _Swap:
-    """One module to patch: its new class and the plan attributes it gets."""
-
-    module: nn.Module
-    new_class: type
-    attrs: Dict[str, object]
-
-
-@dataclass
 class _PatchState:
     """Stored on the patched model: enough to undo every change, and the report."""
 
     originals: List[Tuple[nn.Module, type]] = field(default_factory=list)
     report: Optional[PatchReport] = None
     options: Dict[str, object] = field(default_factory=dict)
-
-
-def is_standard_causal_mask(mask: Optional[torch.Tensor]) -> bool:
-    """True for OpenCLIP's causal mask: square, -inf strictly above the diagonal, zero elsewhere."""
-    if mask is None or mask.dim() != 2 or mask.shape[0] != mask.shape[1] or not mask.is_floating_point():
-        return False
-    expected = torch.full(mask.shape, float("-inf"), device=mask.device, dtype=mask.dtype).triu(1)
-    return bool(torch.equal(mask, expected))
 
 
 def _tower_of(path: str, ancestors: List[nn.Module]) -> str:
@@ -91,232 +69,58 @@ def _walk(model: nn.Module) -> Iterator[Tuple[str, nn.Module, List[nn.Module]]]:
     yield from visit("", model, [])
 
 
-class _Planner:
-    """Collects the swaps and the report for one patch() call; never mutates the model."""
-
-    def __init__(self, model: nn.Module, backend: str, skip_padding: bool, fuse: bool, gemm_epilogue: bool,
-                 patch_embedding_gemm: bool = True):
-        self.model = model
-        self.requested = backend
-        self.skip_padding = skip_padding
-        self.fuse = fuse
-        self.gemm_epilogue = gemm_epilogue
-        self.patch_embedding_gemm = patch_embedding_gemm
-        self.tower_notes: Dict[str, List[str]] = {}  # per tower: what changed outside the attention sites
-        self.swaps: List[_Swap] = []
-        param = next(model.parameters(), None)
-        self.report = PatchReport(
-            model=type(model).__name__, requested_backend=backend,
-            dtype=describe_dtype(param.dtype if param is not None else None),
-            device=str(param.device) if param is not None else "unknown",
-        )
-        self.forced_backend_served = 0
-        self.forced_backend_rejections: List[str] = []
-        self.patched_blocks: Dict[int, BlockPlan] = {}
-
-    # -- helpers -------------------------------------------------------------------------------------
-    def _needs(self, weight: torch.Tensor, head_dim: int, causal: bool, explicit_mask: bool) -> AttentionNeeds:
-        capability = torch.cuda.get_device_capability(weight.device) if weight.is_cuda else None
-        return AttentionNeeds(weight.device.type, weight.dtype, head_dim, causal, explicit_mask, False, capability)
-
-    def _choose(self, needs: AttentionNeeds, where: str):
-        backend, rejected = choose_backend(self.requested, needs)
-        if self.requested != "auto":
-            if backend is not None:
-                self.forced_backend_served += 1
-            else:
-                self.forced_backend_rejections.append(f"{where}: {'; '.join(rejected[self.requested])}")
-        reason = "; ".join(f"{name}: {', '.join(why)}" for name, why in rejected.items())
-        return backend, reason
-
-    # -- attention sites -----------------------------------------------------------------------------
-    def plan_block(self, path: str, block: ResidualAttentionBlock, tower: str, ancestors: List[nn.Module]):
-        mha = block.attn
-        unsupported = []
-        if not mha.batch_first:
-            unsupported.append("sequence-first nn.MultiheadAttention")
-        if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-            unsupported.append("nn.MultiheadAttention with kdim/vdim, bias_k or add_zero_attn")
-        cross = hasattr(block, "ln_1_kv")
-        mask_owner, kind, explicit, note = None, "self-attention", False, ""
-        if cross:
-            kind = "cross-attention"
-        elif tower == "decoder":
-            kind, explicit, note = "causal self-attention", True, "mask sliced per call: runs as an explicit mask"
-        elif tower == "text":
-            owner = next((m for m in reversed(ancestors) if isinstance(m, (TextTransformer, CLIP))), None)
-            mask = getattr(owner, "attn_mask", None)
-            per_call_mask = isinstance(owner, TextTransformer) and (owner.cls_emb is not None or owner.use_pad_mask)
-            if per_call_mask:
-                kind, explicit = "causal self-attention", True
-                note = "causal+pad mask built per call: runs as an explicit mask"
-            elif mask is None:
-                note = "bidirectional text tower"
-            elif is_standard_causal_mask(mask):
-                kind, mask_owner = "causal self-attention", owner
-            else:
-                kind, explicit, note = "masked self-attention", True, "non-standard mask: runs as an explicit mask"
-        if unsupported:
-            self.report.add(tower, path, kind, STOCK, "; ".join(unsupported))
-            return
-
-        head_dim = mha.embed_dim // mha.num_heads
-        needs = self._needs(mha.in_proj_weight, head_dim, mask_owner is not None, explicit)
-        backend, rejected = self._choose(needs, path)
-        if backend is None:
-            self.report.add(tower, path, kind, STOCK, rejected)
-            return
-        if backend.unsupported_reasons(AttentionNeeds(**{**needs.__dict__, "explicit_mask": True})):
-            masked_backend = get_backend("sdpa")  # for masks passed by a caller; SDPA takes any mask
-        else:
-            masked_backend = backend
-        blockers = fusion_blockers(block) if self.fuse else ["fusion turned off"]
-        plan = BlockPlan(
-            backend=backend, masked_backend=masked_backend, num_heads=mha.num_heads, head_dim=head_dim,
-            causal_mask_owner=mask_owner, fused=not blockers,
-            activation=activation_name(block.mlp.gelu) if not blockers else None,
-            gemm_epilogue=self.gemm_epilogue and not blockers,
-        )
-        self.swaps.append(_Swap(block, FlashResidualAttentionBlock, {"_clip_flash_plan": plan}))
-        self.patched_blocks[id(block)] = plan
-        details = [note] if note else []
-        if mask_owner is not None:
-            details.append("causal flag, no materialized mask")
-        details.append("fused LN/bias/activation/residual" if not blockers else f"unfused: {blockers[0]}")
-        self.report.add(tower, path, kind, backend.name, "; ".join(details))
-
-    def plan_pooler(self, path: str, module: nn.Module, tower: str):
-        if isinstance(module, AttentionalPooler):
-            mha = module.attn
-            if not mha.batch_first or mha.bias_k is not None or mha.add_zero_attn:
-                self.report.add(tower, path, "pooler", STOCK, "unusual nn.MultiheadAttention options")
-                return
-            weight, head_dim, new_class = mha.out_proj.weight, mha.embed_dim // mha.num_heads, FlashAttentionalPooler
-            note = "learned queries projected once per call, not once per image"
-        else:
-            weight, head_dim, new_class = module.q_proj.weight, module.q_proj.out_features // module.num_heads, \
-                FlashAttentionPool2d
-            note = "attention computed for the mean token only, the one output kept"
-        backend, rejected = self._choose(self._needs(weight, head_dim, False, False), path)
-        if backend is None:
-            self.report.add(tower, path, "pooler", STOCK, rejected)
-            return
-        self.swaps.append(_Swap(module, new_class, {"_clip_flash_plan": PoolerPlan(backend)}))
-        self.report.add(tower, path, "pooler", backend.name, note)
-
-    # -- outside the blocks ---------------------------------------------------------------------------
-    def plan_standalone_norms(self, tower_module: nn.Module, tower: str, names: Tuple[str, ...]) -> None:
-        """The tower's norms outside its blocks (ln_pre, ln_post, ln_final) in one pass each."""
-        if not self.fuse:
-            return
-        swapped = []
-        for name in names:
-            norm = getattr(tower_module, name, None)
-            new_class = fused_norm_class(norm) if isinstance(norm, nn.Module) else None
-            if new_class is not None:
-                self.swaps.append(_Swap(norm, new_class, {}))
-                swapped.append(name)
-        if swapped:
-            self.tower_notes.setdefault(tower, []).append(f"{'/'.join(swapped)} in one pass")
-
-    def plan_vision_front(self, vit: VisionTransformer) -> None:
-        """conv1 as one GEMM over the patches, and the norms around the transformer in one pass each."""
-        if self.patch_embedding_gemm:
-            blockers = patch_embedding_blockers(vit.conv1)
-            if blockers:
-                self.tower_notes.setdefault("vision", []).append(f"patch embedding stock ({blockers[0]})")
-            else:
-                self.swaps.append(_Swap(vit.conv1, PatchEmbeddingConv2d, {}))
-                self.tower_notes.setdefault("vision", []).append("patch embedding as one GEMM")
-        self.plan_standalone_norms(vit, "vision", ("ln_pre", "ln_post"))
-
-    # -- text towers ---------------------------------------------------------------------------------
-    def plan_text_tower(self, tower: nn.Module):
-        """Skip padding where it is exact; say why not elsewhere."""
-        if isinstance(tower, CLIP):
-            pool_type, eos_id, new_class = tower.text_pool_type, getattr(tower, "text_eos_id", None), FlashTextCLIP
-            blockers = [] if type(tower) is CLIP else [f"{type(tower).__name__} is not plain CLIP"]
-        else:
-            pool_type, eos_id, new_class = tower.pool_type, tower.eos_id, FlashTextTransformer
-            blockers = [] if type(tower) is TextTransformer else [f"{type(tower).__name__} is not TextTransformer"]
-            if tower.cls_emb is not None:
-                blockers.append("class token appended after all positions (CoCa)")
-            if tower.output_tokens:
-                blockers.append("output_tokens=True needs every position")
-        if not self.skip_padding:
-            blockers.insert(0, "padding skipping turned off")
-        if pool_type not in SKIPPABLE_POOLING:
-            blockers.append(f"pooling {pool_type!r} reads more than one position")
-        if tower.attn_mask is None:
-            blockers.append("bidirectional (no causal mask)")
-        elif not is_standard_causal_mask(tower.attn_mask):
-            blockers.append("non-standard attention mask")
-        plans = [self.patched_blocks.get(id(block)) for block in tower.transformer.resblocks]
-        if not all(plan is not None and plan.causal_mask_owner is tower for plan in plans):
-            blockers.append("not every text block runs a patched causal kernel")
-        if blockers:
-            self.report.towers["text"] = "full length (" + "; ".join(blockers) + ")"
-            return
-        backend = plans[0].backend
-        weight = tower.transformer.resblocks[0].attn.in_proj_weight
-        varlen_needs = AttentionNeeds("cuda", torch.float16, plans[0].head_dim, True, False, True,
-                                      torch.cuda.get_device_capability(weight.device) if weight.is_cuda else None)
-        on_cuda = not backend.unsupported_reasons(varlen_needs)
-        anywhere = backend.name == "reference"
-        text_plan = TextPlan(pool_type, eos_id, varlen_anywhere=anywhere, varlen_on_cuda_half=on_cuda)
-        self.swaps.append(_Swap(tower, new_class, {"_clip_flash_text": text_plan}))
-        how = f"packed variable-length attention ({backend.name}) on CUDA fp16/bf16, else " if on_cuda or anywhere \
-            else ""
-        self.report.towers["text"] = (f"skips padding: {how}cut at the batch's longest pooled token "
-                                      f"(exact: causal tower pooled at one token, {pool_type!r})")
-
-    def plan_block_chain(self, module: nn.Module) -> None:
-        """A stock Transformer whose blocks all got patched runs them as one fused chain."""
-        if type(module) is not Transformer or not len(module.resblocks):
-            return
-        if all(id(block) in self.patched_blocks for block in module.resblocks):
-            self.swaps.append(_Swap(module, FlashTransformer, {}))
-
-    # -- the walk ------------------------------------------------------------------------------------
-    def plan(self) -> None:
-        text_towers, transformers = [], []
-        for path, module, ancestors in _walk(self.model):
-            tower = _tower_of(path, ancestors + [module])
-            name = type(module).__name__
-            if name in _FOREIGN_TOWERS:
-                self.report.add(tower, path, "tower", STOCK, _FOREIGN_TOWERS[name])
-            elif type(module) is ResidualAttentionBlock:
-                self.plan_block(path, module, tower, ancestors)
-            elif isinstance(module, CustomResidualAttentionBlock):
-                self.report.add(tower, path, "self-attention", STOCK,
-                                "CustomResidualAttentionBlock runs OpenCLIP's own SDPA Attention")
-            elif isinstance(module, ResidualAttentionBlock):
-                self.report.add(tower, path, "self-attention", STOCK, f"unknown subclass {name}")
-            elif type(module) in (AttentionalPooler, AttentionPool2d):
-                self.plan_pooler(path, module, tower)
-            elif isinstance(module, (AttentionalPooler, AttentionPool2d)):
-                self.report.add(tower, path, "pooler", STOCK, f"unknown subclass {name}")
-            if isinstance(module, (CLIP, TextTransformer)) and hasattr(module, "transformer"):
-                text_towers.append(module)
-                self.plan_standalone_norms(module, "text", ("ln_final",))
-            if type(module) is VisionTransformer:
-                self.plan_vision_front(module)
-            if type(module) is Transformer:
-                transformers.append(module)
-        for tower in text_towers:
-            self.plan_text_tower(tower)
-        for transformer in transformers:  # after the walk: its blocks must all be planned first
-            self.plan_block_chain(transformer)
-        if any(isinstance(m, VisionTransformer) for m in self.model.modules()):
-            fused = [p for p in self.patched_blocks.values() if p.causal_mask_owner is None and p.fused]
-            if fused:
-                self.report.towers["vision"] = f"fused residual blocks ({fused_ops.describe_backend()})"
-        for tower, notes in self.tower_notes.items():
-            current = self.report.towers.get(tower)
-            self.report.towers[tower] = "; ".join(([current] if current else []) + notes)
+Planner = Callable[[nn.Module, Site, PlanContext], None]
 
 
-def _apply(model: nn.Module, swaps: List[_Swap], state: _PatchState) -> None:
+def _stays_stock(kind: str, why: str) -> Planner:
+    def plan(module: nn.Module, site: Site, context: PlanContext) -> None:
+        context.report.add(site.tower, site.path, kind, STOCK, why)
+    return plan
+
+
+# Per stock type (looked up along the module's MRO, most derived first): (phase, planner) pairs. Phase 0 runs in
+# walk order; later phases run after it, in order (a text tower and a block chain depend on their blocks' plans).
+_PLANNERS: Dict[type, Tuple[Tuple[int, Planner], ...]] = {
+    ResidualAttentionBlock: ((0, residual_block.plan_block),),
+    CustomResidualAttentionBlock: (
+        (0, _stays_stock("self-attention", "CustomResidualAttentionBlock runs OpenCLIP's own SDPA Attention")),),
+    AttentionalPooler: ((0, poolers.plan_pooler),),
+    AttentionPool2d: ((0, poolers.plan_pooler),),
+    VisionTransformer: ((0, patch_embedding.plan_patch_embedding), (0, layer_norms.plan_vision_norms)),
+    CLIP: ((0, layer_norms.plan_text_norms), (1, text_fast_path.plan_text_tower)),
+    TextTransformer: ((0, layer_norms.plan_text_norms), (1, text_fast_path.plan_text_tower)),
+    Transformer: ((2, residual_block.plan_block_chain),),
+}
+
+
+def _planners_for(cls: type) -> Tuple[Tuple[int, Planner], ...]:
+    return next((_PLANNERS[klass] for klass in cls.__mro__ if klass in _PLANNERS), ())
+
+
+def _plan(model: nn.Module, context: PlanContext) -> None:
+    """Run every planner that applies to a module of ``model``; record swaps and the report in ``context``."""
+    pending = []
+    for path, module, ancestors in _walk(model):
+        site = Site(path, _tower_of(path, ancestors + [module]), ancestors)
+        name = type(module).__name__
+        if name in _FOREIGN_TOWERS:
+            context.report.add(site.tower, path, "tower", STOCK, _FOREIGN_TOWERS[name])
+            continue
+        pending += [(phase, len(pending) + i, planner, module, site)
+                    for i, (phase, planner) in enumerate(_planners_for(type(module)))]
+    for _, _, planner, module, site in sorted(pending, key=lambda item: item[:2]):
+        planner(module, site, context)
+    report = context.report
+    if any(isinstance(m, VisionTransformer) for m in model.modules()):
+        fused = [p for p in context.patched_blocks.values() if p.causal_mask_owner is None and p.fused]
+        if fused:
+            report.towers["vision"] = f"fused residual blocks ({fused_ops.describe_backend()})"
+    for tower, notes in context.tower_notes.items():
+        current = report.towers.get(tower)
+        report.towers[tower] = "; ".join(([current] if current else []) + notes)
+
+
+def _apply(model: nn.Module, swaps: List[Swap], state: _PatchState) -> None:
     for swap in swaps:
         state.originals.append((swap.module, type(swap.module)))
         for attr, value in swap.attrs.items():
@@ -369,8 +173,10 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
     if was_patched:  # plan against the stock model, so patching twice equals patching once
         previous = _unpatch_state(model)
     try:
-        planner = _Planner(model, backend, skip_padding, fuse_blocks, gemm_epilogue, patch_embedding_gemm)
-        planner.plan()
+        options = PatchOptions(backend=backend, skip_padding=skip_padding, fuse_blocks=fuse_blocks,
+                               gemm_epilogue=gemm_epilogue, patch_embedding_gemm=patch_embedding_gemm)
+        planner = PlanContext(model, options)
+        _plan(model, planner)
         if not planner.report.sites:
             raise ValueError(f"no OpenCLIP attention found in {type(model).__name__}: nothing to patch")
         if backend != "auto" and planner.forced_backend_served == 0:
@@ -397,7 +203,7 @@ def _unpatch_state(model: nn.Module):
     redo = []
     for module, original_class in reversed(state.originals):
         attrs = {name: module.__dict__.pop(name) for name in _PLAN_ATTRS if name in module.__dict__}
-        redo.append(_Swap(module, type(module), attrs))
+        redo.append(Swap(module, type(module), attrs))
         module.__class__ = original_class
     redo.reverse()
     return redo, _PatchState(report=state.report, options=state.options)

@@ -12,8 +12,11 @@ import torch
 import torch.nn.functional as F
 from open_clip.modified_resnet import AttentionPool2d
 from open_clip.transformer import AttentionalPooler
+from torch import nn
 
-from ..backends import AttentionBackend, get_backend
+from ..backends import AttentionBackend, runnable_on
+from .context import PlanContext, Site
+from .report import STOCK
 
 
 @dataclass
@@ -31,8 +34,7 @@ def _query_key_value_weights(mha: torch.nn.MultiheadAttention):
 
 
 def _attend(plan: PoolerPlan, q, k, v):
-    backend = plan.backend if plan.backend.accepts(q) else get_backend("sdpa")
-    return backend.attend(q, k, v, causal=False).flatten(-2)
+    return runnable_on(plan.backend, q).attend(q, k, v, causal=False).flatten(-2)
 
 
 class FlashAttentionalPooler(AttentionalPooler):
@@ -69,3 +71,27 @@ class FlashAttentionPool2d(AttentionPool2d):
         k = self.k_proj(x).unflatten(-1, (heads, head_dim))
         v = self.v_proj(x).unflatten(-1, (heads, head_dim))
         return self.c_proj(_attend(self._clip_flash_plan, q, k, v))[:, 0]
+
+
+def plan_pooler(module: nn.Module, site: Site, context: PlanContext) -> None:
+    """A stock attention pooler runs fused on the site's backend; subclasses and unusual options stay stock."""
+    if type(module) not in (AttentionalPooler, AttentionPool2d):
+        context.report.add(site.tower, site.path, "pooler", STOCK, f"unknown subclass {type(module).__name__}")
+        return
+    if isinstance(module, AttentionalPooler):
+        mha = module.attn
+        if not mha.batch_first or mha.bias_k is not None or mha.add_zero_attn:
+            context.report.add(site.tower, site.path, "pooler", STOCK, "unusual nn.MultiheadAttention options")
+            return
+        weight, head_dim, new_class = mha.out_proj.weight, mha.embed_dim // mha.num_heads, FlashAttentionalPooler
+        note = "learned queries projected once per call, not once per image"
+    else:
+        weight, head_dim = module.q_proj.weight, module.q_proj.out_features // module.num_heads
+        new_class = FlashAttentionPool2d
+        note = "attention computed for the mean token only, the one output kept"
+    backend, rejected = context.choose(context.needs(weight, head_dim=head_dim), site.path)
+    if backend is None:
+        context.report.add(site.tower, site.path, "pooler", STOCK, rejected)
+        return
+    context.swap(module, new_class, {"_clip_flash_plan": PoolerPlan(backend)})
+    context.report.add(site.tower, site.path, "pooler", backend.name, note)

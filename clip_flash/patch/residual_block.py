@@ -14,19 +14,22 @@ pass over c_fc's output.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from open_clip.model import CLIP
 from open_clip.transformer import (
-    LayerNorm, LayerNormFp32, LayerScale, QuickGELU, ResidualAttentionBlock, Transformer,
+    LayerNorm, LayerNormFp32, LayerScale, QuickGELU, ResidualAttentionBlock, TextTransformer, Transformer,
 )
 from torch import nn
 
+from ..backends import AttentionBackend, fallback_backend, runnable_on
 from ..ops import fused_ops
 from ..ops.experimental import gemm_epilogue
-from ..backends import AttentionBackend, get_backend
+from .context import PlanContext, Site
+from .report import STOCK
 
 # (cu_seqlens, max_seqlen) of a packed batch of variable-length sequences.
 Packing = Tuple[torch.Tensor, int]
@@ -215,8 +218,8 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
             attn_mask = attn_mask.to(q.dtype)
             if attn_mask.dim() == 3:  # nn.MultiheadAttention's (batch * heads, Lq, Lk) layout
                 attn_mask = attn_mask.view(q.shape[0], heads, *attn_mask.shape[-2:])
-        elif not backend.accepts(q):  # e.g. flash-attn picked for an fp16 model that now runs in fp32
-            backend = get_backend("sdpa")
+        else:  # e.g. flash-attn picked for an fp16 model that now runs in fp32
+            backend = runnable_on(backend, q)
 
         if packing is not None:
             cu_seqlens, max_seqlen = packing
@@ -262,3 +265,94 @@ class FlashTransformer(Transformer):
         blocks = self.resblocks
         causal, attn_mask = blocks[0].resolve_mask(attn_mask)
         return run_blocks(blocks, x, causal=causal, attn_mask=attn_mask)
+
+
+# -- planning -----------------------------------------------------------------------------------------------------
+
+def is_standard_causal_mask(mask: Optional[torch.Tensor]) -> bool:
+    """True for OpenCLIP's causal mask: square, -inf strictly above the diagonal, zero elsewhere."""
+    if mask is None or mask.dim() != 2 or mask.shape[0] != mask.shape[1] or not mask.is_floating_point():
+        return False
+    expected = torch.full(mask.shape, float("-inf"), device=mask.device, dtype=mask.dtype).triu(1)
+    return bool(torch.equal(mask, expected))
+
+
+@dataclass(frozen=True)
+class MaskClass:
+    """How a block's attention is masked, decided from the model alone."""
+
+    kind: str  # for the report: "self-attention", "causal self-attention", ...
+    explicit: bool  # calls pass a mask the kernel must take as a tensor
+    note: str
+    causal_mask_owner: Optional[nn.Module] = None  # owner of the standard causal mask: runs as a causal flag
+
+
+def classify_mask(block: ResidualAttentionBlock, tower: str, ancestors: List[nn.Module]) -> MaskClass:
+    """How ``block`` (in ``tower``, under ``ancestors``) is masked; reads the model, changes nothing."""
+    if hasattr(block, "ln_1_kv"):
+        return MaskClass("cross-attention", False, "")
+    if tower == "decoder":
+        return MaskClass("causal self-attention", True, "mask sliced per call: runs as an explicit mask")
+    if tower != "text":
+        return MaskClass("self-attention", False, "")
+    owner = next((m for m in reversed(ancestors) if isinstance(m, (TextTransformer, CLIP))), None)
+    if isinstance(owner, TextTransformer) and (owner.cls_emb is not None or owner.use_pad_mask):
+        return MaskClass("causal self-attention", True, "causal+pad mask built per call: runs as an explicit mask")
+    mask = getattr(owner, "attn_mask", None)
+    if mask is None:
+        return MaskClass("self-attention", False, "bidirectional text tower")
+    if is_standard_causal_mask(mask):
+        return MaskClass("causal self-attention", False, "", causal_mask_owner=owner)
+    return MaskClass("masked self-attention", True, "non-standard mask: runs as an explicit mask")
+
+
+def plan_block(block: nn.Module, site: Site, context: PlanContext) -> None:
+    """An attention site: the backend that runs it and whether the passes around its GEMMs fuse."""
+    name = type(block).__name__
+    if type(block) is not ResidualAttentionBlock:
+        context.report.add(site.tower, site.path, "self-attention", STOCK, f"unknown subclass {name}")
+        return
+    mha = block.attn
+    unsupported = []
+    if not mha.batch_first:
+        unsupported.append("sequence-first nn.MultiheadAttention")
+    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+        unsupported.append("nn.MultiheadAttention with kdim/vdim, bias_k or add_zero_attn")
+    mask = classify_mask(block, site.tower, site.ancestors)
+    if unsupported:
+        context.report.add(site.tower, site.path, mask.kind, STOCK, "; ".join(unsupported))
+        return
+
+    head_dim = mha.embed_dim // mha.num_heads
+    owner = mask.causal_mask_owner
+    needs = context.needs(mha.in_proj_weight, head_dim=head_dim, causal=owner is not None,
+                          explicit_mask=mask.explicit)
+    backend, rejected = context.choose(needs, site.path)
+    if backend is None:
+        context.report.add(site.tower, site.path, mask.kind, STOCK, rejected)
+        return
+    # Masks passed by a caller need a backend that takes them; SDPA takes any mask.
+    masked_backend = fallback_backend() if backend.unsupported_reasons(replace(needs, explicit_mask=True)) \
+        else backend
+    blockers = fusion_blockers(block) if context.options.fuse_blocks else ["fusion turned off"]
+    plan = BlockPlan(
+        backend=backend, masked_backend=masked_backend, num_heads=mha.num_heads, head_dim=head_dim,
+        causal_mask_owner=owner, fused=not blockers,
+        activation=activation_name(block.mlp.gelu) if not blockers else None,
+        gemm_epilogue=context.options.gemm_epilogue and not blockers,
+    )
+    context.swap(block, FlashResidualAttentionBlock, {"_clip_flash_plan": plan})
+    context.patched_blocks[id(block)] = plan
+    details = [mask.note] if mask.note else []
+    if owner is not None:
+        details.append("causal flag, no materialized mask")
+    details.append("fused LN/bias/activation/residual" if not blockers else f"unfused: {blockers[0]}")
+    context.report.add(site.tower, site.path, mask.kind, backend.name, "; ".join(details))
+
+
+def plan_block_chain(module: nn.Module, site: Site, context: PlanContext) -> None:
+    """A stock Transformer whose blocks all got patched runs them as one fused chain (after the blocks' plans)."""
+    if type(module) is not Transformer or not len(module.resblocks):
+        return
+    if all(id(block) in context.patched_blocks for block in module.resblocks):
+        context.swap(module, FlashTransformer)

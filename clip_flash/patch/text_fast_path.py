@@ -11,7 +11,7 @@ Both need the pooled positions' maximum (and sum) on the host: one small device-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import FrozenSet, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,22 +19,31 @@ from open_clip.model import CLIP
 from open_clip.transformer import TextTransformer
 from torch import nn
 
-from .residual_block import run_blocks
+from ..backends import AttentionBackend, AttentionNeeds
+from ..backends.base import dtype_names
+from .context import PlanContext, Site
+from .residual_block import is_standard_causal_mask, run_blocks
 
 SKIPPABLE_POOLING = ("argmax", "eos", "first")
 # Pack only when padding would be a real share of the cut batch; near-uniform lengths run faster cut.
 PACK_WHEN_REAL_FRACTION_BELOW = 0.9
-_HALF = (torch.float16, torch.bfloat16)
 
 
 @dataclass
 class TextPlan:
-    """Per text tower: how to pool, and whether packed (variable-length) attention can serve it."""
+    """Per text tower: how to pool, and where packed (variable-length) attention can serve it."""
 
     pool_type: str
     eos_id: Optional[int]
-    varlen_anywhere: bool  # the backend packs on any device and dtype (the reference backend)
-    varlen_on_cuda_half: bool  # the backend packs fp16/bf16 on CUDA
+    pack_devices: Optional[FrozenSet[str]] = frozenset()  # device types packed attention serves; None: any
+    pack_dtypes: Optional[FrozenSet[torch.dtype]] = None  # dtypes it serves; None: any
+
+    def packs(self, device_type: str, dtype: torch.dtype) -> bool:
+        """Whether packed attention serves activations of this device and dtype (dtype-limited kernels
+        not under autocast, which changes the dtypes the blocks compute in)."""
+        if self.pack_devices is not None and device_type not in self.pack_devices:
+            return False
+        return self.pack_dtypes is None or (dtype in self.pack_dtypes and not torch.is_autocast_enabled(device_type))
 
 
 def pooled_positions(text: torch.Tensor, pool_type: str, eos_id: Optional[int]) -> torch.Tensor:
@@ -74,9 +83,7 @@ def encode_pooled_text(tower: nn.Module, text: torch.Tensor, plan: TextPlan,
     if cut_length is None:
         longest, total = torch.stack([lengths.max(), lengths.sum()]).tolist()  # the one host sync
         cut_length = longest
-        can_pack = plan.varlen_anywhere or (
-            plan.varlen_on_cuda_half and text.is_cuda and cast_dtype in _HALF
-            and not torch.is_autocast_enabled(text.device.type))
+        can_pack = plan.packs(text.device.type, cast_dtype)
         packed = can_pack and total < PACK_WHEN_REAL_FRACTION_BELOW * batch * longest
 
     if packed:
@@ -123,3 +130,71 @@ class FlashTextTransformer(TextTransformer):
         if not _can_skip(self, text):
             return super().forward(text)
         return encode_pooled_text(self, text, self._clip_flash_text)
+
+
+def _intersection(sets: List[Optional[FrozenSet]]) -> Optional[FrozenSet]:
+    known = [s for s in sets if s is not None]
+    return frozenset.intersection(*known) if known else None
+
+
+def packing_limits(backend: AttentionBackend, needs: AttentionNeeds) -> TextPlan:
+    """Where ``backend`` serves the tower's packed attention (a TextPlan's ``pack_devices``/``pack_dtypes``):
+    the devices and dtypes both its limits allow, when it serves ``needs`` (a packed call on one of them)."""
+    if not backend.supports_varlen:
+        return TextPlan("", None)
+    limits = [backend.limits] + ([backend.varlen_limits] if backend.varlen_limits is not None else [])
+    devices = _intersection([limit.device_types for limit in limits])
+    dtypes = _intersection([limit.dtypes for limit in limits])
+    probe = AttentionNeeds(
+        device_type=min(devices) if devices else needs.device_type,
+        dtype=min(dtypes, key=str) if dtypes else needs.dtype,
+        head_dim=needs.head_dim, causal=True, varlen=True, capability=needs.capability,
+    )
+    if devices == frozenset() or dtypes == frozenset() or backend.unsupported_reasons(probe):
+        return TextPlan("", None)
+    return TextPlan("", None, pack_devices=devices, pack_dtypes=dtypes)
+
+
+def plan_text_tower(tower: nn.Module, site: Site, context: PlanContext) -> None:
+    """Skip padding where it is exact; say why not elsewhere (after every block of the tower was planned)."""
+    if not hasattr(tower, "transformer"):
+        return
+    if isinstance(tower, CLIP):
+        pool_type, eos_id, new_class = tower.text_pool_type, getattr(tower, "text_eos_id", None), FlashTextCLIP
+        blockers = [] if type(tower) is CLIP else [f"{type(tower).__name__} is not plain CLIP"]
+    else:
+        pool_type, eos_id, new_class = tower.pool_type, tower.eos_id, FlashTextTransformer
+        blockers = [] if type(tower) is TextTransformer else [f"{type(tower).__name__} is not TextTransformer"]
+        if tower.cls_emb is not None:
+            blockers.append("class token appended after all positions (CoCa)")
+        if tower.output_tokens:
+            blockers.append("output_tokens=True needs every position")
+    if not context.options.skip_padding:
+        blockers.insert(0, "padding skipping turned off")
+    if pool_type not in SKIPPABLE_POOLING:
+        blockers.append(f"pooling {pool_type!r} reads more than one position")
+    if tower.attn_mask is None:
+        blockers.append("bidirectional (no causal mask)")
+    elif not is_standard_causal_mask(tower.attn_mask):
+        blockers.append("non-standard attention mask")
+    plans = [context.patched_blocks.get(id(block)) for block in tower.transformer.resblocks]
+    if not all(plan is not None and plan.causal_mask_owner is tower for plan in plans):
+        blockers.append("not every text block runs a patched causal kernel")
+    if blockers:
+        context.report.towers["text"] = "full length (" + "; ".join(blockers) + ")"
+        return
+    backend = plans[0].backend
+    weight = tower.transformer.resblocks[0].attn.in_proj_weight
+    packing = packing_limits(backend, context.needs(weight, head_dim=plans[0].head_dim, causal=True, varlen=True))
+    text_plan = TextPlan(pool_type, eos_id, pack_devices=packing.pack_devices, pack_dtypes=packing.pack_dtypes)
+    context.swap(tower, new_class, {"_clip_flash_text": text_plan})
+    where = []
+    if packing.pack_devices is not None:
+        where.append("/".join(sorted(device.upper() for device in packing.pack_devices)))
+    if packing.pack_dtypes is not None:
+        where.append(dtype_names(packing.pack_dtypes))
+    where = f" on {' '.join(where)}" if where else ""
+    how = f"packed variable-length attention ({backend.name}){where}, else " if packing.pack_devices != frozenset() \
+        else ""
+    context.report.towers["text"] = (f"skips padding: {how}cut at the batch's longest pooled token "
+                                     f"(exact: causal tower pooled at one token, {pool_type!r})")

@@ -166,7 +166,7 @@ def test_unreadable_table_file_is_an_error_when_loaded_explicitly(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# pick(): the nearest measured shape
+# the per-call choice: the nearest measured shape (through MeasuredAutoBackend, the path patched models run)
 # ---------------------------------------------------------------------------------------------------------------
 
 def _grid_table():
@@ -181,6 +181,16 @@ def _grid_table():
     ]))
 
 
+def _decide(table, *, dtype, causal, varlen, heads, head_dim, batch, seq, usable=everything, site="cpu") -> str:
+    """The backend a measured site of this kind runs a call of this shape on (the fallback when none fits).
+
+    ``site="cuda"`` digests the table for a CUDA site (CPU tensors stand in for the call's)."""
+    backend = MeasuredAutoBackend(table, dtype, head_dim, causal, device_type=site, usable=usable)
+    backend.device_type = "cpu"
+    q = torch.empty(batch, seq, heads, head_dim, dtype=backend.dtype)
+    return backend.decision(q, causal, varlen, batch, seq, seq).name
+
+
 @pytest.mark.parametrize("query, expected", [
     (dict(batch=1, seq=257), "spy:a"),           # exact entry
     (dict(batch=2, seq=257), "spy:a"),           # log2 = 1 from b1, 7 from b256
@@ -191,17 +201,17 @@ def _grid_table():
     (dict(batch=1, seq=77, causal=True), "spy:b"),
     (dict(batch=16, seq=30, causal=True, varlen=True), "spy:a"),
     (dict(batch=1, seq=257, dtype="bfloat16"), "spy:b"),
-    (dict(batch=1, seq=257, head_dim=80), None),  # no entry with this head dim
-    (dict(batch=1, seq=257, dtype=torch.float32), None),
-    (dict(batch=1, seq=257, causal=True, varlen=True, head_dim=80), None),
+    (dict(batch=1, seq=257, head_dim=80), "sdpa"),  # no entry with this head dim: the fallback
+    (dict(batch=1, seq=257, dtype=torch.float32), "sdpa"),
+    (dict(batch=1, seq=257, causal=True, varlen=True, head_dim=80), "sdpa"),
 ])
-def test_pick_takes_the_nearest_shape_in_log_space(query, expected):
+def test_choice_takes_the_nearest_shape_in_log_space(spies, query, expected):
     args = dict(dtype=torch.float16, causal=False, varlen=False, heads=16, head_dim=64)
     args.update(query)
-    assert _grid_table().pick(usable=everything, **args) == expected
+    assert _decide(_grid_table(), **args) == expected
 
 
-def test_pick_skips_backends_unavailable_here(monkeypatch):
+def test_choice_skips_backends_unavailable_here(monkeypatch):
     """The fastest timing loses to the fastest *available* one; an entry with nothing available is passed over."""
     from clip_flash.backends.base import BackendStatus
     monkeypatch.setattr(FlashAttnBackend, "status", lambda self: BackendStatus(self.name, False, "not here"))
@@ -211,21 +221,31 @@ def test_pick_skips_backends_unavailable_here(monkeypatch):
         entry(64, 257, {"flash_attn": 0.1}),  # nearest to b64, but nothing in it can run here
         entry(256, 257, {"flash_attn": 0.5, "sdpa:flash": 0.3, "sdpa:cudnn": 0.4}),
     ]))
-    pick = lambda batch: table.pick(torch.float16, False, False, 16, 64, batch, 257, measured.backend_usable)  # noqa: E731
-    assert pick(16) == "sdpa:cudnn"   # not flash_attn (unavailable), not reference (never automatic)
+    # The pinned kernels serve CUDA sites only: ask as one would, with CPU tensors let through to the pick.
+    monkeypatch.setattr(measured, "runnable_on", lambda backend, q: backend)
+    decide = lambda batch: _decide(table, dtype=torch.float16, causal=False, varlen=False, heads=16,  # noqa: E731
+                                   head_dim=64, batch=batch, seq=257, usable=measured.backend_usable, site="cuda")
+    assert decide(16) == "sdpa:cudnn"   # not flash_attn (unavailable), not reference (never automatic)
     # The b64 entry is passed over; b16 and b256 are equally near b64 and the first in the table wins.
-    assert pick(64) == "sdpa:cudnn" and pick(80) == "sdpa:flash"
-    assert table.pick(torch.float16, False, False, 16, 64, 16, 257, usable=everything) == "no-such-backend"
+    assert decide(64) == "sdpa:cudnn" and decide(80) == "sdpa:flash"
+    # Names the registry does not know are never chosen, whatever ``usable`` says.
+    assert _decide(table, dtype=torch.float16, causal=False, varlen=False, heads=16, head_dim=64, batch=16,
+                   seq=257, site="cuda") == "reference"
     assert not measured.backend_usable("flash_attn") and not measured.backend_usable("reference")
     assert measured.backend_usable("sdpa:cudnn") and not measured.backend_usable("no-such-backend")
 
 
-def test_module_pick_uses_the_table_for_the_current_gpu(tmp_path, fake_gpu, monkeypatch):
+def test_measured_backend_uses_the_table_for_the_current_gpu(tmp_path, fake_gpu, monkeypatch):
     attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(4, 50, {"sdpa:efficient": 0.1,
                                                                                   "sdpa:cudnn": 0.2})]))
-    assert measured.pick(torch.float16, False, False, 16, 64, 4, 50) == "sdpa:efficient"
+    needs = AttentionNeeds(device_type="cuda", dtype=torch.float16, head_dim=64)
+    backend = measured.measured_backend(needs)
+    q = torch.empty(4, 50, 16, 64, dtype=torch.float16)
+    backend.device_type = "cpu"  # CPU tensors stand in for the fake GPU's
+    monkeypatch.setattr(measured, "runnable_on", lambda backend, q: backend)
+    assert backend.decision(q, False, False, 4, 50, 50).name == "sdpa:efficient"
     monkeypatch.setattr(attention_table, "current_gpu", lambda: None)  # no CUDA: no table applies
-    assert measured.pick(torch.float16, False, False, 16, 64, 4, 50) is None
+    assert measured.measured_backend(needs) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -506,8 +526,8 @@ def test_shipped_tables_parse():
 
 
 def test_setup_ships_the_table_folder():
-    setup_text = (REPO_ROOT / "setup.py").read_text()
-    assert '"attention_tables/*.json"' in setup_text
+    project_text = (REPO_ROOT / "pyproject.toml").read_text()  # package data is declared there
+    assert '"backends/attention_tables/*.json"' in project_text
     assert "recursive-include clip_flash/backends/attention_tables *.json" in (REPO_ROOT / "MANIFEST.in").read_text()
     assert attention_table.SHIPPED_TABLE_DIR == REPO_ROOT / "clip_flash" / "backends" / "attention_tables"
 
