@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.ops import fused_ops  # noqa: E402
-from clip_flash.ops.experimental.gemm_epilogue import alternating_median_ms  # noqa: E402
+from clip_flash.benchmark.timing import alternating_median_ms  # noqa: E402
 from clip_flash.benchmark.results import write_microbenchmark  # noqa: E402
 
 # (mlp width, tokens per image) of each model's vision tower (open_clip configs).

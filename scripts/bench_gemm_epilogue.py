@@ -23,6 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.ops import fused_ops  # noqa: E402
 from clip_flash.ops.experimental import gemm_epilogue  # noqa: E402
+from clip_flash.benchmark.timing import alternating_median_ms  # noqa: E402
 from clip_flash.info import environment  # noqa: E402
 
 # (width, mlp width, tokens per image, activation) of each model's vision tower (open_clip configs).
@@ -66,7 +67,7 @@ def main() -> int:
                 for _ in range(3):
                     fn()
             torch.cuda.synchronize()
-            ms = gemm_epilogue.alternating_median_ms(paths, args.repeats)
+            ms = alternating_median_ms(paths, args.repeats)
             ms.setdefault("tma", float("nan"))
             best = min(ms["fused"], ms["tma"]) if ms["tma"] == ms["tma"] else ms["fused"]
             diff = max((paths[path]().float() - unfused().float()).abs().max().item()

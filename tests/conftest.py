@@ -24,3 +24,13 @@ def _build(name: str, precision: str = "fp32", device: str = "cpu") -> torch.nn.
 def build_model():
     """Build (cached) a random-init model; tests must leave it unpatched (use clip_flash.patched)."""
     return _build
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` (registered in pyproject.toml; select them with ``-m gpu``) skip without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

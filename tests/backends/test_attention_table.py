@@ -19,7 +19,7 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.utils import edge_case_tokens, relative_error
+from tests.utils import assert_within_twice_stock, edge_case_tokens, relative_error
 from open_clip.model import CLIP, CLIPTextCfg, CLIPVisionCfg, convert_weights_to_lp
 
 import clip_flash
@@ -600,7 +600,7 @@ def test_script_needs_cuda(capsys):
 # GPU: flash_attn at head dims 64/80/88, its packed text path, and auto following a table for this GPU
 # ---------------------------------------------------------------------------------------------------------------
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_cuda = pytest.mark.gpu
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 CAPTIONS = [f"a photo of a {c}." for c in ("cat", "small red car parked by the sea", "dog", "tench", "goldfish",
                                           "great white shark", "tiger shark swimming in very deep blue water")]
@@ -612,22 +612,9 @@ def _flash_attn_or_skip():
         pytest.skip(f"flash_attn: {status.reason}")
 
 
-def _errors(output: torch.Tensor, reference: torch.Tensor):
-    """(max relative error, max 1 - cosine) against the fp32 reference: as tests/patch/test_gpu_accuracy.py."""
-    output, reference = output.float(), reference.float()
-    max_rel = ((output - reference).abs().max() / reference.abs().max()).item()
-    one_minus_cos = (1 - F.cosine_similarity(output, reference, dim=-1)).max().item()
-    return max_rel, one_minus_cos
-
-
 def _assert_within_rule(tower, out, stock, ref):
     """Patched error against fp32 at most about twice stock's (the rule of tests/patch/test_gpu_accuracy.py)."""
-    stock_rel, stock_cos = _errors(stock, ref)
-    rel, cos = _errors(out, ref)
-    print(f"ACCURACY {tower}: max-rel stock {stock_rel:.3e} patched {rel:.3e} | "
-          f"1-cos stock {stock_cos:.3e} patched {cos:.3e}")
-    assert rel <= 2 * stock_rel + 1e-4, f"{tower} max relative error {rel:.3e} vs stock {stock_rel:.3e}"
-    assert cos <= 2 * stock_cos + 1e-5, f"{tower} 1-cos {cos:.3e} vs stock {stock_cos:.3e}"
+    assert_within_twice_stock(out, stock, ref, tower, log=True)
 
 
 def _gpu_models(head_dim: int, precision: str):

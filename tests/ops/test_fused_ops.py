@@ -18,10 +18,13 @@ from clip_flash.ops.fused_ops import ACTIVATIONS, add_layer_norm, bias_act, desc
 
 EPS = 1e-5
 # The kernel tests need the compiled extension too; without it the ops fall back to plain PyTorch.
-requires_kernels = pytest.mark.skipif(
-    not torch.cuda.is_available() or not _extension.extension_available(),
-    reason="needs a CUDA GPU and the compiled clip_flash._C extension",
-)
+_needs_extension = pytest.mark.skipif(not _extension.extension_available(),
+                                     reason="needs the compiled clip_flash._C extension")
+
+
+def requires_kernels(test):
+    """A GPU test (the ``gpu`` marker) that also needs the compiled extension."""
+    return pytest.mark.gpu(_needs_extension(test))
 
 
 def _maybe(t: Tensor, present: bool) -> Optional[Tensor]:

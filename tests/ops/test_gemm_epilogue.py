@@ -16,7 +16,7 @@ from clip_flash.ops import fused_ops
 from clip_flash.ops.experimental import gemm_epilogue
 from clip_flash.patch.residual_block import FlashResidualAttentionBlock
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_cuda = pytest.mark.gpu
 ACTIVATIONS = ["gelu", "gelu_tanh", "quick_gelu", "identity"]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

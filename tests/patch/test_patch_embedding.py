@@ -11,7 +11,7 @@ from clip_flash.patch import patch_embedding as patch_embedding_module
 from clip_flash.patch.layer_norms import OnePassLayerNormFp32, fused_norm_class
 from clip_flash.patch.patch_embedding import PatchEmbeddingConv2d, patch_embedding, patch_embedding_blockers
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+requires_cuda = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("height, width, patch, with_bias", [

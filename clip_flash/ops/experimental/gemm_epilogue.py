@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...benchmark.timing import median_cuda_ms
 from .. import fused_ops
 
 logger = logging.getLogger(__name__)
@@ -241,31 +242,6 @@ def cublas_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activat
 ShapeKey = Tuple[int, int, int, torch.dtype, str, int]
 _choices: Dict[ShapeKey, Callable[..., Tensor]] = {}
 _choices_lock = threading.Lock()
-
-
-def median_cuda_ms(function: Callable[[], object], repeats: int = 10) -> float:
-    """Median CUDA-event milliseconds of ``function()`` over ``repeats`` calls, after one untimed call."""
-    function()  # compile / autotune / warm caches outside the timing
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        function()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
-def alternating_median_ms(paths: Dict[str, Callable[[], object]], repeats: int, blocks: int = 3) -> Dict[str, float]:
-    """Per path, the median over ``blocks`` of ``median_cuda_ms(path, repeats)``, the paths alternating block by
-    block so clock and cache drift treat every path alike (the microbenchmark scripts' timing rule)."""
-    timed: Dict[str, list] = {path: [] for path in paths}
-    for _ in range(blocks):
-        for path, function in paths.items():
-            timed[path].append(median_cuda_ms(function, repeats))
-    return {path: sorted(values)[len(values) // 2] for path, values in timed.items()}
 
 
 def _calibrate(key: ShapeKey, x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str):
