@@ -45,7 +45,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     dtype = getattr(torch, args.dtype)
-    header = "| model | batch | activation | torch ms | bias_act ms (no bias) | bias_act ms (bias) | torch GB/s | bias_act GB/s |"
+    header = "| model | batch | activation | torch ms | bias_act ms (no bias) | bias_act ms (bias) | torch GB/s | bias_act GB/s |"  # noqa: E501
     lines, rows = [header, "|" + "---|" * 8], []
     print(header)
     for name in args.models:

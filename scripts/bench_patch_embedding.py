@@ -47,7 +47,7 @@ def main() -> int:
     torch.backends.cudnn.allow_tf32 = False  # the fp32 reference conv must be a true fp32 conv
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    header = ("| model | dtype | batch | cuDNN conv ms | patch GEMM ms (padded K) | patch GEMM ms (K as is) | conv / padded GEMM "
+    header = ("| model | dtype | batch | cuDNN conv ms | patch GEMM ms (padded K) | patch GEMM ms (K as is) | conv / padded GEMM "  # noqa: E501
               "| conv max/mean err | GEMM max/mean err |")
     lines = [header, "|" + "---|" * 9]
     print(header)

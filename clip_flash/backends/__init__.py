@@ -8,12 +8,13 @@ from .base import AttentionBackend, AttentionNeeds, BackendStatus, Limits
 from .dispatch import choose_backend
 from .measured import MeasuredAutoBackend
 from .registry import (
-    AUTO_ORDER, BACKEND_NAMES, BackendUnavailableError, available_backends, fallback_backend, get_backend, require_available,
-    runnable_on,
+    AUTO_ORDER, BACKEND_NAMES, BackendUnavailableError, available_backends, fallback_backend, get_backend,
+    require_available, runnable_on,
 )
 
 __all__ = [
     "AttentionBackend", "AttentionNeeds", "BackendStatus", "Limits", "BackendUnavailableError",
     "available_backends", "get_backend", "choose_backend", "require_available", "BACKEND_NAMES", "AUTO_ORDER",
-    "fallback_backend", "runnable_on", "MeasuredAutoBackend", "load_attention_table", "clear_attention_tables", "AttentionTableError",
+    "fallback_backend", "runnable_on", "MeasuredAutoBackend", "load_attention_table", "clear_attention_tables",
+    "AttentionTableError",
 ]

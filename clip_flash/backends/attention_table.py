@@ -6,7 +6,7 @@ OpenCLIP models, the milliseconds each backend took and which won::
     {"gpu": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "torch": "2.11.0+cu130", "cuda": "13.0",
      "flash_attn": "2.8.3" | null, "command": "...", "created": "...",
      "entries": [{"dtype": "float16", "causal": false, "varlen": false, "batch": 256, "seq": 257,
-                  "heads": 16, "head_dim": 64, "ms": {"sdpa:cudnn": 0.46, "flash_attn": 0.64, ...},
+                  "heads": 16, "head_dim": 64, "ms": {"sdpa:cudnn": <median ms>, "flash_attn": ..., ...},
                   "best": "sdpa:cudnn"}, ...]}
 
 For variable-length (packed) entries ``batch`` is the number of sequences, ``seq`` the longest one and

@@ -57,8 +57,8 @@ class _HeldFlags:
     """Hold the lock and, when pinned, ``sdpa_kernel([backend])``'s flags for the with-block; restore on exit.
 
     The flags set and restored are exactly sdpa_kernel's; this skips its per-call Python work (building and
-    deduplicating lists, name lookups, a generator context), which costs ~30 us a call on the hosts we
-    measured: at launch-bound batch sizes that is as much as the attention kernel itself.
+    deduplicating lists, name lookups, a generator context), which at launch-bound batch sizes cost as much as
+    the attention kernel itself on the hosts we measured.
     """
 
     __slots__ = ("_wanted", "_previous")

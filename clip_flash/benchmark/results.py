@@ -101,7 +101,7 @@ def write_microbenchmark(json_path: Optional[Path], markdown_path: Optional[Path
     if markdown_path:
         env = record["clip_flash_environment"]
         markdown_path.write_text(
-            f"<!-- command: {command} -->\n<!-- git: {record['git_revision']} -->\n{title} On `{record['device_name']}` "
+            f"<!-- command: {command} -->\n<!-- git: {record['git_revision']} -->\n{title} On `{record['device_name']}` "  # noqa: E501
             f"(torch {env.get('torch')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}).\n\n"
             + "\n".join(table_lines) + "\n")
 

@@ -376,7 +376,8 @@ class GraphedEncoder:
         self._replays += 1
         return out
 
-    def _eager(self, setup: EncoderSetup, encode: Callable, x: torch.Tensor, normalize: bool, reason: str) -> torch.Tensor:
+    def _eager(self, setup: EncoderSetup, encode: Callable, x: torch.Tensor, normalize: bool,
+               reason: str) -> torch.Tensor:
         # Batches past the buckets are expected, and failed captures were already warned about when they failed.
         level = logging.INFO if reason.startswith("batch size") or "capture" in reason else logging.WARNING
         self._log_once(level, f"running eager: {reason}")

@@ -14,7 +14,8 @@ rounded once; optional per-column vectors (biases, LayerNorm affine, LayerScale 
 the activations' dtype. Gradients are plain-torch formulas, recomputed in backward.
 
 In plain eager inference (no tensor needs a gradient, nothing is compiling or tracing) the public functions
-skip the custom-op dispatcher, which costs about 10 us per call, and run the same implementation directly.
+skip the custom-op dispatcher (per call, its Python work costs as much as a small kernel) and run the same
+implementation directly.
 """
 from typing import Callable, Optional, Sequence, Tuple
 

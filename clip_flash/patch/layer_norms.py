@@ -2,8 +2,8 @@
 
 Inside residual blocks the norms are fused with the residual adds (``residual_block.py``). The norms
 outside them run alone; for a 16-bit model OpenCLIP's ``LayerNormFp32`` there costs a cast to fp32, the
-normalization and a cast back (three kernels, two extra round trips through memory: ~1.2 ms of ViT-L-14's
-ln_pre at batch 256 on the H100, results/h100/profile-ViT-L-14-image-b256.md). ``fused_ops.layer_norm``
+normalization and a cast back (three kernels, two extra round trips through memory; the kernel profiles in
+results/h100/ show what that costs). ``fused_ops.layer_norm``
 computes the same thing in one pass. A patched norm is the stock one with its class swapped to the
 matching subclass below; unpatch swaps it back.
 """

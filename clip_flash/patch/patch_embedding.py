@@ -10,9 +10,9 @@ so the patched ``conv1`` gathers the patches with one copy and calls cuBLAS. The
 For 16-bit CUDA inputs whose patch length is not a multiple of 8 (14x14 patches: 588), the patch matrix
 and the kernel are padded with zero columns to the next multiple of 8, which lets cuBLAS use its 16-byte
 aligned kernels; zeros add nothing to the products, so the result is the same. Padding costs three more
-launches, so it is done only from ``PAD_MIN_PATCHES`` patches on: on the H100 (results/h100/patch_embedding.md)
-the padded GEMM of ViT-L/H/g-14 took 0.32-0.37 ms against 0.60-0.77 ms unpadded at batch 256 and was ahead
-at batch 64 (16384 patches), while at batch 16 (4096 patches) and below the unpadded one was faster.
+launches, so it is done only from ``PAD_MIN_PATCHES`` patches on: on the H100 the padded GEMM of ViT-L/H/g-14
+was ahead from batch 64 (16384 patches) on, the unpadded one at batch 16 (4096 patches) and below
+(results/h100/patch_embedding.md has the timings).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``backend="auto"`` from measured attention tables (clip_flash/backends/attention_table.py and measured.py, scripts/measure_attention.py).
+"""``backend="auto"`` from measured attention tables (clip_flash/backends/attention_table.py and measured.py,
+scripts/measure_attention.py).
 
 CPU tests fake the GPU (``attention_table.current_gpu``) and the backends (spies registered in the backend registry) to
 check parsing, the nearest-shape choice, which table applies, dispatch and fallbacks. GPU tests (skipped without
@@ -253,13 +254,16 @@ def test_measured_backend_uses_the_table_for_the_current_gpu(tmp_path, fake_gpu,
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_table_applies_only_to_its_gpu_and_capability(tmp_path, fake_gpu, monkeypatch):
-    other = attention_table.load_attention_table(write_table(tmp_path / "other.json", [entry(1, 50, {"sdpa:cudnn": 1.0})],
+    other = attention_table.load_attention_table(
+        write_table(tmp_path / "other.json", [entry(1, 50, {"sdpa:cudnn": 1.0})],
                                                       gpu="NVIDIA Other GPU"))
     assert attention_table.active_table() is None and not other.applies_to(*FAKE_GPU)
-    wrong_cc = attention_table.load_attention_table(write_table(tmp_path / "cc.json", [entry(1, 50, {"sdpa:cudnn": 1.0})],
+    wrong_cc = attention_table.load_attention_table(
+        write_table(tmp_path / "cc.json", [entry(1, 50, {"sdpa:cudnn": 1.0})],
                                                          capability=(8, 0)))
     assert attention_table.active_table() is None and not wrong_cc.applies_to(*FAKE_GPU)
-    mine = attention_table.load_attention_table(write_table(tmp_path / "mine.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
+    mine = attention_table.load_attention_table(
+        write_table(tmp_path / "mine.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
     assert attention_table.active_table() is mine
     monkeypatch.setattr(attention_table, "current_gpu", lambda: ("NVIDIA Other GPU", (9, 0)))
     assert attention_table.active_table() is other
@@ -269,7 +273,8 @@ def test_env_table_and_precedence(tmp_path, fake_gpu, monkeypatch):
     env = write_table(tmp_path / "env.json", [entry(1, 50, {"sdpa:cudnn": 1.0})])
     monkeypatch.setenv(attention_table.TABLE_ENV, str(env))
     assert attention_table.active_table().source == str(env)
-    registered = attention_table.load_attention_table(write_table(tmp_path / "reg.json", [entry(1, 50, {"sdpa:flash": 1.0})]))
+    registered = attention_table.load_attention_table(
+        write_table(tmp_path / "reg.json", [entry(1, 50, {"sdpa:flash": 1.0})]))
     assert attention_table.active_table() is registered  # registered tables come before the env var's
     assert [t.source for t in attention_table.candidate_tables()][:2] == [registered.source, str(env)]
 
@@ -288,7 +293,8 @@ def test_logs_once_which_table_or_how_to_make_one(tmp_path, fake_gpu, caplog):
     attention_table.active_table(), attention_table.active_table()
     none_lines = [r.getMessage() for r in caplog.records if "no measured attention table" in r.getMessage()]
     assert len(none_lines) == 1 and "measure_attention.py" in none_lines[0] and FAKE_GPU[0] in none_lines[0]
-    table = attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
+    table = attention_table.load_attention_table(
+        write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
     caplog.clear()
     attention_table.active_table(), attention_table.active_table()
     used = [r.getMessage() for r in caplog.records if "uses the measured attention table" in r.getMessage()]
@@ -500,7 +506,8 @@ def test_report_says_which_table_auto_used(tmp_path, fake_gpu):
     without = PatchReport("CLIP", "auto", "float16", "cuda:0")
     assert without.attention_table.startswith(f"sdpa (no measured table for {FAKE_GPU[0]}")
     assert f"auto attention: sdpa (no measured table for {FAKE_GPU[0]}" in str(without)
-    table = attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
+    table = attention_table.load_attention_table(
+        write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
     with_table = PatchReport("CLIP", "auto", "float16", "cuda:0")
     assert with_table.attention_table == f"measured table {table.source} ({FAKE_GPU[0]}, 1 entries)"
     assert with_table.to_dict()["attention_table"] == with_table.attention_table
@@ -511,7 +518,8 @@ def test_report_says_which_table_auto_used(tmp_path, fake_gpu):
 def test_info_lists_the_table_in_use(tmp_path, fake_gpu, capsys):
     import clip_flash.info as info
     assert info._attention_table()["path"] is None and FAKE_GPU[0] in info._attention_table()["note"]
-    table = attention_table.load_attention_table(write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0}),
+    table = attention_table.load_attention_table(
+        write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0}),
                                                                            entry(4, 50, {"sdpa:cudnn": 1.0})]))
     assert info._attention_table() == {"path": table.source, "gpu": FAKE_GPU[0], "entries": 2, "note": None}
     info.main()

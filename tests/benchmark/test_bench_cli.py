@@ -148,7 +148,7 @@ def test_end_to_end_cpu_random_init(tmp_path):
     command = [
         sys.executable, str(SCRIPT), "--model", "ViT-B-32", "--device", "cpu", "--times", "2",
         "--batch-sizes", "1", "2", "--latency", "2", "--zero-shot-classifier", "--zero-shot-classes", "2",
-        "--zero-shot-templates", "2", "--zero-shot-batch", "3", "--json", str(out_json), "--csv", str(out_csv), "--markdown", str(out_md),
+        "--zero-shot-templates", "2", "--zero-shot-batch", "3", "--json", str(out_json), "--csv", str(out_csv), "--markdown", str(out_md),  # noqa: E501
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

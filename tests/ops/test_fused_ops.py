@@ -479,7 +479,7 @@ def test_layer_norm_cuda(dtype, cols, affine_dtype):
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("cols", HIDDEN_SIZES)
 @pytest.mark.parametrize("vector_dtype", ["float32", "same"])
-@pytest.mark.parametrize("delta_bias_present, scale_present", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("delta_bias_present, scale_present", [(True, True), (True, False), (False, True), (False, False)])  # noqa: E501
 @torch.inference_mode()
 def test_add_layer_norm_cuda(dtype, cols, vector_dtype, delta_bias_present, scale_present):
     assert_kernels_in_use()
@@ -609,7 +609,7 @@ def test_autograd_through_custom_op_cuda():
         assert out.dtype == torch.float16
     # The forward is the kernel's: bit-identical to the eager inference call.
     with torch.inference_mode():
-        eager_updated, eager_normed = add_layer_norm(x.detach(), delta, out_bias, gamma, ln_w.detach(), ln_b.detach(), EPS)
+        eager_updated, eager_normed = add_layer_norm(x.detach(), delta, out_bias, gamma, ln_w.detach(), ln_b.detach(), EPS)  # noqa: E501
         eager_hidden = bias_act(eager_normed.clone(), fc_bias, "quick_gelu")
     torch.testing.assert_close(updated.detach(), eager_updated, rtol=0, atol=0)
     torch.testing.assert_close(normed.detach(), eager_normed, rtol=0, atol=0)
