@@ -58,7 +58,7 @@ def main() -> int:
         for batch in args.batch_sizes:
             x = torch.randn(batch * tokens, width, device="cuda").to(dtype)
             gemm = lambda: F.linear(x, weight, bias)  # noqa: E731
-            unfused = lambda: fused_ops.bias_act(F.linear(x, weight, bias), None, activation)  # noqa: E731
+            unfused = lambda: fused_ops.bias_act(F.linear(x, weight, bias), activation)  # noqa: E731
             fused = lambda: gemm_epilogue.triton_linear_act(x, weight, bias, activation)  # noqa: E731
             paths = {"gemm": gemm, "unfused": unfused, "fused": fused}
             if gemm_epilogue.tma_unavailable_reason(x, weight) is None:

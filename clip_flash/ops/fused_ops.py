@@ -1,16 +1,16 @@
 """Fused memory-bound ops of a transformer residual block, in the model's dtype with fp32 math.
 
 - ``layer_norm``: what OpenCLIP's ``LayerNormFp32`` computes (cast to fp32, normalize, cast back), in one pass.
-- ``add_layer_norm``: the residual update ``residual + scale * (delta + delta_bias)`` and the LayerNorm of
-  its result, both written by one pass over each row.
-- ``bias_act``: ``activation(x + bias)`` for the MLP's first projection.
+- ``add_layer_norm``: the residual update ``residual + scale * delta`` and the LayerNorm of its result, both
+  written by one pass over each row.
+- ``bias_act``: the activation after the MLP's first projection (whose bias cuBLAS adds, as in stock).
 - ``residual_add``: the residual update alone (after the last block, where no LayerNorm follows).
 
 Every op is a ``torch.library`` custom op (``clip_flash::<name>``), so ``torch.compile(fullgraph=True)``
 traces it as one node. It runs the CUDA kernels of ``clip_flash._C`` for CUDA float16/bfloat16 tensors and
 the same formula in plain PyTorch everywhere else (CPU, float32/float64, extension missing); on float32
 that formula is OpenCLIP's own. Math is fp32 (or the input's precision when wider) and each output is
-rounded once; optional per-column vectors (biases, LayerNorm affine, LayerScale gamma) may be float32 or
+rounded once; optional per-column vectors (LayerNorm affine, LayerScale gamma) may be float32 or
 the activations' dtype. Gradients are plain-torch formulas, recomputed in backward.
 
 In plain eager inference (no tensor needs a gradient, nothing is compiling or tracing) the public functions
@@ -49,14 +49,10 @@ def _to(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
     return None if t is None else t.to(dtype)
 
 
-def _residual_update_reference(
-    residual: Tensor, delta: Tensor, delta_bias: Optional[Tensor], scale: Optional[Tensor]
-) -> Tensor:
-    # OpenCLIP's order: x + ls(proj(h)), where proj adds its bias and ls multiplies by gamma.
+def _residual_update_reference(residual: Tensor, delta: Tensor, scale: Optional[Tensor]) -> Tensor:
+    # OpenCLIP's order: x + ls(proj(h)), where proj (cuBLAS) added its bias and ls multiplies by gamma.
     math = _math_dtype(residual.dtype)
     update = delta.to(math)
-    if delta_bias is not None:
-        update = update + delta_bias.to(math)
     if scale is not None:
         update = update * scale.to(math)
     return (residual.to(math) + update).to(residual.dtype)
@@ -70,14 +66,13 @@ def _layer_norm_reference(x: Tensor, weight: Optional[Tensor], bias: Optional[Te
 def _add_layer_norm_reference(
     residual: Tensor,
     delta: Tensor,
-    delta_bias: Optional[Tensor],
     scale: Optional[Tensor],
     weight: Optional[Tensor],
     bias: Optional[Tensor],
     eps: float,
 ) -> Tuple[Tensor, Tensor]:
     # The LayerNorm reads the updated residual as stored (rounded), like the next block does.
-    updated = _residual_update_reference(residual, delta, delta_bias, scale)
+    updated = _residual_update_reference(residual, delta, scale)
     return updated, _layer_norm_reference(updated, weight, bias, eps)
 
 
@@ -91,12 +86,8 @@ def _activation_reference(x: Tensor, activation: str) -> Tensor:
     return x
 
 
-def _bias_act_reference(x: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
-    math = _math_dtype(x.dtype)
-    value = x.to(math)
-    if bias is not None:
-        value = value + bias.to(math)
-    return _activation_reference(value, activation).to(x.dtype)
+def _bias_act_reference(x: Tensor, activation: str) -> Tensor:
+    return _activation_reference(x.to(_math_dtype(x.dtype)), activation).to(x.dtype)
 
 
 def _check_activation(activation: str) -> None:
@@ -147,41 +138,38 @@ def _layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]
 def _add_layer_norm_impl(
     residual: Tensor,
     delta: Tensor,
-    delta_bias: Optional[Tensor],
     scale: Optional[Tensor],
     weight: Optional[Tensor],
     bias: Optional[Tensor],
     eps: float,
 ) -> Tuple[Tensor, Tensor]:
     _check_same_shape(residual, delta)
-    if _kernel_applies([residual, delta], [delta_bias, scale, weight, bias]):
+    if _kernel_applies([residual, delta], [scale, weight, bias]):
         return load_extension().add_layer_norm(
-            residual, delta, _as_vector(delta_bias), _as_vector(scale), _as_vector(weight), _as_vector(bias), eps,
+            residual, delta, _as_vector(scale), _as_vector(weight), _as_vector(bias), eps,
         )
-    updated, normed = _add_layer_norm_reference(residual, delta, delta_bias, scale, weight, bias, eps)
+    updated, normed = _add_layer_norm_reference(residual, delta, scale, weight, bias, eps)
     return _owned_contiguous(updated, residual, delta), _owned_contiguous(normed)
 
 
-def _bias_act_impl(x: Tensor, bias: Optional[Tensor], activation: str, in_place: bool) -> Tensor:
-    """``activation(x + bias)``; with ``in_place`` (contiguous ``x``, kernel path only) written into ``x``."""
+def _bias_act_impl(x: Tensor, activation: str, in_place: bool) -> Tensor:
+    """``activation(x)``; with ``in_place`` (contiguous ``x``, kernel path only) written into ``x``."""
     _check_activation(activation)
-    if _kernel_applies([x], [bias]):
+    if _kernel_applies([x], []):
         in_place = in_place and x.is_contiguous()
-        out = load_extension().bias_act(x, _as_vector(bias), activation, in_place)
+        out = load_extension().bias_act(x, activation, in_place)
         if in_place:
             torch.autograd.graph.increment_version(x)  # the kernel wrote through a raw pointer
             return x
         return out
-    return _owned_contiguous(_bias_act_reference(x, bias, activation), x)
+    return _owned_contiguous(_bias_act_reference(x, activation), x)
 
 
-def _residual_add_impl(
-    residual: Tensor, delta: Tensor, delta_bias: Optional[Tensor], scale: Optional[Tensor]
-) -> Tensor:
+def _residual_add_impl(residual: Tensor, delta: Tensor, scale: Optional[Tensor]) -> Tensor:
     _check_same_shape(residual, delta)
-    if _kernel_applies([residual, delta], [delta_bias, scale]):
-        return load_extension().residual_add(residual, delta, _as_vector(delta_bias), _as_vector(scale))
-    return _owned_contiguous(_residual_update_reference(residual, delta, delta_bias, scale), residual, delta)
+    if _kernel_applies([residual, delta], [scale]):
+        return load_extension().residual_add(residual, delta, _as_vector(scale))
+    return _owned_contiguous(_residual_update_reference(residual, delta, scale), residual, delta)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -207,20 +195,18 @@ def _layer_norm_fake(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]
 def _add_layer_norm_op(
     residual: Tensor,
     delta: Tensor,
-    delta_bias: Optional[Tensor],
     scale: Optional[Tensor],
     weight: Optional[Tensor],
     bias: Optional[Tensor],
     eps: float,
 ) -> Tuple[Tensor, Tensor]:
-    return _add_layer_norm_impl(residual, delta, delta_bias, scale, weight, bias, eps)
+    return _add_layer_norm_impl(residual, delta, scale, weight, bias, eps)
 
 
 @_add_layer_norm_op.register_fake
 def _add_layer_norm_fake(
     residual: Tensor,
     delta: Tensor,
-    delta_bias: Optional[Tensor],
     scale: Optional[Tensor],
     weight: Optional[Tensor],
     bias: Optional[Tensor],
@@ -231,27 +217,23 @@ def _add_layer_norm_fake(
 
 
 @torch.library.custom_op("clip_flash::bias_act", mutates_args=())
-def _bias_act_op(x: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
-    return _bias_act_impl(x, bias, activation, in_place=False)
+def _bias_act_op(x: Tensor, activation: str) -> Tensor:
+    return _bias_act_impl(x, activation, in_place=False)
 
 
 @_bias_act_op.register_fake
-def _bias_act_fake(x: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
+def _bias_act_fake(x: Tensor, activation: str) -> Tensor:
     _check_activation(activation)
     return _empty_like(x)
 
 
 @torch.library.custom_op("clip_flash::residual_add", mutates_args=())
-def _residual_add_op(
-    residual: Tensor, delta: Tensor, delta_bias: Optional[Tensor], scale: Optional[Tensor]
-) -> Tensor:
-    return _residual_add_impl(residual, delta, delta_bias, scale)
+def _residual_add_op(residual: Tensor, delta: Tensor, scale: Optional[Tensor]) -> Tensor:
+    return _residual_add_impl(residual, delta, scale)
 
 
 @_residual_add_op.register_fake
-def _residual_add_fake(
-    residual: Tensor, delta: Tensor, delta_bias: Optional[Tensor], scale: Optional[Tensor]
-) -> Tensor:
+def _residual_add_fake(residual: Tensor, delta: Tensor, scale: Optional[Tensor]) -> Tensor:
     _check_same_shape(residual, delta)
     return _empty_like(residual)
 
@@ -290,9 +272,9 @@ def _register_recomputed_backward(op, reference: Callable, tensor_arg_count: int
 
 
 _register_recomputed_backward(_layer_norm_op, _layer_norm_reference, tensor_arg_count=3)
-_register_recomputed_backward(_add_layer_norm_op, _add_layer_norm_reference, tensor_arg_count=6)
-_register_recomputed_backward(_bias_act_op, _bias_act_reference, tensor_arg_count=2)
-_register_recomputed_backward(_residual_add_op, _residual_update_reference, tensor_arg_count=4)
+_register_recomputed_backward(_add_layer_norm_op, _add_layer_norm_reference, tensor_arg_count=5)
+_register_recomputed_backward(_bias_act_op, _bias_act_reference, tensor_arg_count=1)
+_register_recomputed_backward(_residual_add_op, _residual_update_reference, tensor_arg_count=3)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -331,25 +313,24 @@ def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps:
 def add_layer_norm(
     residual: Tensor,
     delta: Tensor,
-    delta_bias: Optional[Tensor],
     scale: Optional[Tensor],
     weight: Optional[Tensor],
     bias: Optional[Tensor],
     eps: float,
 ) -> Tuple[Tensor, Tensor]:
-    """``(new_residual, LayerNorm(new_residual))`` with ``new_residual = residual + scale * (delta + delta_bias)``.
+    """``(new_residual, LayerNorm(new_residual))`` with ``new_residual = residual + scale * delta``.
 
-    ``delta_bias`` (the preceding projection's bias) and ``scale`` (LayerScale gamma) are optional, shape
-    ``(C,)``. Both outputs are new tensors in ``residual.dtype``, each rounded once from fp32 math; the
-    LayerNorm (fp32 statistics) is taken over ``new_residual`` as stored, i.e. as the next block reads it.
+    ``delta`` is the preceding projection's output (its bias added by the GEMM); ``scale`` (LayerScale gamma)
+    is optional, shape ``(C,)``. Both outputs are new tensors in ``residual.dtype``, each rounded once from fp32
+    math; the LayerNorm (fp32 statistics) is taken over ``new_residual`` as stored, i.e. as the next block reads it.
     """
-    if call_directly(residual, delta, delta_bias, scale, weight, bias):
-        return _add_layer_norm_impl(residual, delta, delta_bias, scale, weight, bias, float(eps))
-    return _add_layer_norm_op(residual, delta, delta_bias, scale, weight, bias, float(eps))
+    if call_directly(residual, delta, scale, weight, bias):
+        return _add_layer_norm_impl(residual, delta, scale, weight, bias, float(eps))
+    return _add_layer_norm_op(residual, delta, scale, weight, bias, float(eps))
 
 
-def bias_act(x: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
-    """``activation(x + bias)`` with fp32 math and one rounding, in ``x.dtype``.
+def bias_act(x: Tensor, activation: str) -> Tensor:
+    """``activation(x)`` with fp32 math and one rounding, in ``x.dtype`` (``x``: c_fc's output, bias included).
 
     ``activation`` is one of ``ACTIVATIONS``: "gelu" (erf, ``nn.GELU()``), "gelu_tanh"
     (``nn.GELU(approximate='tanh')``), "quick_gelu" (``x * sigmoid(1.702 x)``), "identity".
@@ -359,18 +340,16 @@ def bias_act(x: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
     elsewhere (autograd, torch.compile, CPU) ``x`` is left unchanged and a new tensor is returned.
     """
     _check_activation(activation)
-    if call_directly(x, bias):
-        return _bias_act_impl(x, bias, activation, in_place=True)
-    return _bias_act_op(x, bias, activation)
+    if call_directly(x):
+        return _bias_act_impl(x, activation, in_place=True)
+    return _bias_act_op(x, activation)
 
 
-def residual_add(
-    residual: Tensor, delta: Tensor, delta_bias: Optional[Tensor], scale: Optional[Tensor]
-) -> Tensor:
-    """``residual + scale * (delta + delta_bias)`` with fp32 math and one rounding; a new tensor."""
-    if call_directly(residual, delta, delta_bias, scale):
-        return _residual_add_impl(residual, delta, delta_bias, scale)
-    return _residual_add_op(residual, delta, delta_bias, scale)
+def residual_add(residual: Tensor, delta: Tensor, scale: Optional[Tensor]) -> Tensor:
+    """``residual + scale * delta`` with fp32 math and one rounding; a new tensor."""
+    if call_directly(residual, delta, scale):
+        return _residual_add_impl(residual, delta, scale)
+    return _residual_add_op(residual, delta, scale)
 
 
 def describe_backend() -> str:

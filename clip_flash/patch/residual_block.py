@@ -175,18 +175,18 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
         # (Moving them into our kernels saved no GEMM time beyond the run-to-run spread on the H100:
         # results/history/h100/profile-ViT-L-14-image-b256-biases-in-kernels.md.)
         x, h = fused_ops.add_layer_norm(
-            x, out_proj(attended), None, _scale_of(self.ls_1), ln_2.weight, ln_2.bias, ln_2.eps,
+            x, out_proj(attended), _scale_of(self.ls_1), ln_2.weight, ln_2.bias, ln_2.eps,
         )
         plan = self._clip_flash_plan
         c_fc = mlp.c_fc
         if plan.gemm_epilogue and h.is_cuda and fused_ops.call_directly(h, c_fc.weight, c_fc.bias):
             hidden = gemm_epilogue.linear_act(h, c_fc.weight, c_fc.bias, plan.activation)
         else:
-            hidden = fused_ops.bias_act(c_fc(h), None, plan.activation)
+            hidden = fused_ops.bias_act(c_fc(h), plan.activation)
         delta = mlp.c_proj(hidden)
         if next_norm is None:
-            return fused_ops.residual_add(x, delta, None, _scale_of(self.ls_2)), None
-        return fused_ops.add_layer_norm(x, delta, None, _scale_of(self.ls_2),
+            return fused_ops.residual_add(x, delta, _scale_of(self.ls_2)), None
+        return fused_ops.add_layer_norm(x, delta, _scale_of(self.ls_2),
                                         next_norm.weight, next_norm.bias, next_norm.eps)
 
     def _attend(self, h, causal, attn_mask, kv, packing) -> torch.Tensor:

@@ -42,8 +42,8 @@ def expected_layer_norm(x, weight, bias, eps=EPS):
     return F.layer_norm(x.double(), x.shape[-1:], w, b, eps).to(x.dtype)
 
 
-def expected_residual_update(residual, delta, delta_bias, scale):
-    update = delta.double() + (0 if delta_bias is None else delta_bias.double())
+def expected_residual_update(residual, delta, scale):
+    update = delta.double()
     update = update * (1 if scale is None else scale.double())
     return (residual.double() + update).to(residual.dtype)
 
@@ -57,9 +57,8 @@ def expected_activation(x: Tensor, activation: str) -> Tensor:
     }[activation](x)
 
 
-def expected_bias_act(x, bias, activation):
-    v = x.double() + (0 if bias is None else bias.double())
-    return expected_activation(v, activation).to(x.dtype)
+def expected_bias_act(x, activation):
+    return expected_activation(x.double(), activation).to(x.dtype)
 
 
 def assert_close_to_rounding(actual: Tensor, expected: Tensor) -> None:
@@ -110,17 +109,15 @@ def test_layer_norm_is_open_clip_layer_norm_fp32():
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @pytest.mark.parametrize("shape", ODD_SHAPES)
-@pytest.mark.parametrize("delta_bias_present, scale_present, affine", [(True, True, True), (False, False, False),
-                                                                        (True, False, True), (False, True, False)])
-def test_add_layer_norm_cpu(dtype, shape, delta_bias_present, scale_present, affine):
+@pytest.mark.parametrize("scale_present, affine", [(True, True), (False, False), (False, True), (True, False)])
+def test_add_layer_norm_cpu(dtype, shape, scale_present, affine):
     torch.manual_seed(0)
     cols = shape[-1]
     residual, delta = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
-    delta_bias = _maybe(torch.randn(cols).to(dtype), delta_bias_present)
     scale = _maybe(torch.rand(cols) + 0.5, scale_present)  # float32, as LayerScale keeps it
     weight, bias = _maybe(torch.randn(cols), affine), _maybe(torch.randn(cols), affine)
-    updated, normed = add_layer_norm(residual, delta, delta_bias, scale, weight, bias, EPS)
-    expected_updated = expected_residual_update(residual, delta, delta_bias, scale)
+    updated, normed = add_layer_norm(residual, delta, scale, weight, bias, EPS)
+    expected_updated = expected_residual_update(residual, delta, scale)
     assert_close_to_rounding(updated, expected_updated)
     # The LayerNorm is of the residual as stored.
     assert_close_to_rounding(normed, expected_layer_norm(updated, weight, bias))
@@ -128,7 +125,7 @@ def test_add_layer_norm_cpu(dtype, shape, delta_bias_present, scale_present, aff
 
 
 def test_add_layer_norm_matches_open_clip_block_sequence_fp32():
-    """Stock: ``x = q_x + ls_1(attn_out)`` then ``ln_2(x)``, with the projection bias folded into delta."""
+    """Stock: ``x = q_x + ls_1(attn_out)`` then ``ln_2(x)``; delta is the projection's output, its bias included."""
     torch.manual_seed(0)
     q_x, attn_out_no_bias, out_bias = torch.randn(2, 9, 32), torch.randn(2, 9, 32), torch.randn(32)
     gamma, ln = torch.rand(32), torch.nn.LayerNorm(32)
@@ -136,34 +133,31 @@ def test_add_layer_norm_matches_open_clip_block_sequence_fp32():
     with torch.no_grad():
         stock_x = q_x + (attn_out_no_bias + out_bias) * gamma
         stock_normed = ln(stock_x)
-        updated, normed = add_layer_norm(q_x, attn_out_no_bias, out_bias, gamma, ln.weight, ln.bias, ln.eps)
+        updated, normed = add_layer_norm(q_x, attn_out_no_bias + out_bias, gamma, ln.weight, ln.bias, ln.eps)
     torch.testing.assert_close(updated, stock_x, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(normed, stock_normed, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @pytest.mark.parametrize("shape", ODD_SHAPES)
-@pytest.mark.parametrize("delta_bias_present, scale_present", [(True, True), (False, False), (True, False)])
-def test_residual_add_cpu(dtype, shape, delta_bias_present, scale_present):
+@pytest.mark.parametrize("scale_present", [True, False])
+def test_residual_add_cpu(dtype, shape, scale_present):
     torch.manual_seed(0)
     cols = shape[-1]
     residual, delta = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
-    delta_bias = _maybe(torch.randn(cols).to(dtype), delta_bias_present)
     scale = _maybe(torch.rand(cols).to(dtype), scale_present)
-    out = residual_add(residual, delta, delta_bias, scale)
-    assert_close_to_rounding(out, expected_residual_update(residual, delta, delta_bias, scale))
+    out = residual_add(residual, delta, scale)
+    assert_close_to_rounding(out, expected_residual_update(residual, delta, scale))
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("bias_present", [True, False])
-def test_bias_act_cpu(dtype, activation, bias_present):
+def test_bias_act_cpu(dtype, activation):
     torch.manual_seed(0)
     x = (torch.randn(257 * 3, 24) * 3).to(dtype)
-    bias = _maybe(torch.randn(24).to(dtype), bias_present)
     x_before = x.clone()
-    out = bias_act(x, bias, activation)
-    assert_close_to_rounding(out, expected_bias_act(x_before, bias, activation))
+    out = bias_act(x, activation)
+    assert_close_to_rounding(out, expected_bias_act(x_before, activation))
     assert out.data_ptr() != x.data_ptr(), "the CPU path returns a new tensor"
     torch.testing.assert_close(x, x_before, rtol=0, atol=0)
 
@@ -179,7 +173,7 @@ def test_bias_act_matches_stock_modules_fp32():
         "identity": torch.nn.Identity(),
     }
     for activation, module in stock.items():
-        torch.testing.assert_close(bias_act(x.clone(), bias, activation), module(x + bias), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(bias_act((x + bias).clone(), activation), module(x + bias), rtol=1e-6, atol=1e-6)
 
 
 def test_non_contiguous_inputs_cpu():
@@ -193,11 +187,11 @@ def test_non_contiguous_inputs_cpu():
         assert out.is_contiguous()
         assert_close_to_rounding(out, expected_layer_norm(x, w, b))
         delta = torch.randn(x.shape).t().contiguous().t()  # another layout again
-        updated, normed = add_layer_norm(x, delta, b, w, w, b, EPS)
-        assert_close_to_rounding(updated, expected_residual_update(x, delta, b, w))
+        updated, normed = add_layer_norm(x, delta, w, w, b, EPS)
+        assert_close_to_rounding(updated, expected_residual_update(x, delta, w))
         assert_close_to_rounding(normed, expected_layer_norm(updated, w, b))
-        assert_close_to_rounding(residual_add(x, delta, None, w), expected_residual_update(x, delta, None, w))
-        assert_close_to_rounding(bias_act(x, b, "gelu"), expected_bias_act(x, b, "gelu"))
+        assert_close_to_rounding(residual_add(x, delta, w), expected_residual_update(x, delta, w))
+        assert_close_to_rounding(bias_act(x, "gelu"), expected_bias_act(x, "gelu"))
 
 
 def test_fp64_keeps_fp64_math():
@@ -210,19 +204,19 @@ def test_fp64_keeps_fp64_math():
 def test_empty_rows_cpu():
     x = torch.empty(0, 16, dtype=torch.float16)
     assert layer_norm(x, None, None, EPS).shape == (0, 16)
-    assert add_layer_norm(x, x, None, None, None, None, EPS)[1].shape == (0, 16)
-    assert bias_act(x, None, "gelu").shape == (0, 16)
-    assert residual_add(x, x, None, None).shape == (0, 16)
+    assert add_layer_norm(x, x, None, None, None, EPS)[1].shape == (0, 16)
+    assert bias_act(x, "gelu").shape == (0, 16)
+    assert residual_add(x, x, None).shape == (0, 16)
 
 
 def test_invalid_arguments_raise():
     x = torch.randn(2, 4)
     with pytest.raises(ValueError, match="activation"):
-        bias_act(x, None, "relu")
+        bias_act(x, "relu")
     with pytest.raises(ValueError, match="shape"):
-        residual_add(x, torch.randn(2, 5), None, None)
+        residual_add(x, torch.randn(2, 5), None)
     with pytest.raises(ValueError, match="shape"):
-        add_layer_norm(x, torch.randn(3, 4), None, None, None, None, EPS)
+        add_layer_norm(x, torch.randn(3, 4), None, None, None, EPS)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -242,33 +236,34 @@ def test_gradcheck_layer_norm():
 
 
 def test_gradcheck_add_layer_norm():
-    r, d, db, s, w, b = _double_leaf(2, 3, 5), _double_leaf(2, 3, 5), *[_double_leaf(5) for _ in range(4)]
-    assert torch.autograd.gradcheck(lambda *a: add_layer_norm(*a, EPS), (r, d, db, s, w, b), fast_mode=True)
+    r, d, s, w, b = _double_leaf(2, 3, 5), _double_leaf(2, 3, 5), *[_double_leaf(5) for _ in range(3)]
+    assert torch.autograd.gradcheck(lambda *a: add_layer_norm(*a, EPS), (r, d, s, w, b), fast_mode=True)
     # Only one output used, optional inputs absent, a constant (no-grad) residual.
     constant_r = r.detach()
     assert torch.autograd.gradcheck(
-        lambda d, w: add_layer_norm(constant_r, d, None, None, w, None, EPS)[1], (d, w), fast_mode=True
+        lambda d, w: add_layer_norm(constant_r, d, None, w, None, EPS)[1], (d, w), fast_mode=True
     )
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_gradcheck_bias_act(activation):
-    x, b = _double_leaf(4, 5), _double_leaf(5)
-    assert torch.autograd.gradcheck(lambda x, b: bias_act(x, b, activation), (x, b))
+    x = _double_leaf(4, 5)
+    assert torch.autograd.gradcheck(lambda x: bias_act(x, activation), (x,))
 
 
 def test_gradcheck_residual_add():
-    r, d, db, s = _double_leaf(3, 4), _double_leaf(3, 4), _double_leaf(4), _double_leaf(4)
-    assert torch.autograd.gradcheck(residual_add, (r, d, db, s))
-    assert torch.autograd.gradcheck(lambda r, d: residual_add(r, d, None, None), (r, d))
+    r, d, s = _double_leaf(3, 4), _double_leaf(3, 4), _double_leaf(4)
+    assert torch.autograd.gradcheck(residual_add, (r, d, s))
+    assert torch.autograd.gradcheck(lambda r, d: residual_add(r, d, None), (r, d))
 
 
 def _block_like(residual, delta, out_bias, gamma, ln_w, ln_b, fc_bias, next_w, next_b):
     """A residual-block-shaped chain of all four ops: ln_2 and the next block's ln_1 have their own weights,
     as in a model (a LayerNorm's weights are never shared between two norms there)."""
-    updated, normed = add_layer_norm(residual, delta, out_bias, gamma, ln_w, ln_b, EPS)
-    hidden = bias_act(normed * 2, fc_bias, "gelu")  # `* 2` stands in for the MLP's first GEMM
-    return residual_add(updated, hidden, out_bias, gamma), layer_norm(updated, next_w, next_b, EPS)
+    # The projections' biases are added by their GEMMs (here by plain adds), as in the patched block.
+    updated, normed = add_layer_norm(residual, delta + out_bias, gamma, ln_w, ln_b, EPS)
+    hidden = bias_act(normed * 2 + fc_bias, "gelu")  # `* 2 + fc_bias` stands in for the MLP's first GEMM
+    return residual_add(updated, hidden + out_bias, gamma), layer_norm(updated, next_w, next_b, EPS)
 
 
 def _plain_block_like(residual, delta, out_bias, gamma, ln_w, ln_b, fc_bias, next_w, next_b):
@@ -312,11 +307,11 @@ def test_ops_registered_and_fake_tensors_propagate():
     with FakeTensorMode():
         x = torch.empty(4, 3, 16, dtype=torch.float16).transpose(0, 1)
         assert layer_norm(x, torch.empty(16), None, EPS).shape == (3, 4, 16)
-        updated, normed = add_layer_norm(x, x, None, None, None, None, EPS)
+        updated, normed = add_layer_norm(x, x, None, None, None, EPS)
         assert updated.shape == normed.shape == (3, 4, 16) and normed.is_contiguous()
         assert updated.dtype == normed.dtype == torch.float16
-        assert bias_act(x, None, "quick_gelu").shape == (3, 4, 16)
-        assert residual_add(x, x, None, None).dtype == torch.float16
+        assert bias_act(x, "quick_gelu").shape == (3, 4, 16)
+        assert residual_add(x, x, None).dtype == torch.float16
 
 
 def _opcheck_samples():
@@ -328,12 +323,12 @@ def _opcheck_samples():
     return [
         (torch.ops.clip_flash.layer_norm, (m(3, 8), v(), v(), EPS)),
         (torch.ops.clip_flash.layer_norm, (b(2, 3, 8), None, None, EPS)),
-        (torch.ops.clip_flash.add_layer_norm, (m(3, 8), m(3, 8), m(8), v(), v(), v(), EPS)),
-        (torch.ops.clip_flash.add_layer_norm, (b(3, 8), b(3, 8), None, torch.randn(8), None, None, EPS)),
-        (torch.ops.clip_flash.bias_act, (m(3, 8), m(8), "gelu")),
-        (torch.ops.clip_flash.bias_act, (b(3, 8), None, "identity")),
-        (torch.ops.clip_flash.residual_add, (m(3, 8), m(3, 8), m(8), v())),
-        (torch.ops.clip_flash.residual_add, (b(3, 8), b(3, 8), None, None)),
+        (torch.ops.clip_flash.add_layer_norm, (m(3, 8), m(3, 8), v(), v(), v(), EPS)),
+        (torch.ops.clip_flash.add_layer_norm, (b(3, 8), b(3, 8), torch.randn(8), None, None, EPS)),
+        (torch.ops.clip_flash.bias_act, (m(3, 8), "gelu")),
+        (torch.ops.clip_flash.bias_act, (b(3, 8), "identity")),
+        (torch.ops.clip_flash.residual_add, (m(3, 8), m(3, 8), v())),
+        (torch.ops.clip_flash.residual_add, (b(3, 8), b(3, 8), None)),
     ]
 
 
@@ -395,10 +390,9 @@ def stock_layer_norm(x, weight, bias):
     return F.layer_norm(x.float(), x.shape[-1:], w, b, EPS).to(x.dtype)
 
 
-def stock_residual_update(residual, delta, delta_bias, scale):
-    """``x + ls(proj(h))``: bias added, then LayerScale, then the residual add, each rounded to the dtype."""
-    update = delta if delta_bias is None else delta + delta_bias.to(delta.dtype)
-    return residual + (update if scale is None else update * scale.to(residual.dtype))
+def stock_residual_update(residual, delta, scale):
+    """``x + ls(proj(h))`` (``delta``: the projection's output): LayerScale, then the residual add, each rounded."""
+    return residual + (delta if scale is None else delta * scale.to(residual.dtype))
 
 
 def stock_activation(x, activation):
@@ -413,25 +407,24 @@ def fp32_layer_norm(x, weight, bias):
     return F.layer_norm(x.float(), x.shape[-1:], w, b, EPS)
 
 
-def fp32_residual_update(residual, delta, delta_bias, scale):
-    update = delta.float() + (0 if delta_bias is None else delta_bias.float())
-    return residual.float() + update * (1 if scale is None else scale.float())
+def fp32_residual_update(residual, delta, scale):
+    return residual.float() + delta.float() * (1 if scale is None else scale.float())
 
 
-def fp32_add_layer_norm(residual, delta, delta_bias, scale, weight, bias):
+def fp32_add_layer_norm(residual, delta, scale, weight, bias):
     """kernel_args.h: the LayerNorm is of the updated residual as stored (rounded to the matrix dtype)."""
-    updated = fp32_residual_update(residual, delta, delta_bias, scale)
+    updated = fp32_residual_update(residual, delta, scale)
     return updated, fp32_layer_norm(updated.to(residual.dtype), weight, bias)
 
 
-def fp32_bias_act(x, bias, activation):
-    return expected_activation(x.float() + (0 if bias is None else bias.float()), activation)
+def fp32_bias_act(x, activation):
+    return expected_activation(x.float(), activation)
 
 
-def check_add_layer_norm(residual, delta, delta_bias, scale, weight, bias, what=""):
-    updated, normed = add_layer_norm(residual, delta, delta_bias, scale, weight, bias, EPS)
-    reference_updated, reference_normed = fp32_add_layer_norm(residual, delta, delta_bias, scale, weight, bias)
-    stock_updated = stock_residual_update(residual, delta, delta_bias, scale)
+def check_add_layer_norm(residual, delta, scale, weight, bias, what=""):
+    updated, normed = add_layer_norm(residual, delta, scale, weight, bias, EPS)
+    reference_updated, reference_normed = fp32_add_layer_norm(residual, delta, scale, weight, bias)
+    stock_updated = stock_residual_update(residual, delta, scale)
     assert_error_within_stock(updated, stock_updated, reference_updated, f"{what} updated")
     assert_error_within_stock(normed, stock_layer_norm(stock_updated, weight, bias), reference_normed, f"{what} normed")
 
@@ -441,17 +434,16 @@ def check_layer_norm(x, weight, bias, what=""):
                               fp32_layer_norm(x, weight, bias), f"{what} layer_norm")
 
 
-def check_residual_add(residual, delta, delta_bias, scale, what=""):
-    assert_error_within_stock(residual_add(residual, delta, delta_bias, scale),
-                              stock_residual_update(residual, delta, delta_bias, scale),
-                              fp32_residual_update(residual, delta, delta_bias, scale), f"{what} residual_add")
+def check_residual_add(residual, delta, scale, what=""):
+    assert_error_within_stock(residual_add(residual, delta, scale),
+                              stock_residual_update(residual, delta, scale),
+                              fp32_residual_update(residual, delta, scale), f"{what} residual_add")
 
 
-def check_bias_act(x, bias, activation, what=""):
-    stock_bias = None if bias is None else bias.to(x.dtype)  # the nn.Linear bias lives in the model dtype
-    stock = stock_activation(x if stock_bias is None else x + stock_bias, activation)
-    reference = fp32_bias_act(x, bias, activation)
-    assert_error_within_stock(bias_act(x.clone(), bias, activation), stock, reference, f"{what} bias_act {activation}")
+def check_bias_act(x, activation, what=""):
+    stock = stock_activation(x, activation)
+    reference = fp32_bias_act(x, activation)
+    assert_error_within_stock(bias_act(x.clone(), activation), stock, reference, f"{what} bias_act {activation}")
 
 
 @requires_kernels
@@ -479,19 +471,18 @@ def test_layer_norm_cuda(dtype, cols, affine_dtype):
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("cols", HIDDEN_SIZES)
 @pytest.mark.parametrize("vector_dtype", ["float32", "same"])
-@pytest.mark.parametrize("delta_bias_present, scale_present", [(True, True), (True, False), (False, True), (False, False)])  # noqa: E501
+@pytest.mark.parametrize("scale_present", [True, False])
 @torch.inference_mode()
-def test_add_layer_norm_cuda(dtype, cols, vector_dtype, delta_bias_present, scale_present):
+def test_add_layer_norm_cuda(dtype, cols, vector_dtype, scale_present):
     assert_kernels_in_use()
     torch.manual_seed(cols)
     vectors = torch.float32 if vector_dtype == "float32" else dtype
     residual = _cuda(ROWS, cols, dtype=dtype, std=4.0)
     delta = _cuda(ROWS, cols, dtype=dtype)
-    delta_bias = _maybe(_cuda(cols, dtype=dtype, std=0.5), delta_bias_present)
     scale = _maybe(_cuda(cols, dtype=vectors, mean=0.5, std=0.1), scale_present)
     weight, bias = _cuda(cols, dtype=vectors, mean=1.0, std=0.2), _cuda(cols, dtype=vectors, std=0.2)
-    check_add_layer_norm(residual, delta, delta_bias, scale, weight, bias)
-    check_add_layer_norm(residual.view(3, 257, cols), delta.view(3, 257, cols), delta_bias, scale, None, None, "3-D")
+    check_add_layer_norm(residual, delta, scale, weight, bias)
+    check_add_layer_norm(residual.view(3, 257, cols), delta.view(3, 257, cols), scale, None, None, "3-D")
 
 
 @requires_kernels
@@ -504,9 +495,9 @@ def test_residual_add_cuda(dtype, cols, vector_dtype):
     torch.manual_seed(cols)
     vectors = torch.float32 if vector_dtype == "float32" else dtype
     residual, delta = _cuda(ROWS, cols, dtype=dtype, std=4.0), _cuda(ROWS, cols, dtype=dtype)
-    delta_bias, scale = _cuda(cols, dtype=dtype, std=0.5), _cuda(cols, dtype=vectors, mean=0.5, std=0.1)
-    for db, s in [(delta_bias, scale), (delta_bias, None), (None, scale), (None, None)]:
-        check_residual_add(residual, delta, db, s)
+    scale = _cuda(cols, dtype=vectors, mean=0.5, std=0.1)
+    for s in (scale, None):
+        check_residual_add(residual, delta, s)
 
 
 @requires_kernels
@@ -517,11 +508,9 @@ def test_residual_add_cuda(dtype, cols, vector_dtype):
 def test_bias_act_cuda(dtype, cols, activation):
     assert_kernels_in_use()
     torch.manual_seed(cols)
-    x, bias = _cuda(ROWS, cols, dtype=dtype, std=3.0), _cuda(cols, dtype=dtype, std=0.5)
-    check_bias_act(x, bias, activation, "with bias")
-    check_bias_act(x, None, activation, "no bias")
-    check_bias_act(x, bias.float(), activation, "fp32 bias")  # same values, fp32 storage
-    check_bias_act(x.view(3, 257, cols), bias, activation, "3-D")
+    x = _cuda(ROWS, cols, dtype=dtype, std=3.0)
+    check_bias_act(x, activation)
+    check_bias_act(x.view(3, 257, cols), activation, "3-D")
 
 
 def _layouts(rows, cols, dtype):
@@ -547,15 +536,14 @@ def test_layouts_and_scalar_paths_cuda(dtype, cols):
         what = f"{name} C={c}"
         for vectors in (torch.float32, dtype):
             weight, bias = _cuda(c, dtype=vectors, mean=1.0, std=0.2), _cuda(c, dtype=vectors, std=0.2)
-            delta_bias = _cuda(c, dtype=dtype, std=0.5)
             delta = _cuda(*x.shape, dtype=dtype)
             check_layer_norm(x, weight, bias, what)
-            check_add_layer_norm(x, delta, delta_bias, weight, weight, bias, what)
-            check_add_layer_norm(x, delta, None, None, None, None, what)
-            check_residual_add(x, delta, delta_bias, weight, what)
-            check_residual_add(x, delta, None, None, what)
+            check_add_layer_norm(x, delta, weight, weight, bias, what)
+            check_add_layer_norm(x, delta, None, None, None, what)
+            check_residual_add(x, delta, weight, what)
+            check_residual_add(x, delta, None, what)
         for activation in ACTIVATIONS:
-            check_bias_act(x, delta_bias, activation, what)
+            check_bias_act(x, activation, what)
 
 
 @requires_kernels
@@ -565,24 +553,24 @@ def test_many_rows_loop_over_grid_cuda():
     assert_kernels_in_use()
     for rows, cols in [(2_100_007, 8), (1, 1664), (1000, 1)]:
         x = _cuda(rows, cols, dtype=torch.float16)
-        delta, bias = _cuda(rows, cols, dtype=torch.float16), _cuda(cols, dtype=torch.float16)
+        delta = _cuda(rows, cols, dtype=torch.float16)
         what = f"{rows}x{cols}"
-        check_residual_add(x, delta, bias, None, what)
-        check_bias_act(x, bias, "quick_gelu", what)
+        check_residual_add(x, delta, None, what)
+        check_bias_act(x, "quick_gelu", what)
         check_layer_norm(x, None, None, what)
 
 
 @requires_kernels
 def test_bias_act_writes_in_place_only_in_eager_inference_cuda():
-    x, bias = _cuda(8, 64, dtype=torch.float16), _cuda(64, dtype=torch.float16)
+    x = _cuda(8, 64, dtype=torch.float16)
     with torch.inference_mode():
-        expected = stock_activation(x + bias, "gelu")
+        expected = stock_activation(x, "gelu")
         donated = x.clone()
-        out = bias_act(donated, bias, "gelu")
+        out = bias_act(donated, "gelu")
     assert out.data_ptr() == donated.data_ptr()
     torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
     leaf = x.clone().requires_grad_()
-    out = bias_act(leaf, bias, "gelu")
+    out = bias_act(leaf, "gelu")
     assert out.data_ptr() != leaf.data_ptr()
     torch.testing.assert_close(leaf.detach(), x, rtol=0, atol=0)
 
@@ -595,22 +583,21 @@ def test_autograd_through_custom_op_cuda():
     cols = 768
     x = _cuda(ROWS, cols, dtype=torch.float16, std=2.0).requires_grad_()
     delta = _cuda(ROWS, cols, dtype=torch.float16)
-    out_bias, fc_bias = _cuda(cols, dtype=torch.float16, std=0.5), _cuda(cols, dtype=torch.float16, std=0.5)
     gamma = _cuda(cols, dtype=torch.float32, mean=0.5, std=0.1)
     ln_w = _cuda(cols, dtype=torch.float32, mean=1.0, std=0.2).requires_grad_()
     ln_b = _cuda(cols, dtype=torch.float32, std=0.2).requires_grad_()
 
-    updated, normed = add_layer_norm(x, delta, out_bias, gamma, ln_w, ln_b, EPS)
-    hidden = bias_act(normed, fc_bias, "quick_gelu")
+    updated, normed = add_layer_norm(x, delta, gamma, ln_w, ln_b, EPS)
+    hidden = bias_act(normed, "quick_gelu")
     final = layer_norm(x, ln_w, ln_b, EPS)
-    final2 = residual_add(x, delta, out_bias, gamma)
+    final2 = residual_add(x, delta, gamma)
     for out, op in [(normed, "add_layer_norm"), (hidden, "bias_act"), (final, "layer_norm"), (final2, "residual_add")]:
         assert f"clip_flash_{op}" in out.grad_fn.name(), out.grad_fn.name()
         assert out.dtype == torch.float16
     # The forward is the kernel's: bit-identical to the eager inference call.
     with torch.inference_mode():
-        eager_updated, eager_normed = add_layer_norm(x.detach(), delta, out_bias, gamma, ln_w.detach(), ln_b.detach(), EPS)  # noqa: E501
-        eager_hidden = bias_act(eager_normed.clone(), fc_bias, "quick_gelu")
+        eager_updated, eager_normed = add_layer_norm(x.detach(), delta, gamma, ln_w.detach(), ln_b.detach(), EPS)
+        eager_hidden = bias_act(eager_normed.clone(), "quick_gelu")
     torch.testing.assert_close(updated.detach(), eager_updated, rtol=0, atol=0)
     torch.testing.assert_close(normed.detach(), eager_normed, rtol=0, atol=0)
     torch.testing.assert_close(hidden.detach(), eager_hidden, rtol=0, atol=0)
@@ -624,9 +611,9 @@ def test_autograd_through_custom_op_cuda():
 
     # The torch formula, recomputed in fp32 from the same inputs.
     x32, w32, b32 = (t.detach().float().requires_grad_() for t in (x, ln_w, ln_b))
-    u32 = x32 + (delta.float() + out_bias.float()) * gamma
+    u32 = x32 + delta.float() * gamma
     n32 = F.layer_norm(u32, (cols,), w32, b32, EPS)
-    h32 = expected_activation(n32 + fc_bias.float(), "quick_gelu")
+    h32 = expected_activation(n32, "quick_gelu")
     f32 = F.layer_norm(x32, (cols,), w32, b32, EPS)
     reference = torch.autograd.grad(loss_of([u32, h32, f32, u32]), [x32, w32, b32])
     for name, ours, ref in zip(["x", "ln_w", "ln_b"], grads, reference):
@@ -636,8 +623,8 @@ def test_autograd_through_custom_op_cuda():
 
 
 def _add_ln_then_bias_act(residual, delta, out_bias, gamma, ln_w, ln_b, fc_bias, *unused_next_norm):
-    updated, normed = add_layer_norm(residual, delta, out_bias, gamma, ln_w, ln_b, EPS)
-    return updated, bias_act(normed * 2, fc_bias, "gelu")  # `* 2` stands in for the MLP's first GEMM
+    updated, normed = add_layer_norm(residual, delta + out_bias, gamma, ln_w, ln_b, EPS)
+    return updated, bias_act(normed * 2 + fc_bias, "gelu")  # `* 2 + fc_bias` stands in for the MLP's first GEMM
 
 
 @requires_kernels

@@ -236,7 +236,7 @@ def triton_tma_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], act
 
 def cublas_linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tensor:
     """The unfused path: cuBLAS GEMM with its bias epilogue, then the activation in one pass."""
-    return fused_ops.bias_act(F.linear(x, weight, bias), None, activation)
+    return fused_ops.bias_act(F.linear(x, weight, bias), activation)
 
 
 ShapeKey = Tuple[int, int, int, torch.dtype, str, int]
