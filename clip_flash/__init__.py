@@ -4,6 +4,7 @@
     report = clip_flash.patch(model)     # in place; print(report) says what runs where
     clip_flash.unpatch(model)            # the stock model again, bit for bit
     with clip_flash.patched(model): ...
+    clip_flash.embed("photos/", "out/", model="ViT-L-14")   # a whole collection, clip-retrieval's layout
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from typing import Dict
 from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
 from .backends import available_backends as _available_backends
 from .cuda_graphs import GraphedEncoder
+from .jobs import embed
 from .patching import is_patched, patch, patch_report, patched, unpatch
 from .report import PatchReport, SiteReport
 
 __version__ = "0.1.0"
 __all__ = [
-    "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends", "GraphedEncoder",
+    "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends", "GraphedEncoder", "embed",
     "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
 ]
 
