@@ -235,10 +235,9 @@ class WebDatasetSource(Source):
                     sample.setdefault("__key__", key)
                     sample[field] = archive.extractfile(member).read()
         except (tarfile.TarError, OSError, EOFError) as error:
-            if sample:
-                yield sample
-            yield {"__error__": f"tar read error in {os.path.basename(tar_path)} after key "
-                                f"{sample.get('__key__', '(start)')!r}: {error}"}
+            # the sample being read may be incomplete: it is reported with the rest of the tar, not embedded
+            yield {"__error__": f"tar read error in {os.path.basename(tar_path)} at key "
+                                f"{sample.get('__key__', '(start)')!r}; it and any later samples not read: {error}"}
             return
         if sample:
             yield sample
