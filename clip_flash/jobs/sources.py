@@ -14,6 +14,7 @@ shard, so inputs that changed between two runs are caught rather than embedded t
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -98,8 +99,19 @@ def _chunks(count: int, size: int) -> Iterator[range]:
 
 
 # ----- image folder --------------------------------------------------------------------------
-def _read_caption(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
+def load_folder_items(paths: List[str], captions: bool) -> Iterator[Item]:
+    """A folder shard's items: each image path, with its caption read when the job has captions."""
+    for path in paths:
+        caption, error = None, None
+        if captions:
+            caption_path = Path(path).with_suffix(".txt")
+            try:
+                caption = caption_path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                error = f"no caption file {caption_path.name} beside the image"
+            except (OSError, UnicodeDecodeError) as failure:
+                error = f"cannot read caption {caption_path.name}: {failure}"
+        yield Item(path=path, image=path, caption=caption, error=error)
 
 
 class FolderSource(Source):
@@ -123,19 +135,6 @@ class FolderSource(Source):
     def settings(self) -> dict:
         return {**super().settings(), "shard_size": self.shard_size}
 
-    def _load(self, paths: List[Path]) -> Iterator[Item]:
-        for path in paths:
-            caption, error = None, None
-            if self.has_captions:
-                caption_path = path.with_suffix(".txt")
-                try:
-                    caption = _read_caption(caption_path)
-                except FileNotFoundError:
-                    error = f"no caption file {caption_path.name} beside the image"
-                except (OSError, UnicodeDecodeError) as failure:
-                    error = f"cannot read caption {caption_path.name}: {failure}"
-            yield Item(path=str(path), image=str(path), caption=caption, error=error)
-
     def shards(self) -> List[Shard]:
         plan = []
         for index, rows in enumerate(_chunks(len(self.images), self.shard_size)):
@@ -143,7 +142,7 @@ class FolderSource(Source):
             plan.append(Shard(
                 index=index, fingerprint=_digest([str(path) for path in paths]),
                 description=f"images {rows.start}..{rows.stop - 1} of {self.location}", size=len(paths),
-                load=lambda paths=paths: self._load(paths)))
+                load=functools.partial(load_folder_items, [str(path) for path in paths], self.has_captions)))
         return plan
 
 
@@ -193,6 +192,56 @@ def _caption_from_json(data: bytes) -> Optional[str]:
     return None
 
 
+def tar_samples(tar_path: str) -> Iterator[dict]:
+    """Samples as dicts of field -> bytes with ``__key__``; a read error ends the tar with ``__error__``."""
+    sample: dict = {}
+    try:
+        with tarfile.open(tar_path, mode="r|*") as archive:
+            for member in archive:
+                if not member.isfile():
+                    continue
+                split = _split_member_name(member.name)
+                if split is None:
+                    continue
+                key, field = split
+                if sample and sample["__key__"] != key:
+                    yield sample
+                    sample = {}
+                sample.setdefault("__key__", key)
+                sample[field] = archive.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError) as error:
+        # the sample being read may be incomplete: it is reported with the rest of the tar, not embedded
+        yield {"__error__": f"tar read error in {os.path.basename(tar_path)} at key "
+                            f"{sample.get('__key__', '(start)')!r}; it and any later samples not read: {error}"}
+        return
+    if sample:
+        yield sample
+
+
+def load_tar_items(tar_path: str, captions: bool) -> Iterator[Item]:
+    """A tar's items, one per sample, in tar order."""
+    for sample in tar_samples(tar_path):
+        if "__error__" in sample:
+            yield Item(path=tar_path, error=sample["__error__"])
+            continue
+        key = sample["__key__"]
+        image = next((sample[field] for field in WDS_IMAGE_SUFFIXES if field in sample), None)
+        caption, error = None, None
+        if captions:
+            if "txt" in sample:
+                try:
+                    caption = sample["txt"].decode("utf-8")
+                except UnicodeDecodeError as failure:
+                    error = f"caption is not UTF-8: {failure}"
+            else:
+                caption = _caption_from_json(sample.get("json", b""))
+                if caption is None:
+                    error = "sample has no caption (.txt or json caption)"
+        if image is None:
+            error = f"sample has no image ({'/'.join(WDS_IMAGE_SUFFIXES)})"
+        yield Item(path=key, image=image, caption=caption, key=key, error=error)
+
+
 class WebDatasetSource(Source):
     """Tar shards in the WebDataset layout: members grouped into samples by key, in tar order."""
 
@@ -212,64 +261,16 @@ class WebDatasetSource(Source):
         self.tars = unique * repeat
 
     def _first_sample_has_caption(self) -> bool:
-        for sample in self._samples(self.tars[0]):
+        for sample in tar_samples(self.tars[0]):
             return "txt" in sample or _caption_from_json(sample.get("json", b"")) is not None
         return False
-
-    @staticmethod
-    def _samples(tar_path: str) -> Iterator[dict]:
-        """Samples as dicts of field -> bytes with ``__key__``; a read error ends the tar with ``__error__``."""
-        sample: dict = {}
-        try:
-            with tarfile.open(tar_path, mode="r|*") as archive:
-                for member in archive:
-                    if not member.isfile():
-                        continue
-                    split = _split_member_name(member.name)
-                    if split is None:
-                        continue
-                    key, field = split
-                    if sample and sample["__key__"] != key:
-                        yield sample
-                        sample = {}
-                    sample.setdefault("__key__", key)
-                    sample[field] = archive.extractfile(member).read()
-        except (tarfile.TarError, OSError, EOFError) as error:
-            # the sample being read may be incomplete: it is reported with the rest of the tar, not embedded
-            yield {"__error__": f"tar read error in {os.path.basename(tar_path)} at key "
-                                f"{sample.get('__key__', '(start)')!r}; it and any later samples not read: {error}"}
-            return
-        if sample:
-            yield sample
-
-    def _load(self, tar_path: str) -> Iterator[Item]:
-        for sample in self._samples(tar_path):
-            if "__error__" in sample:
-                yield Item(path=tar_path, error=sample["__error__"])
-                continue
-            key = sample["__key__"]
-            image = next((sample[field] for field in WDS_IMAGE_SUFFIXES if field in sample), None)
-            caption, error = None, None
-            if self.has_captions:
-                if "txt" in sample:
-                    try:
-                        caption = sample["txt"].decode("utf-8")
-                    except UnicodeDecodeError as failure:
-                        error = f"caption is not UTF-8: {failure}"
-                else:
-                    caption = _caption_from_json(sample.get("json", b""))
-                    if caption is None:
-                        error = "sample has no caption (.txt or json caption)"
-            if image is None:
-                error = f"sample has no image ({'/'.join(WDS_IMAGE_SUFFIXES)})"
-            yield Item(path=key, image=image, caption=caption, key=key, error=error)
 
     def shards(self) -> List[Shard]:
         plan = []
         for index, tar in enumerate(self.tars):
             stat = os.stat(tar)
-            plan.append(Shard(index=index, fingerprint=_digest([tar, str(stat.st_size)]),
-                              description=f"tar {tar}", size=None, load=lambda tar=tar: self._load(tar)))
+            plan.append(Shard(index=index, fingerprint=_digest([tar, str(stat.st_size)]), description=f"tar {tar}",
+                              size=None, load=functools.partial(load_tar_items, tar, self.has_captions)))
         return plan
 
 
@@ -310,6 +311,13 @@ def read_captions(path: Path, column: Optional[str] = None) -> List[Optional[str
     return [value if value is None or isinstance(value, str) else str(value) for value in values]
 
 
+def load_caption_items(location: str, start: int, captions: List[Optional[str]]) -> Iterator[Item]:
+    """A caption shard's items; ``path`` is ``file:row`` (failures name the row)."""
+    for row, caption in enumerate(captions, start):
+        yield Item(path=f"{location}:{row}", caption=caption,
+                   error="empty (null) caption" if caption is None else None)
+
+
 class CaptionFileSource(Source):
     """A text-only job: the captions of one file, ``shard_size`` rows per shard."""
 
@@ -327,17 +335,12 @@ class CaptionFileSource(Source):
     def settings(self) -> dict:
         return {**super().settings(), "column": self.column, "shard_size": self.shard_size}
 
-    def _load(self, rows: range) -> Iterator[Item]:
-        for row in rows:
-            caption = self.captions[row]
-            yield Item(path=f"{self.location}:{row}", caption=caption,
-                       error="empty (null) caption" if caption is None else None)
-
     def shards(self) -> List[Shard]:
         return [Shard(index=index, fingerprint=_digest([self.location, str(rows.start)]
                                                        + [caption or "" for caption in self.captions[rows.start:rows.stop]]),
                       description=f"captions {rows.start}..{rows.stop - 1} of {self.location}", size=len(rows),
-                      load=lambda rows=rows: self._load(rows))
+                      load=functools.partial(load_caption_items, self.location, rows.start,
+                                             self.captions[rows.start:rows.stop]))
                 for index, rows in enumerate(_chunks(len(self.captions), self.shard_size))]
 
 
