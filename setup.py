@@ -111,9 +111,13 @@ setup(
         "torch>=2.4",  # torch.library.custom_op / register_fake / register_autograd
         "open_clip_torch>=2.24,<4",
         "pillow",
+        "pyarrow",  # the embedding job's metadata and failures parquet files
+        "tqdm",
     ],
     extras_require={
         "flash-attn": ["flash-attn>=2.5"],
+        # scripts/embed.py --ray and clip_flash.jobs.ray_data (one model per GPU of a Ray cluster)
+        "ray": ["ray[data]>=2.60"],  # the version tested
         "test": ["pytest"],
     },
     ext_modules=ext_modules,

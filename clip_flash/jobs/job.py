@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -151,7 +152,46 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     Raises:
         SourceError, OutputError (including SettingsMismatchError), ModelLoadError: with one clear message.
     """
-    from clip_flash.benchmark.model_spec import load_model, parse_model_spec
+    device = resolve_device(device)
+    job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
+                   decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
+                   caption_column=caption_column, repeat=repeat)
+    batch_size = batch_size or (DEFAULT_IMAGE_BATCH if job.source.has_images else DEFAULT_TEXT_BATCH)
+    stats = PipelineStats()
+    if job.todo:  # nothing left to embed: no model to load
+        loaded = load_job_model(job, device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype, workers)
+        known = [shard.size for shard in job.todo]
+        total = sum(known) if all(size is not None for size in known) else None
+        with _progress(total, progress) as bar:
+            stats = runner.run(job.todo, job.output.write, bar)
+    return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
+                      command=command, options={"batch_size": batch_size, "workers": workers, "device": str(device)},
+                      environment_device=device)
+
+
+@dataclass
+class PlannedJob:
+    """A job checked against its output folder: what it reads, its settings, and the shards left to do."""
+
+    source: Source
+    plan: List[Shard]
+    todo: List[Shard]
+    settings: Dict[str, Any]
+    output: OutputFolder
+    spec: Any
+    precision: str
+    patch: bool
+    decode: str
+
+
+def plan_job(input: Union[str, Path], out: Union[str, Path], model: str, *, device_type: str,
+             precision: Optional[str], patch: bool, pipeline: str, decode: str, shard_size: int, normalize: bool,
+             out_dtype: str, captions: Optional[bool], caption_column: Optional[str], repeat: int) -> PlannedJob:
+    """Check the options, plan the shards, open (or refuse) the output folder, find the shards left."""
+    from clip_flash.benchmark.model_spec import parse_model_spec
 
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
@@ -159,48 +199,44 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
     if out_dtype not in OUTPUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {tuple(OUTPUT_DTYPES)}, got {out_dtype!r}")
-    device = resolve_device(device)
-    precision = precision or ("fp16" if device.type == "cuda" else "fp32")
-    spec = parse_model_spec(model)
     if pipeline == "stock" and patch:
         raise ValueError("pipeline='stock' is the unpatched baseline: pass patch=False with it")
-
+    precision = precision or ("fp16" if device_type == "cuda" else "fp32")
+    spec = parse_model_spec(model)
     source = open_source(input, shard_size, captions, caption_column, repeat)
     plan = source.shards()
-    settings = job_settings(source, plan, model, precision, patch, pipeline, decode,
-                            normalize, out_dtype)
+    settings = job_settings(source, plan, model, precision, patch, pipeline, decode, normalize, out_dtype)
     output = OutputFolder(Path(out), len(plan))
     output.open(settings)
     todo = shards_to_do(plan, output)
     logger.info("%d of %d shards to embed into %s", len(todo), len(plan), out)
+    return PlannedJob(source, plan, todo, settings, output, spec, precision, patch, decode)
 
-    if batch_size is None:
-        batch_size = DEFAULT_IMAGE_BATCH if source.has_images else DEFAULT_TEXT_BATCH
-    stats = PipelineStats()
-    if todo:  # nothing left to embed: no model to load
-        loaded = load_model(spec, device, precision)
-        if patch:
-            import clip_flash
 
-            clip_flash.patch(loaded.model)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        runner = make_runner(loaded, source, device, pipeline, decode, batch_size, normalize, out_dtype, workers)
-        known = [shard.size for shard in todo]
-        total = sum(known) if all(size is not None for size in known) else None
-        with _progress(total, progress) as bar:
-            stats = runner.run(todo, output.write, bar)
+def load_job_model(job: PlannedJob, device: torch.device) -> Any:
+    """The job's model on ``device`` in its precision, patched unless the job is stock."""
+    from clip_flash.benchmark import model_spec
 
-    failures_total = output.collect_failures([shard.index for shard in plan])
+    loaded = model_spec.load_model(job.spec, device, job.precision)
+    if job.patch:
+        import clip_flash
+
+        clip_flash.patch(loaded.model)
+    return loaded
+
+
+def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: str, gpu_peak: Optional[float],
+               command: Optional[str], options: Dict[str, Any], environment_device: torch.device) -> JobSummary:
+    """Write failures.parquet and the run record; return the summary."""
+    failures_total = job.output.collect_failures([shard.index for shard in job.plan])
     summary = JobSummary(
-        out=str(out), model=spec.text, weights=spec.weights_note, device=str(device), precision=precision,
-        patched=patch, pipeline=pipeline, decode=decode if source.has_images else "n/a",
-        shards_planned=len(plan), shards_skipped=len(plan) - len(todo), shards_written=stats.shards,
-        rows=stats.rows, failures=stats.failures, failures_total=failures_total, seconds=stats.seconds,
-        cpu_cores=cpu_cores(), gpu_peak_mib=gpu_peak_mib(device), steady_items_per_s=steady_rate(stats.marks),
-        shard_marks=stats.marks)
+        out=str(job.output.root), model=job.spec.text, weights=job.spec.weights_note, device=device,
+        precision=job.precision, patched=job.patch, pipeline=pipeline,
+        decode=job.decode if job.source.has_images else "n/a", shards_planned=len(job.plan),
+        shards_skipped=len(job.plan) - len(job.todo), shards_written=stats.shards, rows=stats.rows,
+        failures=stats.failures, failures_total=failures_total, seconds=stats.seconds, cpu_cores=cpu_cores(),
+        gpu_peak_mib=gpu_peak, steady_items_per_s=steady_rate(stats.marks), shard_marks=stats.marks)
     command = command or "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
-    options = {"batch_size": batch_size, "workers": workers, "device": str(device)}
-    path = output.write_run_record(record_name(), run_record(summary, settings, device, command, options))
-    summary.record_path = str(path)
+    record = run_record(summary, job.settings, environment_device, command, options)
+    summary.record_path = str(job.output.write_run_record(record_name(), record))
     return summary

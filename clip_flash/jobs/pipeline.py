@@ -89,6 +89,14 @@ class PipelineStats:
     marks: List[Tuple[int, float]] = field(default_factory=list)  # (inputs so far, seconds) per shard
 
 
+def finish_features(features: torch.Tensor, normalize: bool, out_dtype: np.dtype) -> torch.Tensor:
+    """What is written: L2-normalised in fp32 (when asked), then cast to the output dtype."""
+    features = features.float()
+    if normalize:
+        features = F.normalize(features, dim=-1)
+    return features.to(getattr(torch, np.dtype(out_dtype).name))
+
+
 class EmbeddingPipeline:
     """Embed shards of items with one model on one device; see the module docstring for the stages.
 
@@ -159,10 +167,7 @@ class EmbeddingPipeline:
 
     # ----- device stage (main thread) -------------------------------------------------------------
     def _finish(self, features: torch.Tensor) -> torch.Tensor:
-        features = features.float()
-        if self.normalize:
-            features = F.normalize(features, dim=-1)
-        return features.to(getattr(torch, self.out_dtype.name))
+        return finish_features(features, self.normalize, self.out_dtype)
 
     def _to_host(self, features: torch.Tensor) -> torch.Tensor:
         if not self.cuda:

@@ -15,9 +15,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from .pipeline import PipelineStats
+from .pipeline import PipelineStats, finish_features
 from .record import cpu_cores
 from .sources import Item, Shard, Source
 from .writer import ShardResult
@@ -82,10 +81,7 @@ class StockPipeline:
         self.workers = max(cpu_cores() - 1, 1) if workers is None else workers
 
     def _finish(self, features: torch.Tensor) -> np.ndarray:
-        features = features.float()
-        if self.normalize:
-            features = F.normalize(features, dim=-1)
-        return features.cpu().numpy().astype(self.out_dtype)
+        return finish_features(features, self.normalize, self.out_dtype).cpu().numpy()
 
     def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
             progress: Any = None) -> PipelineStats:
