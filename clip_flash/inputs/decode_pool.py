@@ -69,6 +69,10 @@ def _unpack(buffer: Optional[torch.Tensor], items: List[DecodedItem], spans: Lis
     return local, items
 
 
+def _unpack_when_done(future, pin: bool) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
+    return _unpack(*future.result(), pin=pin)
+
+
 def chunked(pairs: List[Tuple[int, Any]], workers: int) -> List[List[Tuple[int, Any]]]:
     """Split into about two tasks per worker, at most MAX_CHUNK inputs each."""
     size = max(1, min(MAX_CHUNK, math.ceil(len(pairs) / (2 * workers))))
@@ -113,23 +117,22 @@ class DecodePool:
         encoded = [pair for pair in pairs if not (isinstance(pair[1], (Image.Image, torch.Tensor))
                                                   or type(pair[1]).__module__ == "numpy")]
         futures = []
+        threads = self._thread_pool()
         if self.executor == "process" and encoded:
             pool = self._process_pool()
             encoded = [(index, bytes(item) if isinstance(item, memoryview) else item) for index, item in encoded]
-            futures += [(True, pool.submit(_decode_chunk_in_process, chunk)) for chunk in chunked(encoded, self.workers)]
+            in_processes = [pool.submit(_decode_chunk_in_process, chunk) for chunk in chunked(encoded, self.workers)]
+            # Threads copy each returned block into page-locked memory, in parallel.
+            futures += [threads.submit(_unpack_when_done, future, pin) for future in in_processes]
             thread_pairs = in_memory
         else:
             thread_pairs = pairs
-        threads = self._thread_pool()
-        futures += [(False, threads.submit(decode_items, chunk, self.options, pin))
+        futures += [threads.submit(decode_items, chunk, self.options, pin)
                     for chunk in chunked(thread_pairs, self.workers)]
         buffers: List[torch.Tensor] = []
         decoded: List[DecodedItem] = []
-        for from_process, future in futures:
-            if from_process:
-                buffer, chunk_items = _unpack(*future.result(), pin=pin)
-            else:
-                buffer, chunk_items = future.result()
+        for future in futures:
+            buffer, chunk_items = future.result()
             if buffer is not None:
                 buffers.append(buffer)
             decoded.extend(chunk_items)

@@ -211,7 +211,7 @@ def decode_items(pairs: List[Tuple[int, Any]], options: DecodeOptions, pin: bool
     if not movable:
         return None, decoded
     total = sum(item.pixels.numel() for item in movable)
-    buffer = torch.empty(total, dtype=torch.uint8, pin_memory=pin)
+    buffer = shared_buffer(total) if pack and not pin else torch.empty(total, dtype=torch.uint8, pin_memory=pin)
     offset = 0
     for item in movable:
         size = item.pixels.numel()
@@ -220,6 +220,14 @@ def decode_items(pairs: List[Tuple[int, Any]], options: DecodeOptions, pin: bool
         item.pixels = view
         offset += size
     return buffer, decoded
+
+
+def shared_buffer(size: int) -> torch.Tensor:
+    """A flat uint8 tensor in shared memory: a process pool hands it back without copying it again."""
+    try:
+        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
+    except (AttributeError, RuntimeError):  # private API moved: share after the fact (one more copy)
+        return torch.empty(size, dtype=torch.uint8).share_memory_()
 
 
 def route_counts(items: List[DecodedItem]) -> Dict[str, int]:
