@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -92,13 +93,19 @@ class DecodePool:
         self.executor = executor
         self._threads: Optional[Executor] = None
         self._processes: Optional[Executor] = None
+        self._lock = threading.Lock()  # decode() may be called from several threads at once
 
     def _thread_pool(self) -> Executor:
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="clip_flash-decode")
-        return self._threads
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="clip_flash-decode")
+            return self._threads
 
     def _process_pool(self) -> Executor:
+        with self._lock:
+            return self._start_processes()
+
+    def _start_processes(self) -> Executor:
         if self._processes is None:
             # spawn: forking a process that has a CUDA context is unsafe.
             context = multiprocessing.get_context("spawn")
@@ -141,7 +148,8 @@ class DecodePool:
 
     def close(self) -> None:
         """Stop the workers (they start again on the next call)."""
-        for pool in (self._threads, self._processes):
+        with self._lock:
+            pools, self._threads, self._processes = (self._threads, self._processes), None, None
+        for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-        self._threads = self._processes = None

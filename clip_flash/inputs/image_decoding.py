@@ -119,7 +119,8 @@ def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) ->
     mode, form = image.mode, image.format
     channels = EXACT_MODES.get(mode)
     if channels is not None and form == "JPEG":
-        if options.keep_jpeg_bytes:
+        if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9"):
+            # Only complete-looking files go to nvJPEG; the CPU decode decides about the others, as Pillow would.
             result.route, result.encoded = "gpu-jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
             result.image_size, result.channels = (image.height, image.width), channels
             return
@@ -192,7 +193,7 @@ def _take_array(array: Any, result: DecodedItem) -> None:
         tensor = tensor.unsqueeze(-1)
     if tensor.dim() != 3 or tensor.shape[-1] not in (1, 3) or tensor.shape[0] == 0 or tensor.shape[1] == 0:
         raise ValueError(f"pixel arrays must be (H, W), (H, W, 1) or (H, W, 3); got shape {tuple(tensor.shape)}")
-    result.pixels = tensor
+    result.pixels = tensor.contiguous()
     result.route, result.image_size, result.channels = "tensor", tuple(tensor.shape[:2]), tensor.shape[-1]
 
 

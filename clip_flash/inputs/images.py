@@ -88,7 +88,8 @@ class ImagePreprocessor:
             measures it). Other formats still take the exact path.
         workers: CPU workers decoding (default: the cores this process may use).
         executor: ``"thread"`` (default; the decoders release the GIL) or ``"process"`` (no GIL
-            cap; workers start on first use, a few seconds).
+            cap; spawned workers start on first use, a few seconds, so a script using it needs the
+            usual ``if __name__ == "__main__":`` guard).
 
     Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
     and resampled by clip_flash's Pillow-exact resize on the device. Inputs Pillow treats specially
