@@ -90,6 +90,8 @@ class ImagePreprocessor:
         executor: ``"thread"`` (default; the decoders release the GIL) or ``"process"`` (no GIL
             cap; spawned workers start on first use, a few seconds, so a script using it needs the
             usual ``if __name__ == "__main__":`` guard).
+        resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
+            (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
 
     Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
     and resampled by clip_flash's Pillow-exact resize on the device. Inputs Pillow treats specially
@@ -107,7 +109,7 @@ class ImagePreprocessor:
 
     def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
                  dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
-                 executor: str = "thread") -> None:
+                 executor: str = "thread", resize: str = "auto") -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -122,7 +124,7 @@ class ImagePreprocessor:
         self.preprocess = preprocess
         self.dtype = dtype
         self.decoder = decode
-        self.resize = ExactResize(preprocess, self.device, dtype)  # raises for unsupported transforms
+        self.resize = ExactResize(preprocess, self.device, dtype, resize)  # refuses unsupported transforms
         agreement = decoder_agreement()
         self.decoder_agreement = agreement
         self.options = DecodeOptions(preprocess, use_torchvision_jpeg=agreement.jpeg,

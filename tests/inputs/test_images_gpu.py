@@ -17,24 +17,24 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_photo_corpus_on_the_gpu(vit_b32_preprocess, photo_corpus, dtype):
+def test_photo_corpus_on_the_gpu(vit_b32_preprocess, photo_files, dtype):
     """fp32: bit-identical to preprocess(Image.open(p)); fp16/bf16: the reference cast."""
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=dtype) as prep:
-        prepared = prep(photo_corpus)
+        prepared = prep(photo_files)
     assert prepared.pixels.is_cuda and prepared.pixels.dtype == dtype
-    assert_same_as_reference(prepared, vit_b32_preprocess, photo_corpus, dtype=None if dtype == torch.float32 else dtype)
+    assert_same_as_reference(prepared, vit_b32_preprocess, photo_files, dtype=None if dtype == torch.float32 else dtype)
 
 
 @cuda
 @pytest.mark.parametrize("options", [{"resize_mode": "longest"}, {"resize_mode": "squash"},
                                      {"interpolation": "bilinear"}, {"image_size": 336}])
-def test_transform_variants_on_the_gpu(options, photo_corpus):
+def test_transform_variants_on_the_gpu(options, photo_files):
     import open_clip
 
     size = options.pop("image_size", 224)
     preprocess = open_clip.image_transform(size, is_train=False, **options)
     with clip_flash.ImagePreprocessor(preprocess, device="cuda", dtype=torch.float32) as prep:
-        assert_same_as_reference(prep(photo_corpus), preprocess, photo_corpus)
+        assert_same_as_reference(prep(photo_files), preprocess, photo_files)
 
 
 @cuda
@@ -60,11 +60,11 @@ def test_bad_inputs_and_sources_on_the_gpu(vit_b32_preprocess, tmp_path, executo
 
 
 @cuda
-def test_fast_path_deviation_is_measured(vit_b32_preprocess, photo_corpus, capsys):
+def test_fast_path_deviation_is_measured(vit_b32_preprocess, photo_files, capsys):
     """decode='gpu' is not exact: print how far it is; only a loose sanity bound is asserted."""
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32) as exact, \
             clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, decode="gpu") as fast:
-        a, b = exact(photo_corpus), fast(photo_corpus)
+        a, b = exact(photo_files), fast(photo_files)
     assert a.indices == b.indices and a.failures == b.failures
     std = torch.tensor(vit_b32_preprocess.transforms[-1].std, device="cuda").view(1, 3, 1, 1)
     levels = (a.pixels - b.pixels).abs() * std * 255
@@ -77,16 +77,16 @@ def test_fast_path_deviation_is_measured(vit_b32_preprocess, photo_corpus, capsy
 
 
 @cuda
-def test_encoders_take_the_prepared_batch(build_model, vit_b32_preprocess, photo_corpus):
+def test_encoders_take_the_prepared_batch(build_model, vit_b32_preprocess, photo_files):
     """The patched model and GraphedEncoder take PreparedImages.pixels as they are (device, dtype, layout)."""
     model = copy.deepcopy(build_model("ViT-B-32", "fp16", "cuda"))
     clip_flash.patch(model)
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float16) as prep:
-        pixels = prep(photo_corpus[:8]).pixels
+        pixels = prep(photo_files[:8]).pixels
     with torch.inference_mode():
         eager = model.encode_image(pixels)
         reference = build_model("ViT-B-32", "fp16", "cuda").encode_image(torch.stack(
-            [vit_b32_preprocess(Image.open(path)) for path in photo_corpus[:8]]).cuda().half())
+            [vit_b32_preprocess(Image.open(path)) for path in photo_files[:8]]).cuda().half())
     encoder = clip_flash.GraphedEncoder(model, batch_sizes=(8,))
     encoder.capture_all()
     graphed = encoder.encode_image(pixels)
@@ -94,12 +94,12 @@ def test_encoders_take_the_prepared_batch(build_model, vit_b32_preprocess, photo
     assert F.cosine_similarity(eager.float(), reference.float()).min().item() > 0.999
 
 
-def test_patched_model_takes_the_cpu_batch(build_model, vit_b32_preprocess, photo_corpus):
+def test_patched_model_takes_the_cpu_batch(build_model, vit_b32_preprocess, photo_files):
     """On the CPU the same: fp32 rows straight into the (patched) model, equal to stock on the reference."""
     model = copy.deepcopy(build_model("ViT-B-32"))
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2) as prep:
-        pixels = prep(photo_corpus[:3]).pixels
-    reference = torch.stack([vit_b32_preprocess(Image.open(path)) for path in photo_corpus[:3]])
+        pixels = prep(photo_files[:3]).pixels
+    reference = torch.stack([vit_b32_preprocess(Image.open(path)) for path in photo_files[:3]])
     with torch.inference_mode():
         stock = model.encode_image(reference)
         with clip_flash.patched(model):
