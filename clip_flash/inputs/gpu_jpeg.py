@@ -46,5 +46,5 @@ def _check_shapes(pairs, refused):
             refused.append((item, f"nvJPEG gave shape {tuple(chw.shape)}, Pillow's header says "
                                   f"{(item.channels, *item.image_size)}"))
         else:
-            decoded.append((item, chw.permute(1, 2, 0)))
+            decoded.append((item, chw.permute(1, 2, 0).contiguous()))  # nvJPEG writes planes; the resize reads HWC
     return decoded, refused
