@@ -111,6 +111,8 @@ setup(
         "torch>=2.4",  # torch.library.custom_op / register_fake / register_autograd
         "open_clip_torch>=2.24,<4",
         "pillow",
+        "torchvision",  # its libjpeg-turbo/libpng decoders feed clip_flash.ImagePreprocessor
+        "numpy",
         "pyarrow",  # the embedding job's metadata and failures parquet files
         "tqdm",
     ],
@@ -118,7 +120,7 @@ setup(
         "flash-attn": ["flash-attn>=2.5"],
         # scripts/embed.py --ray and clip_flash.jobs.ray_data (one model per GPU of a Ray cluster)
         "ray": ["ray[data]>=2.60"],  # the version tested
-        "test": ["pytest"],
+        "test": ["pytest", "scikit-image"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

@@ -14,13 +14,15 @@ from typing import Dict
 from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
 from .backends import available_backends as _available_backends
 from .cuda_graphs import GraphedEncoder
+from .inputs.images import ImagePreprocessor, PreparedImages
 from .jobs import embed
 from .patching import is_patched, patch, patch_report, patched, unpatch
 from .report import PatchReport, SiteReport
 
 __version__ = "0.1.0"
 __all__ = [
-    "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends", "GraphedEncoder", "embed",
+    "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends", "GraphedEncoder",
+    "ImagePreprocessor", "PreparedImages", "embed",
     "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
 ]
 
