@@ -111,6 +111,7 @@ setup(
         "torch>=2.4",  # torch.library.custom_op / register_fake / register_autograd
         "open_clip_torch>=2.24,<4",
         "pillow",
+        "tokenizers>=0.19",  # the fast tokenizer's Rust BPE
     ],
     extras_require={
         "flash-attn": ["flash-attn>=2.5"],

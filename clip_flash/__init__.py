@@ -4,6 +4,7 @@
     report = clip_flash.patch(model)     # in place; print(report) says what runs where
     clip_flash.unpatch(model)            # the stock model again, bit for bit
     with clip_flash.patched(model): ...
+    tokenizer = clip_flash.get_tokenizer("ViT-L-14")   # OpenCLIP's ids, computed faster
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from typing import Dict
 from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
 from .backends import available_backends as _available_backends
 from .cuda_graphs import GraphedEncoder
+from .inputs.tokenizer import get_tokenizer
 from .patching import is_patched, patch, patch_report, patched, unpatch
 from .report import PatchReport, SiteReport
 
 __version__ = "0.1.0"
 __all__ = [
     "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends", "GraphedEncoder",
-    "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
+    "get_tokenizer", "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
