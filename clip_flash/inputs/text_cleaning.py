@@ -1,4 +1,4 @@
-"""Which captions OpenCLIP's text cleaning provably leaves alone, so they can skip it.
+"""Which captions OpenCLIP's text cleaning provably leaves alone, and how to split those into words.
 
 OpenCLIP's ``SimpleTokenizer`` with ``clean='lower'`` computes, per text,
 ``whitespace_clean(basic_clean(text)).lower()``, where ``basic_clean`` is ``ftfy.fix_text``, then
@@ -18,11 +18,11 @@ return, every step but whitespace collapsing and lower-casing is the identity:
 - What remains is ``" ".join(text.split()).lower()``, which the fast path runs itself (Python's own
   ``str`` methods: the same function, not a copy of it).
 
-The resulting text holds only printable ASCII and single spaces. On such text OpenCLIP's pre-split
-pattern needs no Unicode tables (``\\p{L}`` is ``[A-Za-z]``, ``\\p{N}`` is ``[0-9]``, ``\\s`` is the space
-in both the ``regex`` module and Oniguruma), so the Rust tokenizer splits it the same way; the
-differential tests check that on large corpora. The one ASCII case left is a text that spells a special
-token (``<start_of_text>``/``<end_of_text>``, any case): OpenCLIP turns it into the special id
+The resulting text holds only printable ASCII and single spaces. On such text OpenCLIP's split pattern
+(``regex`` module, IGNORECASE) reduces to ``PLAIN_WORD_PATTERN``: ``\\p{L}`` is ``[A-Za-z]`` there,
+``\\p{N}`` is ``[0-9]`` and the only whitespace is the space, so Python's own ``re`` splits it the same
+way, faster (the tests compare the two on large corpora). The one ASCII case left is a text that spells a
+special token (``<start_of_text>``/``<end_of_text>``, any case): OpenCLIP turns it into the special id
 mid-text, so such texts go through OpenCLIP's own code (see ``spells_special_token``).
 """
 from __future__ import annotations
@@ -33,6 +33,8 @@ from typing import Iterable, List, Sequence
 # Anything outside printable ASCII minus "&", plus \t \n \r, sends a text through OpenCLIP's cleaning.
 _OUTSIDE_PLAIN_ASCII = re.compile(r"[^\t\n\r\x20-\x25\x27-\x7e]")
 SPECIAL_TOKEN_TEXTS = ("<start_of_text>", "<end_of_text>")
+# OpenCLIP's split pattern on cleaned plain-ASCII text (see the module docstring).
+PLAIN_WORD_PATTERN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d|[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]+""")
 
 
 def is_plain_ascii(text: object) -> bool:
@@ -56,6 +58,18 @@ def plain_ascii_mask(texts: Sequence[object]) -> List[bool]:
 def clean_plain_ascii(texts: Iterable[str]) -> List[str]:
     """OpenCLIP's cleaning result for plain-ASCII texts: whitespace runs to one space, stripped, lower case."""
     return [" ".join(text.split()).lower() for text in texts]
+
+
+def split_plain_texts(cleaned_texts: Sequence[str], boundary: str) -> List[str]:
+    """The words of every cleaned plain text in one flat list, each text's words followed by ``boundary``.
+
+    One regex scan over the joined batch. ``boundary`` must be a character no plain text holds and the
+    pattern keeps as a word of its own (a control character, between spaces).
+    """
+    if not cleaned_texts:
+        return []
+    separator = f" {boundary} "
+    return PLAIN_WORD_PATTERN.findall(separator.join(cleaned_texts) + separator)
 
 
 def spells_special_token(cleaned_text: str) -> bool:

@@ -5,11 +5,16 @@ extra special tokens: the ViT-* CLIP models) the result is a ``FastCLIPTokenizer
 cheapest route that still gives OpenCLIP's ids:
 
 - ``plain``: printable ASCII without ``&`` (most captions). OpenCLIP's cleaning reduces to whitespace
-  collapsing and lower-casing there (proof in ``text_cleaning``); splitting and BPE run in Rust.
+  collapsing and lower-casing there, and its split pattern to an ASCII one that Python's ``re`` runs
+  over the whole batch at once (proofs in ``text_cleaning``).
 - ``cleaned``: any other text. OpenCLIP's own cleaning and own compiled split pattern run in Python
-  (the same functions, so exact by construction); only the byte mapping and BPE of the words run in Rust.
+  (the same functions, so exact by construction).
 - ``openclip``: a text whose cleaned form spells ``<start_of_text>``/``<end_of_text>``, or that is not a
   ``str``: OpenCLIP's own tokenizer, which turns such spellings into special ids (or raises for you).
+
+On the first two routes the words' ids come from ``fast_bpe.WordIds``: OpenCLIP's vocabulary and merges
+in Hugging Face ``tokenizers`` (Rust; a batch's new words encoded together over all cores), remembered
+per word; SOT/EOT, truncation and padding are numpy array operations.
 
 Any other tokenizer (``reduction_mask`` variants, ``clean='whitespace'``/``'canonicalize'``, SigLIP's and
 other Hugging Face tokenizers, extra special tokens) is returned unchanged: OpenCLIP's own object.
@@ -22,15 +27,12 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .fast_bpe import (build_bpe_tokenizers, causal_merge_violations, encode_batch_ids, ordered_merges,
-                       pack_token_ids, rust_parallelism)
+from .fast_bpe import (BOUNDARY_WORD, WordIds, as_long_tensor, causal_merge_violations, fill_rows, new_result,
+                       ordered_merges)
 from .text_cleaning import (SPECIAL_TOKEN_TEXTS, all_plain_ascii, clean_plain_ascii, plain_ascii_mask,
-                            spells_special_token)
+                            spells_special_token, split_plain_texts)
 
 logger = logging.getLogger(__name__)
-
-# Rust batches are cut to this many texts, bounding the memory of the intermediate Encoding objects.
-_RUST_CHUNK = 65536
 
 
 def fast_path_refusal(tokenizer: Any) -> Optional[str]:
@@ -52,7 +54,7 @@ class FastCLIPTokenizer:
     """Drop-in for an OpenCLIP ``SimpleTokenizer`` (clean='lower'): same call, same LongTensor.
 
     Every other attribute (``encode``, ``decode``, ``encoder``, ``sot_token_id`` ...) is the wrapped
-    tokenizer's own. ``parallel=False`` keeps the Rust part on the calling thread.
+    tokenizer's own. ``parallel=False`` keeps the Rust BPE of new words on the calling thread.
     """
 
     def __init__(self, openclip_tokenizer: Any, parallel: bool = True) -> None:
@@ -66,9 +68,7 @@ class FastCLIPTokenizer:
             raise ValueError(f"{violations} BPE merges use symbols no earlier merge makes; the Rust BPE "
                              "could merge in a different order than OpenCLIP's")
         self.openclip_tokenizer = openclip_tokenizer
-        self.parallel = parallel
-        self._text_bpe, self._words_bpe = build_bpe_tokenizers(openclip_tokenizer.encoder,
-                                                               openclip_tokenizer.bpe_ranks)
+        self.word_ids = WordIds(openclip_tokenizer.encoder, openclip_tokenizer.bpe_ranks, parallel=parallel)
         # Counts of texts per route since construction, for reports and tests.
         self.route_counts = {"plain": 0, "cleaned": 0, "openclip": 0}
 
@@ -92,28 +92,21 @@ class FastCLIPTokenizer:
         """Token ids of ``texts``, shape [len(texts), context_length]: exactly OpenCLIP's."""
         if isinstance(texts, str):
             texts = [texts]
+        texts = list(texts)
         context_length = context_length or self.openclip_tokenizer.context_length
         assert context_length, "Please set a valid context length"
         if context_length < 2:
             self.route_counts["openclip"] += len(texts)
-            return self.openclip_tokenizer(list(texts), context_length=context_length)
-        id_lists, openclip_rows = self.token_ids(texts)
-        result = pack_token_ids(id_lists, context_length, self.openclip_tokenizer.sot_token_id,
-                                self.openclip_tokenizer.eot_token_id)
-        if openclip_rows:
-            result[openclip_rows] = self.openclip_tokenizer([texts[row] for row in openclip_rows],
-                                                            context_length=context_length)
-        return result
-
-    def token_ids(self, texts: Sequence[str]) -> Tuple[List[List[int]], List[int]]:
-        """Ids without SOT/EOT per text, and the rows only OpenCLIP's tokenizer may fill (ids left empty)."""
+            return self.openclip_tokenizer(texts, context_length=context_length)
+        result = new_result(len(texts), context_length)
+        sot, eot = self.openclip_tokenizer.sot_token_id, self.openclip_tokenizer.eot_token_id
         if all_plain_ascii(texts):
-            plain_rows: List[int] = list(range(len(texts)))
-            other_rows: List[int] = []
+            plain_rows, other_rows = list(range(len(texts))), []
         else:
             mask = plain_ascii_mask(texts)
             plain_rows = [row for row, plain in enumerate(mask) if plain]
             other_rows = [row for row, plain in enumerate(mask) if not plain]
+
         cleaned = clean_plain_ascii(texts[row] for row in plain_rows)
         openclip_rows: List[int] = []
         if spells_special_token("\n".join(cleaned)):
@@ -121,40 +114,47 @@ class FastCLIPTokenizer:
             openclip_rows = [row for row, is_special in zip(plain_rows, special) if is_special]
             plain_rows = [row for row, is_special in zip(plain_rows, special) if not is_special]
             cleaned = [text for text, is_special in zip(cleaned, special) if not is_special]
-        plain_ids = self._rust_ids(self._text_bpe, cleaned, pretokenized=False)
+        if plain_rows:
+            words = split_plain_texts(cleaned, BOUNDARY_WORD)
+            fill_rows(result, plain_rows, self.word_ids.flat_ids(words), sot, eot)
         self.route_counts["plain"] += len(plain_rows)
-        if not other_rows and not openclip_rows:
-            return plain_ids, []
 
-        id_lists: List[List[int]] = [[] for _ in texts]
-        for row, ids in zip(plain_rows, plain_ids):
-            id_lists[row] = ids
-        word_rows, word_lists = [], []
+        if other_rows:
+            cleaned_rows, words = self._openclip_words(texts, other_rows, openclip_rows)
+            if cleaned_rows:
+                fill_rows(result, cleaned_rows, self.word_ids.flat_ids(words), sot, eot)
+            self.route_counts["cleaned"] += len(cleaned_rows)
+        self.route_counts["openclip"] += len(openclip_rows)
+        output = as_long_tensor(result)
+        if openclip_rows:
+            openclip_rows.sort()
+            output[openclip_rows] = self.openclip_tokenizer([texts[row] for row in openclip_rows],
+                                                            context_length=context_length)
+        return output
+
+    def _openclip_words(self, texts: Sequence[Any], rows: Sequence[int],
+                        openclip_rows: List[int]) -> Tuple[List[int], List[str]]:
+        """OpenCLIP's own cleaning and split of ``texts[rows]`` (exact by construction), as a flat word
+        list with boundaries; rows only OpenCLIP's tokenizer may do are appended to ``openclip_rows``."""
         tokenizer = self.openclip_tokenizer
-        for row in other_rows:
+        kept_rows: List[int] = []
+        words: List[str] = []
+        for row in rows:
             text = texts[row]
             if not isinstance(text, str):
+                openclip_rows.append(row)  # OpenCLIP's tokenizer raises for it, as it would
+                continue
+            cleaned = tokenizer.clean_fn(text)
+            text_words = tokenizer.pat.findall(cleaned)
+            # A special token's spelling becomes its id in OpenCLIP; the boundary character must not
+            # be a word (OpenCLIP's cleaning removes it, but that is ftfy's business, not ours).
+            if BOUNDARY_WORD in cleaned or any(word in SPECIAL_TOKEN_TEXTS for word in text_words):
                 openclip_rows.append(row)
                 continue
-            # OpenCLIP's own cleaning and split pattern: exact by construction.
-            words = tokenizer.pat.findall(tokenizer.clean_fn(text))
-            if any(word in SPECIAL_TOKEN_TEXTS for word in words):
-                openclip_rows.append(row)
-                continue
-            word_rows.append(row)
-            word_lists.append(words)
-        for row, ids in zip(word_rows, self._rust_ids(self._words_bpe, word_lists, pretokenized=True)):
-            id_lists[row] = ids
-        self.route_counts["cleaned"] += len(word_rows)
-        self.route_counts["openclip"] += len(openclip_rows)
-        return id_lists, sorted(openclip_rows)
-
-    def _rust_ids(self, bpe, inputs: Sequence, pretokenized: bool) -> List[List[int]]:
-        ids: List[List[int]] = []
-        with rust_parallelism(self.parallel):
-            for start in range(0, len(inputs), _RUST_CHUNK):
-                ids += encode_batch_ids(bpe, inputs[start:start + _RUST_CHUNK], pretokenized)
-        return ids
+            kept_rows.append(row)
+            words += text_words
+            words.append(BOUNDARY_WORD)
+        return kept_rows, words
 
 
 def describe_tokenizer(tokenizer: Any) -> str:

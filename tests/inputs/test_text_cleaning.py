@@ -7,8 +7,8 @@ import numpy as np
 import open_clip
 import pytest
 
-from clip_flash.inputs.fast_bpe import build_bpe_tokenizers
-from clip_flash.inputs.text_cleaning import all_plain_ascii, clean_plain_ascii, is_plain_ascii, plain_ascii_mask
+from clip_flash.inputs.text_cleaning import (PLAIN_WORD_PATTERN, all_plain_ascii, clean_plain_ascii, is_plain_ascii,
+                                             plain_ascii_mask, split_plain_texts)
 
 PLAIN_CHARS = [chr(c) for c in range(0x20, 0x7F) if chr(c) != "&"] + ["\t", "\n", "\r"]
 
@@ -55,9 +55,10 @@ def test_openclip_cleaning_is_whitespace_and_lowercase_on_plain_text(seed):
         assert clean(text) == cleaned, repr(text)
 
 
-def test_rust_split_matches_openclip_regex_on_cleaned_plain_text():
+def test_plain_split_matches_openclip_regex_on_cleaned_plain_text():
     openclip_tok = open_clip.get_tokenizer("ViT-L-14")
-    text_bpe, _ = build_bpe_tokenizers(openclip_tok.encoder, openclip_tok.bpe_ranks)
-    for text in clean_plain_ascii(random_plain_texts(50_000, 2)):
-        rust_words = [word for word, _ in text_bpe.pre_tokenizer.pre_tokenize_str(text)]
-        assert rust_words == openclip_tok.pat.findall(text), repr(text)
+    texts = clean_plain_ascii(random_plain_texts(50_000, 2) + ["".join(PLAIN_CHARS) * 3])
+    for text in texts:
+        assert PLAIN_WORD_PATTERN.findall(text) == openclip_tok.pat.findall(text), repr(text)
+    expected = [word for text in texts for word in openclip_tok.pat.findall(text) + ["\x00"]]
+    assert split_plain_texts(texts, "\x00") == expected

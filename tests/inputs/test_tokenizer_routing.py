@@ -66,3 +66,13 @@ def test_tokenizers_parallelism_setting_is_restored():
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     get_tokenizer("ViT-B-32")(["restore the setting"])
     assert os.environ.get("TOKENIZERS_PARALLELISM") == before
+
+
+def test_word_memory_bound_keeps_results_exact():
+    stock = open_clip.get_tokenizer("ViT-B-32")
+    fast = FastCLIPTokenizer(stock)
+    fast.word_ids.max_words = 50
+    texts = [f"caption number {i} of a {w} photo" for i, w in enumerate(["red", "green", "blue"] * 40)]
+    for start in range(0, len(texts), 7):
+        assert torch.equal(fast(texts[start:start + 7]), stock(texts[start:start + 7]))
+    assert len(fast.word_ids.ids) <= 50 + 8
