@@ -115,6 +115,7 @@ setup(
         "numpy",
         "pyarrow",  # the embedding job's metadata and failures parquet files
         "tqdm",
+        "tokenizers>=0.19",  # the fast tokenizer's Rust BPE
     ],
     extras_require={
         "flash-attn": ["flash-attn>=2.5"],

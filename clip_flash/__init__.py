@@ -5,6 +5,7 @@
     clip_flash.unpatch(model)            # the stock model again, bit for bit
     with clip_flash.patched(model): ...
     clip_flash.embed("photos/", "out/", model="ViT-L-14")   # a whole collection, clip-retrieval's layout
+    tokenizer = clip_flash.get_tokenizer("ViT-L-14")   # OpenCLIP's ids, computed faster
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
 from .backends import available_backends as _available_backends
 from .cuda_graphs import GraphedEncoder
 from .inputs.images import ImagePreprocessor, PreparedImages
+from .inputs.tokenizer import get_tokenizer
 from .jobs import embed
 from .patching import is_patched, patch, patch_report, patched, unpatch
 from .report import PatchReport, SiteReport
@@ -22,7 +24,7 @@ from .report import PatchReport, SiteReport
 __version__ = "0.1.0"
 __all__ = [
     "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends", "GraphedEncoder",
-    "ImagePreprocessor", "PreparedImages", "embed",
+    "ImagePreprocessor", "PreparedImages", "get_tokenizer", "embed",
     "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
 ]
 
