@@ -85,14 +85,9 @@ def _progress(total: Optional[int], enabled: bool):
 def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
                  workers: Optional[int]) -> Tuple[Any, Any]:
     """clip_flash's image preparer and tokenizer for this model (None for what the source lacks)."""
-    try:
-        from clip_flash.inputs.images import ImagePreprocessor
-    except ImportError:
-        from ._interim_inputs import ImagePreprocessor
-    try:
-        from clip_flash.inputs.tokenizer import get_tokenizer
-    except ImportError:
-        from ._interim_inputs import get_tokenizer
+    from clip_flash.inputs.images import ImagePreprocessor
+    from clip_flash.inputs.tokenizer import get_tokenizer
+
     preparer = tokenizer = None
     if source.has_images:
         preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
