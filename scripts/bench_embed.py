@@ -46,32 +46,30 @@ COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)
            "x stock", "of encoder-only", "GPU peak MiB", "cos vs stock (min)", "max abs diff vs stock")
 
 
-def encoder_only_rate(model_name: str, tower: str, device: torch.device, precision: str, batch: int = 256,
-                      calls: int = 30) -> float:
-    """Items/s of the patched encoder on inputs already on the device (after warm-up, synchronized)."""
+def encoder_only_rates(model_name: str, device: torch.device, precision: str, calls: int = 30) -> Dict[str, float]:
+    """Items/s of the patched image encoder (batch 256) and text encoder (batch 1024, ImageNet captions) on
+    inputs already on the device, after warm-up, synchronized."""
     loaded = load_model(parse_model_spec(model_name), device, precision)
     clip_flash.patch(loaded.model)
+    height, width = loaded.image_size
+    towers = {"image": (loaded.model.encode_image, torch.randn(256, 3, height, width, device=device, dtype=loaded.dtype)),
+              "text": (loaded.model.encode_text, loaded.tokenizer()(caption_prompts(1024, seed=0)).to(device))}
+    rates = {}
     with torch.inference_mode():
-        if tower == "image":
-            height, width = loaded.image_size
-            inputs = torch.randn(batch, 3, height, width, device=device, dtype=loaded.dtype)
-            encode = loaded.model.encode_image
-        else:
-            inputs = loaded.tokenizer()(caption_prompts(batch, seed=0)).to(device)
-            encode = loaded.model.encode_text
-        for _ in range(min(5, calls)):
-            encode(inputs)
-        synchronize(device)
-        started = time.perf_counter()
-        for _ in range(calls):
-            encode(inputs)
-        synchronize(device)
-        rate = batch * calls / (time.perf_counter() - started)
-    del loaded, inputs
+        for tower, (encode, inputs) in towers.items():
+            for _ in range(min(5, calls)):
+                encode(inputs)
+            synchronize(device)
+            started = time.perf_counter()
+            for _ in range(calls):
+                encode(inputs)
+            synchronize(device)
+            rates[tower] = inputs.shape[0] * calls / (time.perf_counter() - started)
+    del loaded, towers
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rate
+    return rates
 
 
 def compare(out: Path, reference: Path) -> Dict[str, float]:
@@ -94,12 +92,12 @@ def compare(out: Path, reference: Path) -> Dict[str, float]:
 
 
 def run_case(scratch: Path, name: str, source: Any, model: str, pipeline: str, decode: str, repeat: int,
-             shard_size: int, batch_size: Optional[int], device: torch.device) -> Dict[str, Any]:
+             shard_size: int, batch_size: Optional[int], device: torch.device, executor: str = "thread") -> Dict[str, Any]:
     out = scratch / name
     shutil.rmtree(out, ignore_errors=True)
     summary = clip_flash.embed(source, out, model, device=device, patch=pipeline != "stock", pipeline=pipeline,
-                               decode=decode, repeat=repeat, shard_size=shard_size, batch_size=batch_size,
-                               progress=False)
+                               decode=decode, executor=executor, repeat=repeat, shard_size=shard_size,
+                               batch_size=batch_size, progress=False)
     print(summary.format(), flush=True)
     gc.collect()
     if device.type == "cuda":
@@ -130,34 +128,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="embed_bench_", dir=args.scratch))
     command = "python " + " ".join(shlex.quote(arg) for arg in [sys.argv[0], *(argv or sys.argv[1:])])
     rows: List[Dict[str, Any]] = []
+    ceilings: Dict[str, Dict[str, float]] = {}
     try:
         repeats = dict(zip(args.models, args.repeat + [args.repeat[-1]] * len(args.models)))
         for model in args.models:
-            ceiling = encoder_only_rate(model, "image", device, precision, calls=args.encoder_calls)
-            cases = [(f"{model}-stock", "stock", "cpu"), (f"{model}-exact", "clip_flash", "cpu"),
-                     (f"{model}-gpu-decode", "clip_flash", "gpu")]
+            ceilings[model] = encoder_only_rates(model, device, precision, calls=args.encoder_calls)
+            cases = [(f"{model}-stock", "stock", "cpu", "thread"),
+                     (f"{model}-exact-threads", "clip_flash", "cpu", "thread"),
+                     (f"{model}-exact-processes", "clip_flash", "cpu", "process"),
+                     (f"{model}-gpu-decode", "clip_flash", "gpu", "thread")]
             done = {}
-            for name, pipeline, decode in cases:
+            for name, pipeline, decode, executor in cases:
                 if decode == "gpu" and device.type != "cuda":
                     continue
                 done[name] = run_case(scratch, name, args.photos, model, pipeline, decode, repeats[model],
-                                      args.shard_size, None, device)
+                                      args.shard_size, None, device, executor)
             stock = done[f"{model}-stock"]
-            for name, pipeline, decode in cases:
+            for name, pipeline, decode, executor in cases:
                 if name not in done:
                     continue
                 case = done[name]
                 photos = case["summary"]["items"] // repeats[model]
-                rows.append(_row(model, f"{photos} photos x {repeats[model]}",
-                                 "stock OpenCLIP" if pipeline == "stock" else f"clip_flash, decode {decode}",
-                                 case, stock, ceiling, compare(case["out"], stock["out"])))
+                label = ("stock OpenCLIP (DataLoader)" if pipeline == "stock" else
+                         f"clip_flash, exact, decode in {executor}s" if decode == "cpu" else "clip_flash, decode gpu")
+                rows.append(_row(model, f"{photos} photos x {repeats[model]}", label, case, stock,
+                                 ceilings[model]["image"], compare(case["out"], stock["out"])))
             for case in done.values():
                 shutil.rmtree(case["out"], ignore_errors=True)
         if args.captions:
             captions_file = scratch / "captions.txt"
             captions_file.write_text("\n".join(caption_prompts(args.captions, seed=0)) + "\n")
-            ceiling = encoder_only_rate(args.caption_model, "text", device, precision, batch=1024,
-                                        calls=args.encoder_calls)
+            if args.caption_model not in ceilings:
+                ceilings[args.caption_model] = encoder_only_rates(args.caption_model, device, precision,
+                                                                  calls=args.encoder_calls)
+            ceiling = ceilings[args.caption_model]["text"]
             stock = run_case(scratch, "captions-stock", captions_file, args.caption_model, "stock", "cpu", 1,
                              32768, 1024, device)
             ours = run_case(scratch, "captions-clip_flash", captions_file, args.caption_model, "clip_flash", "cpu",
@@ -167,7 +171,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  ceiling, compare(case["out"], stock["out"])))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    record = {**environment_record(device, command), "cpu_cores": cpu_cores(), "rows": rows}
+    record = {**environment_record(device, command), "cpu_cores": cpu_cores(), "encoder_only_items_per_s": ceilings,
+              "rows": rows}
     (args.results / "embed_bench.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     table = markdown_table(COLUMNS, [[str(row[column]) for column in COLUMNS] for row in rows])
     env = record["clip_flash_environment"]

@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=positive_int, default=None, help="default 256 (images), 1024 (text)")
     parser.add_argument("--shard-size", type=positive_int, default=DEFAULT_SHARD_SIZE,
                         help=f"inputs per output shard (default {DEFAULT_SHARD_SIZE}; a WebDataset tar is one shard)")
-    parser.add_argument("--workers", type=positive_int, default=None, help="decoding threads / DataLoader workers")
+    parser.add_argument("--workers", type=positive_int, default=None,
+                        help="decoding workers (default: every core) / stock: DataLoader workers (cores - 1)")
+    parser.add_argument("--executor", choices=("thread", "process"), default="thread",
+                        help="decoding in threads, or in processes (past the GIL's cap on many cores)")
     parser.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw embeddings")
     parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument("--no-captions", dest="captions", action="store_false", default=None,
@@ -78,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = dict(device=args.device, precision=args.precision, patch=patch, pipeline=args.pipeline,
                    decode=args.decode, batch_size=args.batch_size, shard_size=args.shard_size,
                    normalize=args.normalize, out_dtype=args.out_dtype, captions=args.captions,
-                   caption_column=args.caption_column, workers=args.workers, repeat=args.repeat,
+                   caption_column=args.caption_column, workers=args.workers, executor=args.executor, repeat=args.repeat,
                    progress=args.progress, command=command)
     try:
         if args.ray is not None:

@@ -82,8 +82,8 @@ def _progress(total: Optional[int], enabled: bool):
                 disable=not enabled, desc="embedding", smoothing=0.1)
 
 
-def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
-                 workers: Optional[int]) -> Tuple[Any, Any]:
+def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
+                 executor: str = "thread") -> Tuple[Any, Any]:
     """clip_flash's image preparer and tokenizer for this model (None for what the source lacks)."""
     from clip_flash.inputs.images import ImagePreprocessor
     from clip_flash.inputs.tokenizer import get_tokenizer
@@ -91,7 +91,7 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
     preparer = tokenizer = None
     if source.has_images:
         preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
-                                     workers=workers)
+                                     workers=workers, executor=executor)
     if source.has_captions:
         base = get_tokenizer(loaded.spec.name)
         context = loaded.context_length
@@ -100,14 +100,14 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
 
 
 def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
-                normalize: bool, out_dtype: str, workers: Optional[int]) -> Any:
+                normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread") -> Any:
     """The pipeline that runs the job: clip_flash's, or the stock baseline."""
     if pipeline == "stock":
         from .stock import StockPipeline
 
         return StockPipeline(loaded, device, source, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], workers=workers)
-    preparer, tokenizer = build_inputs(loaded, source, device, decode, workers)
+    preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor)
     return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset")
 
@@ -117,7 +117,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
           pipeline: str = "clip_flash", decode: str = "cpu", batch_size: Optional[int] = None,
           shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
           captions: Optional[bool] = None, caption_column: Optional[str] = None, workers: Optional[int] = None,
-          repeat: int = 1, progress: bool = True, command: Optional[str] = None) -> JobSummary:
+          executor: str = "thread", repeat: int = 1, progress: bool = True,
+          command: Optional[str] = None) -> JobSummary:
     """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
 
     Args:
@@ -137,7 +138,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             (folders and caption files; a WebDataset tar is one shard).
         normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
         captions: None reads captions when the input has them; False ignores them. caption_column: for CSV/parquet.
-        workers: decoding threads (default: the preparer's choice; stock: DataLoader workers = cores - 1).
+        workers: decoding workers (default: the cores this process may use; stock: DataLoader workers = cores - 1).
+        executor: ``thread`` or ``process`` decoding workers (processes are not capped by the GIL; a script
+            using them needs the ``if __name__ == "__main__":`` guard).
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 
@@ -157,13 +160,18 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         loaded = load_job_model(job, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype, workers)
+        runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype, workers,
+                             executor)
         known = [shard.size for shard in job.todo]
         total = sum(known) if all(size is not None for size in known) else None
-        with _progress(total, progress) as bar:
-            stats = runner.run(job.todo, job.output.write, bar)
+        try:
+            with _progress(total, progress) as bar:
+                stats = runner.run(job.todo, job.output.write, bar)
+        finally:
+            runner.close()
     return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
-                      command=command, options={"batch_size": batch_size, "workers": workers, "device": str(device)},
+                      command=command, options={"batch_size": batch_size, "workers": workers, "executor": executor,
+                                                "device": str(device)},
                       environment_device=device)
 
 

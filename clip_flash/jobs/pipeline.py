@@ -261,6 +261,12 @@ class EmbeddingPipeline:
                            text_embeddings=stack(shard.text, self.tokenizer is not None),
                            metadata=shard.metadata, failures=shard.failures)
 
+    def close(self) -> None:
+        """Stop the image preparer's decoding workers."""
+        close = getattr(self.image_preparer, "close", None)
+        if close is not None:
+            close()
+
     # ----- the whole run --------------------------------------------------------------------------
     def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
             progress: Any = None) -> PipelineStats:

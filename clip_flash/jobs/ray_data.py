@@ -96,7 +96,7 @@ class ShardEmbedder:
         source = SimpleNamespace(**job["source"])
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
-                                  job["normalize"], job["out_dtype"], workers)
+                                  job["normalize"], job["out_dtype"], workers, job["executor"])
         self.output = OutputFolder(job["out"], job["shard_count"])
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -133,8 +133,8 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                    precision: Optional[str] = None, patch: bool = True, pipeline: str = "clip_flash",
                    decode: str = "cpu", batch_size: Optional[int] = None, shard_size: int = DEFAULT_SHARD_SIZE,
                    normalize: bool = True, out_dtype: str = "float16", captions: Optional[bool] = None,
-                   caption_column: Optional[str] = None, workers: Optional[int] = None, repeat: int = 1,
-                   progress: bool = True, command: Optional[str] = None) -> JobSummary:
+                   caption_column: Optional[str] = None, workers: Optional[int] = None, executor: str = "thread",
+                   repeat: int = 1, progress: bool = True, command: Optional[str] = None) -> JobSummary:
     """:func:`clip_flash.embed` on a Ray cluster: same arguments, same output folder, same resume rules.
 
     ``address``: a running cluster (``HOST:6379``); None or ``"auto"`` starts a local Ray (``num_cpus``)
@@ -164,7 +164,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
         context.enable_progress_bars = False
         rows = [{"shard": shard.index, "payload": pickle.dumps(shard)} for shard in job.todo]
         settings = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
-                    "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
+                    "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers, "executor": executor,
                     "out": str(job.output.root), "shard_count": len(job.plan),
                     "source": {"kind": source.kind, "has_images": source.has_images,
                                "has_captions": source.has_captions}}
@@ -200,7 +200,7 @@ class ClipEmbedder:
         image_column: a column of encoded images (bytes), file paths (str) or decoded ``(H, W, 3)`` uint8
             arrays (Ray's ``read_images``: decoded to RGB, so preprocessing starts from RGB pixels).
         text_column: a column of captions. At least one of the two.
-        device, precision, patch, decode, normalize, out_dtype, workers: as for :func:`clip_flash.embed`.
+        device, precision, patch, decode, normalize, out_dtype, workers, executor: as for :func:`clip_flash.embed`.
 
     Each batch comes back with ``img_emb`` / ``text_emb`` (``(rows, dim)`` arrays) and ``error`` (empty for
     rows that embedded; the reason otherwise, with that row's image embedding all NaN: filter on it).
@@ -209,7 +209,7 @@ class ClipEmbedder:
     def __init__(self, model: str, *, image_column: Optional[str] = None, text_column: Optional[str] = None,
                  device: Optional[str] = None, precision: Optional[str] = None, patch: bool = True,
                  decode: str = "cpu", normalize: bool = True, out_dtype: str = "float16",
-                 workers: Optional[int] = None) -> None:
+                 workers: Optional[int] = None, executor: str = "thread") -> None:
         from clip_flash.benchmark.model_spec import parse_model_spec
 
         if image_column is None and text_column is None:
@@ -221,7 +221,7 @@ class ClipEmbedder:
         self.image_column, self.text_column = image_column, text_column
         self.normalize, self.out_dtype = normalize, OUTPUT_DTYPES[out_dtype]
         source = SimpleNamespace(has_images=image_column is not None, has_captions=text_column is not None)
-        self.preparer, self.tokenizer = build_inputs(self.loaded, source, self.device, decode, workers)
+        self.preparer, self.tokenizer = build_inputs(self.loaded, source, self.device, decode, workers, executor)
 
     @staticmethod
     def _image_input(value: Any) -> Any:

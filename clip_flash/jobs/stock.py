@@ -83,6 +83,9 @@ class StockPipeline:
     def _finish(self, features: torch.Tensor) -> np.ndarray:
         return finish_features(features, self.normalize, self.out_dtype).cpu().numpy()
 
+    def close(self) -> None:
+        """Nothing to stop: the DataLoader's workers end with each run."""
+
     def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
             progress: Any = None) -> PipelineStats:
         shards = list(shards)
