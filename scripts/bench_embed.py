@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import shlex
 import shutil
@@ -119,6 +120,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu only to smoke-test the script")
     parser.add_argument("--encoder-calls", type=int, default=30, help="timed calls of the encoder-only ceiling")
     args = parser.parse_args(argv)
+    missing = [name for name in ("pyarrow", "tqdm", "tokenizers") if importlib.util.find_spec(name) is None]
+    if missing:  # fail in a second, not after the first model load
+        print(f"error: the job needs {', '.join(missing)} here (pip install {' '.join(missing)})", file=sys.stderr)
+        return 2
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA GPU here (use --device cpu only to smoke-test the script)", file=sys.stderr)

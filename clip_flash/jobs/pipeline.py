@@ -10,8 +10,8 @@ Four stages, each in its own thread, joined by bounded queues so memory stays bo
                     asynchronous copy of the embeddings into pinned host memory
     writer thread   assembles nothing itself: it commits each finished shard (``OutputFolder.write``)
 
-The main thread launches batch i and only then waits for batch i-1's embeddings (a CUDA event),
-so while the GPU encodes, Python is already preparing the next launch: with decoded batches queued,
+The main thread launches batch i and only then waits for batch i-2's embeddings (a CUDA event), so
+the GPU always has queued work while Python prepares the next launch: with decoded batches queued,
 the GPU never waits on Python. Batches never span shards, so a shard is written as soon as its last
 batch lands.
 """
@@ -109,7 +109,7 @@ class EmbeddingPipeline:
     def __init__(self, model: torch.nn.Module, device: torch.device, image_preparer: Any = None,
                  tokenizer: Optional[Callable] = None, batch_size: int = 256, normalize: bool = True,
                  out_dtype: np.dtype = np.float16, decode_threads: int = 2, prefetch_batches: int = 6,
-                 wds_key_column: bool = False) -> None:
+                 batches_in_flight: int = 2, wds_key_column: bool = False) -> None:
         self.model = model
         self.device = torch.device(device)
         self.image_preparer = image_preparer
@@ -119,6 +119,7 @@ class EmbeddingPipeline:
         self.out_dtype = np.dtype(out_dtype)
         self.decode_threads = decode_threads
         self.prefetch_batches = prefetch_batches
+        self.batches_in_flight = max(1, batches_in_flight)
         self.wds_key_column = wds_key_column
         self.cuda = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -309,7 +310,7 @@ class EmbeddingPipeline:
                     current = _Accumulator(entry.shard)
                 elif isinstance(entry, _Batch):
                     in_flight.append(self._launch(entry))
-                    while len(in_flight) > 1:
+                    while len(in_flight) > self.batches_in_flight:
                         self._collect(in_flight.popleft(), current, progress)
                 elif isinstance(entry, _ShardEnd):
                     while in_flight:

@@ -22,6 +22,7 @@ marker is unfinished whatever else exists: a restarted job deletes its files and
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import logging
 import math
@@ -137,6 +138,8 @@ class OutputFolder:
     # ----- opening
     def open(self, settings: Dict[str, Any]) -> None:
         """Create the folders and record ``settings``, or refuse a folder made with other settings."""
+        if importlib.util.find_spec("pyarrow") is None:  # checked now, not after the first shard is embedded
+            raise OutputError("the embedding job writes parquet files and needs pyarrow: pip install pyarrow")
         try:
             for sub in ("img_emb", "text_emb", "metadata", f"{STATE_DIR}/done", f"{STATE_DIR}/failures",
                         f"{STATE_DIR}/runs"):
