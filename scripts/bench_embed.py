@@ -155,7 +155,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 case = done[name]
                 photos = case["summary"]["items"] // repeats[model]
                 label = ("stock OpenCLIP (DataLoader)" if pipeline == "stock" else
-                         f"clip_flash, exact, decode in {executor}s" if decode == "cpu" else "clip_flash, decode gpu")
+                         f"clip_flash, exact, decode in {'processes' if executor == 'process' else 'threads'}"
+                         if decode == "cpu" else "clip_flash, decode gpu")
                 rows.append(_row(model, f"{photos} photos x {repeats[model]}", label, case, stock,
                                  ceilings[model]["image"], compare(case["out"], stock["out"])))
             for case in done.values():

@@ -37,7 +37,6 @@ for GPUs; not measured on a cluster yet.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import time
 from types import SimpleNamespace
@@ -122,10 +121,11 @@ def _init_ray(address: Optional[str], num_cpus: Optional[int]) -> None:
 
     if ray.is_initialized():
         return
-    if address in (None, "", "auto") and not os.environ.get("RAY_ADDRESS"):
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)  # a local Ray on this machine
+    if address in (None, "", "auto"):
+        # RAY_ADDRESS, else a cluster already running on this machine, else a new local Ray
+        ray.init(**({"num_cpus": num_cpus} if num_cpus else {}))
     else:
-        ray.init(address=None if address in (None, "", "auto") else address, log_to_driver=False)
+        ray.init(address=address)
 
 
 def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Optional[str] = None,
