@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import io
+import json
+from importlib import util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ import torch
 import clip_flash
 from job_helpers import MODEL, read_output, write_photos
 
+REPO = Path(__file__).resolve().parents[2]
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install clip_flash[ray]")
 
 
@@ -39,10 +43,17 @@ def test_ray_job_writes_what_the_one_device_job_writes_and_resumes(tmp_path, che
     np.testing.assert_allclose(ray_output["text_emb"], one_output["text_emb"], atol=1e-5)
     assert [row["path"] for row in ray_output["failures"]] == [str(tmp_path / "photos" / "broken.jpg")]
 
-    # resume: a shard lost (its marker gone) is embedded again, the others are kept
+    # resume through the command line's --ray: a shard lost (its marker gone) is embedded again, the rest kept
     (tmp_path / "ray_out" / "_clip_flash" / "done" / "1.json").unlink()
-    again = embed_with_ray(tmp_path / "photos", tmp_path / "ray_out", model, actors=1, **options)
-    assert (again.shards_skipped, again.shards_written) == (2, 1)
+    spec = util.spec_from_file_location("embed_script", REPO / "scripts" / "embed.py")
+    script = util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--model", model, "--input", str(tmp_path / "photos"), "--out", str(tmp_path / "ray_out"),
+                        "--device", "cpu", "--shard-size", "2", "--batch-size", "2", "--no-normalize",
+                        "--out-dtype", "float32", "--no-progress", "--ray", "--ray-workers", "1"]) == 0
+    records = sorted((tmp_path / "ray_out" / "_clip_flash" / "runs").glob("run_*.json"), key=lambda p: p.stat().st_mtime)
+    again = json.loads(records[-1].read_text())["summary"]
+    assert (again["shards_skipped"], again["shards_written"]) == (2, 1)
     assert read_output(tmp_path / "ray_out")["metadata"] == one_output["metadata"]
     # and the one-device job accepts the Ray job's folder as its own (same settings)
     assert clip_flash.embed(tmp_path / "photos", tmp_path / "ray_out", model, **options).shards_skipped == 3
