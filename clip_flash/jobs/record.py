@@ -104,10 +104,24 @@ def run_record(summary: JobSummary, settings: Dict[str, Any], device: torch.devi
         "kind": "clip_flash embedding job",
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": environment_record(device, command),
+        "libraries": library_versions(),
         "settings": settings,
         "options": options,  # what does not change the output (batch size, threads, device index)
         "summary": summary.to_dict(),
     }
+
+
+def library_versions() -> Dict[str, Optional[str]]:
+    """Versions of what the job's inputs and outputs go through (None: not installed)."""
+    from importlib import metadata
+
+    versions: Dict[str, Optional[str]] = {}
+    for name in ("pillow", "torchvision", "tokenizers", "ftfy", "pyarrow", "numpy", "ray"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def record_name() -> str:

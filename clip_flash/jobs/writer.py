@@ -141,8 +141,10 @@ class OutputFolder:
         if importlib.util.find_spec("pyarrow") is None:  # checked now, not after the first shard is embedded
             raise OutputError("the embedding job writes parquet files and needs pyarrow: pip install pyarrow")
         try:
-            for sub in ("img_emb", "text_emb", "metadata", f"{STATE_DIR}/done", f"{STATE_DIR}/failures",
-                        f"{STATE_DIR}/runs"):
+            source = settings.get("source", {})
+            # like clip-retrieval, only the embedding folders the job fills (an empty one stops `clip-retrieval index`)
+            folders = ["img_emb"] * bool(source.get("images", True)) + ["text_emb"] * bool(source.get("captions", True))
+            for sub in folders + ["metadata", f"{STATE_DIR}/done", f"{STATE_DIR}/failures", f"{STATE_DIR}/runs"]:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
             existing = self.state / SETTINGS_FILE
             if existing.exists():

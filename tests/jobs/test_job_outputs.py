@@ -48,6 +48,7 @@ def test_default_job_is_patched_normalized_float16_and_close_to_stock(tmp_path, 
     assert summary.patched and summary.rows == 4
     output = read_output(tmp_path / "out")
     assert output["text_emb"] is None and "caption" not in output["metadata"]
+    assert not (tmp_path / "out" / "text_emb").exists()  # as clip-retrieval: no empty embedding folder
     embeddings = output["img_emb"]
     assert embeddings.dtype == np.float16
     np.testing.assert_allclose(np.linalg.norm(embeddings.astype(np.float32), axis=1), 1.0, atol=2e-3)

@@ -128,7 +128,7 @@ def test_text_only_job_from_caption_file(tmp_path, checkpoint, stock_model, kind
                                normalize=False, out_dtype="float32", shard_size=2, progress=False)
     assert summary.rows == 5 and summary.decode == "n/a"
     output = read_output(tmp_path / "out")
-    assert output["img_emb"] is None and output["img_emb_files"] == []
+    assert output["img_emb"] is None and not (tmp_path / "out" / "img_emb").exists()
     assert output["metadata"] == {"caption": captions}
     model, _ = stock_model
     with torch.no_grad():
