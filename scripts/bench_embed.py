@@ -53,7 +53,8 @@ def encoder_only_rates(model_name: str, device: torch.device, precision: str, ca
     loaded = load_model(parse_model_spec(model_name), device, precision)
     clip_flash.patch(loaded.model)
     height, width = loaded.image_size
-    towers = {"image": (loaded.model.encode_image, torch.randn(256, 3, height, width, device=device, dtype=loaded.dtype)),
+    pixels = torch.randn(256, 3, height, width, device=device, dtype=loaded.dtype)
+    towers = {"image": (loaded.model.encode_image, pixels),
               "text": (loaded.model.encode_text, loaded.tokenizer()(caption_prompts(1024, seed=0)).to(device))}
     rates = {}
     with torch.inference_mode():
@@ -66,7 +67,7 @@ def encoder_only_rates(model_name: str, device: torch.device, precision: str, ca
                 encode(inputs)
             synchronize(device)
             rates[tower] = inputs.shape[0] * calls / (time.perf_counter() - started)
-    del loaded, towers
+    del loaded, towers, pixels
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -93,7 +94,8 @@ def compare(out: Path, reference: Path) -> Dict[str, float]:
 
 
 def run_case(scratch: Path, name: str, source: Any, model: str, pipeline: str, decode: str, repeat: int,
-             shard_size: int, batch_size: Optional[int], device: torch.device, executor: str = "thread") -> Dict[str, Any]:
+             shard_size: int, batch_size: Optional[int], device: torch.device,
+             executor: str = "thread") -> Dict[str, Any]:
     out = scratch / name
     shutil.rmtree(out, ignore_errors=True)
     summary = clip_flash.embed(source, out, model, device=device, patch=pipeline != "stock", pipeline=pipeline,

@@ -164,7 +164,8 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
         context.enable_progress_bars = False
         rows = [{"shard": shard.index, "payload": pickle.dumps(shard)} for shard in job.todo]
         settings = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
-                    "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers, "executor": executor,
+                    "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
+                    "executor": executor,
                     "out": str(job.output.root), "shard_count": len(job.plan),
                     "source": {"kind": source.kind, "has_images": source.has_images,
                                "has_captions": source.has_captions}}
@@ -241,7 +242,8 @@ class ClipEmbedder:
                 prepared = self.preparer([self._image_input(value) for value in batch[self.image_column]])
                 dim = self.loaded.model.visual.output_dim
                 embeddings = np.full((count, dim), np.nan, dtype=self.out_dtype)
-                keep = prepared.indices.tolist() if isinstance(prepared.indices, torch.Tensor) else list(prepared.indices)
+                indices = prepared.indices
+                keep = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
                 if keep:
                     features = self.loaded.model.encode_image(prepared.pixels)
                     embeddings[keep] = finish_features(features, self.normalize, self.out_dtype).cpu().numpy()

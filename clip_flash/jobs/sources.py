@@ -336,8 +336,9 @@ class CaptionFileSource(Source):
         return {**super().settings(), "column": self.column, "shard_size": self.shard_size}
 
     def shards(self) -> List[Shard]:
-        return [Shard(index=index, fingerprint=_digest([self.location, str(rows.start)]
-                                                       + [caption or "" for caption in self.captions[rows.start:rows.stop]]),
+        return [Shard(index=index,
+                      fingerprint=_digest([self.location, str(rows.start)]
+                                          + [caption or "" for caption in self.captions[rows.start:rows.stop]]),
                       description=f"captions {rows.start}..{rows.stop - 1} of {self.location}", size=len(rows),
                       load=functools.partial(load_caption_items, self.location, rows.start,
                                              self.captions[rows.start:rows.stop]))

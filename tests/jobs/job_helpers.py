@@ -57,7 +57,8 @@ def read_output(out: Path) -> Dict[str, object]:
         result[folder + "_files"] = [os.path.basename(name) for name in files]
         if folder == "metadata":
             tables = [pq.read_table(name).to_pydict() for name in files]
-            result["metadata"] = {key: sum((table[key] for table in tables), []) for key in (tables[0] if tables else {})}
+            columns = tables[0] if tables else {}
+            result["metadata"] = {key: sum((table[key] for table in tables), []) for key in columns}
         else:
             result[folder] = np.concatenate([np.load(name) for name in files]) if files else None
     failures = out / "failures.parquet"

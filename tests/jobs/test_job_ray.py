@@ -51,7 +51,8 @@ def test_ray_job_writes_what_the_one_device_job_writes_and_resumes(tmp_path, che
     assert script.main(["--model", model, "--input", str(tmp_path / "photos"), "--out", str(tmp_path / "ray_out"),
                         "--device", "cpu", "--shard-size", "2", "--batch-size", "2", "--no-normalize",
                         "--out-dtype", "float32", "--no-progress", "--ray", "--ray-workers", "1"]) == 0
-    records = sorted((tmp_path / "ray_out" / "_clip_flash" / "runs").glob("run_*.json"), key=lambda p: p.stat().st_mtime)
+    runs = (tmp_path / "ray_out" / "_clip_flash" / "runs").glob("run_*.json")
+    records = sorted(runs, key=lambda path: path.stat().st_mtime)
     again = json.loads(records[-1].read_text())["summary"]
     assert (again["shards_skipped"], again["shards_written"]) == (2, 1)
     assert read_output(tmp_path / "ray_out")["metadata"] == one_output["metadata"]
