@@ -12,8 +12,9 @@ Four stages, each in its own thread, joined by bounded queues so memory stays bo
 
 The main thread launches batch i and only then waits for batch i-2's embeddings (a CUDA event), so
 the GPU always has queued work while Python prepares the next launch: with decoded batches queued,
-the GPU never waits on Python. Batches never span shards, so a shard is written as soon as its last
-batch lands.
+the GPU never waits on Python, not even at a shard boundary (the next shard's batches launch while
+the last ones of the previous shard are still in flight). Batches never span shards, so a shard is
+handed to the writer as soon as its last batch lands.
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class _Accumulator:
     text: List[np.ndarray] = field(default_factory=list)
     metadata: Dict[str, List[Any]] = field(default_factory=dict)
     failures: List[Tuple[str, str]] = field(default_factory=list)
+    outstanding: int = 0                        # batches launched and not collected yet
 
 
 @dataclass
@@ -76,6 +78,7 @@ class _Launched:
     host_text: Optional[torch.Tensor]
     ready: Optional["torch.cuda.Event"]
     failures: List[Tuple[str, str]]
+    shard: Optional[_Accumulator] = None
 
 
 @dataclass
@@ -226,9 +229,11 @@ class EmbeddingPipeline:
         pixels = prepared.pixels if keep else None
         return pixels, keep, failures
 
-    def _collect(self, launched: _Launched, shard: _Accumulator, progress: Any) -> None:
+    def _collect(self, launched: _Launched, progress: Any) -> None:
         if launched.ready is not None:
             launched.ready.synchronize()
+        shard = launched.shard
+        shard.outstanding -= 1
         shard.failures.extend(launched.failures)
         if launched.items:
             if launched.host_image is not None:
@@ -299,6 +304,20 @@ class EmbeddingPipeline:
         writer.start()
         current: Optional[_Accumulator] = None
         in_flight: "deque[_Launched]" = deque()
+        closing: "deque[_Accumulator]" = deque()  # shards fully read, waiting for their last batches
+
+        def hand_over_finished() -> None:
+            while closing and closing[0].outstanding == 0:
+                shard = closing.popleft()
+                result = self._result(shard)
+                stats.rows += result.rows
+                stats.failures += len(result.failures)
+                stats.shards += 1
+                stats.marks.append((stats.rows + stats.failures, time.perf_counter() - started))
+                if writer_error:
+                    raise writer_error[0]
+                finished.put(result)
+
         try:
             while True:
                 entry = work.get()
@@ -309,24 +328,24 @@ class EmbeddingPipeline:
                 if isinstance(entry, _ShardStart):
                     current = _Accumulator(entry.shard)
                 elif isinstance(entry, _Batch):
-                    in_flight.append(self._launch(entry))
+                    # the next shard's batches launch before the last ones of this shard are collected
+                    launched = self._launch(entry)
+                    launched.shard = current
+                    current.outstanding += 1
+                    in_flight.append(launched)
                     while len(in_flight) > self.batches_in_flight:
-                        self._collect(in_flight.popleft(), current, progress)
+                        self._collect(in_flight.popleft(), progress)
+                    hand_over_finished()
                 elif isinstance(entry, _ShardEnd):
-                    while in_flight:
-                        self._collect(in_flight.popleft(), current, progress)
                     current.failures.extend(entry.failures)
                     if progress is not None:
                         progress.update(len(entry.failures))
-                    result = self._result(current)
-                    stats.rows += result.rows
-                    stats.failures += len(result.failures)
-                    stats.shards += 1
-                    stats.marks.append((stats.rows + stats.failures, time.perf_counter() - started))
-                    if writer_error:
-                        raise writer_error[0]
-                    finished.put(result)
+                    closing.append(current)
                     current = None
+                    hand_over_finished()
+            while in_flight:
+                self._collect(in_flight.popleft(), progress)
+            hand_over_finished()
         finally:
             stop.set()
             finished.put(_DONE)
