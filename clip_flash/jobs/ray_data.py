@@ -24,9 +24,9 @@ bytes through Ray's object store (and across nodes when the tasks run elsewhere)
 decode threads spend their time in libjpeg-turbo with the GIL released and the device half of the
 preparation (resize, crop, normalise) runs on the GPU beside the encoder. Each actor gets the node's
 cores divided by its GPUs as decode threads. Decoded arrays are accepted too, for pipelines that decode
-anyway. This placement is reasoned from the sizes above and the single-GPU rates measured on the H100
-host (decode ~400 images/s per core, the patched ViT-B-32 encoder ~43,000 images/s); the two placements
-have not been timed against each other through Ray (the GPU machine has no Ray this session).
+anyway. This placement is reasoned from those sizes and from the single-GPU rates measured on the H100 host
+(per-core decoding is far slower than the patched encoder, so the bytes, not the pixels, should travel);
+the two placements have not been timed against each other through Ray (no Ray on the GPU machine yet).
 
 N GPUs, N nodes: start Ray on every node (``ray start --head`` on one, ``ray start --address=HEAD:6379``
 on the others), put the inputs and the output folder on storage that every node mounts at the same path,
