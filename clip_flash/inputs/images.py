@@ -23,7 +23,7 @@ from PIL import Image
 from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import decode_jpegs_on_gpu
-from .image_decoding import DecodedItem, DecodeOptions, decode_item, route_counts
+from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
 from .image_resize import ExactResize
 
 logger = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class ImagePreprocessor:
     def prepare(self, decoded: DecodedImages) -> PreparedImages:
         """The device step: resample the decoded pixels exactly and assemble the batch in input order."""
         failures = list(decoded.failures)
-        routes = decoded.routes
+        route_of = {item.index: item.route for item in decoded.items}
         pixel_items = [item for item in decoded.items if item.pixels is not None]
         jpeg_items = [item for item in decoded.items if item.encoded is not None]
         prepared_items = [item for item in decoded.items if item.prepared is not None]
@@ -169,26 +169,28 @@ class ImagePreprocessor:
                 device_pixels.append(pixels)
             for item, reason in refused:
                 # nvJPEG could not: the exact CPU decode decides (and may still fail, like Pillow).
+                logger.debug("input %d: nvJPEG refused (%s); decoding on the CPU", item.index, reason)
                 fallback = decode_item(item.index, bytes(item.encoded.numpy()), self._cpu_options)
-                routes["gpu-jpeg"] -= 1
+                route_of[item.index] = fallback.route
                 if not fallback.ok:
                     failures.append((item.index, fallback.reason))
-                    routes["failed"] = routes.get("failed", 0) + 1
-                    continue
-                routes[fallback.route] = routes.get(fallback.route, 0) + 1
-                logger.debug("input %d: nvJPEG refused (%s); decoded on the CPU", item.index, reason)
-                if fallback.prepared is not None:
+                elif fallback.prepared is not None:
                     prepared_items.append(fallback)
                 else:
                     pixel_items.append(fallback)
                     device_pixels.append(fallback.pixels.to(self.device))
         if pixel_items:
-            groups.append(([item.index for item in pixel_items], self.resize(device_pixels)))
+            groups.append(self._resize_group(pixel_items, device_pixels, failures))
         if prepared_items:
             stacked = torch.stack([item.prepared for item in prepared_items])
             groups.append(([item.index for item in prepared_items], stacked.to(self.device, self.dtype)))
         failures.sort()
-        pixels, indices = self._assemble(groups)
+        pixels, indices = self._assemble([group for group in groups if group[0]])
+        routes: Dict[str, int] = {}
+        for index in indices:
+            routes[route_of[index]] = routes.get(route_of[index], 0) + 1
+        if failures:
+            routes["failed"] = len(failures)
         return PreparedImages(pixels, indices, failures, routes)
 
     def __call__(self, items: Sequence[ImageInput]) -> PreparedImages:
@@ -196,6 +198,26 @@ class ImagePreprocessor:
         return self.prepare(self.decode(items))
 
     # ----- helpers ------------------------------------------------------------------------
+    def _resize_group(self, items: List[DecodedItem], pixels: List[torch.Tensor],
+                      failures: List[Tuple[int, str]]) -> Tuple[List[int], torch.Tensor]:
+        """The batch through the exact resize; if it refuses, image by image, so that only the images
+        the transform cannot handle (as OpenCLIP's own fails on them) become failures."""
+        try:
+            return [item.index for item in items], self.resize(pixels)
+        except Exception as error:  # noqa: BLE001 - find the image(s) at fault, keep the others
+            logger.debug("batch resize refused (%s); resizing image by image", describe_error(error))
+        indices, rows = [], []
+        for item, image in zip(items, pixels):
+            try:
+                rows.append(self.resize([image]))
+                indices.append(item.index)
+            except Exception as error:  # noqa: BLE001
+                failures.append((item.index, describe_error(error)))
+        height, width = self.output_size
+        if not rows:
+            return [], torch.empty((0, 3, height, width), device=self.device, dtype=self.dtype)
+        return indices, torch.cat(rows)
+
     def _upload(self, items: List[DecodedItem], buffers: List[torch.Tensor]) -> List[torch.Tensor]:
         """Each item's pixels on the device: one asynchronous copy per page-locked buffer."""
         if self.device.type != "cuda":
