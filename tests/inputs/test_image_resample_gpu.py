@@ -17,8 +17,8 @@ pytestmark = [
 ]
 
 
-def _accepted(corpora, preprocess, corpus, dtype):
-    """(names, uint8 tensors, stacked references cast to dtype) of the images the reference accepts."""
+def _accepted(corpora, preprocess, corpus):
+    """(names, uint8 tensors, stacked float32 references) of the images the reference accepts."""
     names, images, references = [], [], []
     for name, array in corpus:
         expected = corpora.reference(preprocess, array)
@@ -26,27 +26,31 @@ def _accepted(corpora, preprocess, corpus, dtype):
             continue
         names.append(name)
         images.append(torch.tensor(array))
-        references.append(expected.to(dtype))
+        references.append(expected)
     return names, images, torch.stack(references)
 
 
-def assert_kernel_exact(corpora, preprocess, corpus, dtype=torch.float32):
+def assert_kernel_exact(corpora, preprocess, corpus, dtypes=(torch.float32,), against_cpu=False):
+    """The kernel's output equals ``preprocess(pil)`` (fp32) and its cast (fp16/bf16) for every image
+    the reference accepts; with ``against_cpu`` also the CPU implementation's output."""
     spec = spec_from_preprocess(preprocess)
-    names, images, reference = _accepted(corpora, preprocess, corpus, dtype)
-    got = resample_batch(images, spec, device="cuda", dtype=dtype)
-    assert got.dtype == dtype and got.device.type == "cuda"
-    got = got.cpu()
-    bad = [f"{n} {tuple(i.shape)}: {(r != g).sum().item()} values differ"
-           for n, i, r, g in zip(names, images, reference, got) if not torch.equal(r, g)]
-    assert not bad, f"{len(bad)} of {len(names)} images differ from preprocess(pil):\n" + "\n".join(bad[:20])
-    assert torch.equal(got, preprocess_batch_cpu(images, spec, dtype))
+    names, images, reference = _accepted(corpora, preprocess, corpus)
+    for dtype in dtypes:
+        got = resample_batch(images, spec, device="cuda", dtype=dtype)
+        assert got.dtype == dtype and got.device.type == "cuda"
+        got, expected = got.cpu(), reference.to(dtype)
+        bad = [f"{n} {tuple(i.shape)}: {(r != g).sum().item()} values differ"
+               for n, i, r, g in zip(names, images, expected, got) if not torch.equal(r, g)]
+        assert not bad, f"{dtype}: {len(bad)} of {len(names)} images differ from preprocess(pil):\n" + "\n".join(bad[:20])
+        if against_cpu:
+            assert torch.equal(got, preprocess_batch_cpu(images, spec, dtype))
     return len(names)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-def test_kernel_random_images_bit_exact(transform_case, corpora, dtype):
+def test_kernel_random_images_bit_exact(transform_case, corpora):
     preprocess, target = transform_case
-    assert assert_kernel_exact(corpora, preprocess, corpora.random(target), dtype) >= 40
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    assert assert_kernel_exact(corpora, preprocess, corpora.random(target), dtypes, against_cpu=True) >= 40
 
 
 def test_kernel_real_photos_bit_exact(transform_case, corpora):

@@ -1,6 +1,7 @@
 """The packed batch the CUDA kernel reads is right, checked without a GPU.
 
-``emulate_kernel`` walks the packed host buffer exactly as ``csrc/image_resample.cu`` does (meta rows,
+``emulate_kernel`` takes the kernel's arguments, as ``resample_packed`` slices them out of the one uploaded
+buffer, and walks them exactly as ``csrc/image_resample.cu`` does (meta rows,
 table offsets, output-row tiles, the tile's source-row window, per-row accumulators, the vertical-first
 shared-memory chunks, padding, one-channel replication, the value table) in numpy, and must give
 ``preprocess(pil)`` for every image. A kernel bug in CUDA-specific code is left to the GPU tests; a bug
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 from clip_flash.inputs.transform_spec import spec_from_preprocess
-from clip_flash.ops.image_resample import META_FIELDS, _value_table_host, plan_batch
+import clip_flash.ops.image_resample as image_resample_module
+from clip_flash.ops.image_resample import META_FIELDS, plan_batch
 
 PRECISION_BITS = 22
 ROUNDING = 1 << (PRECISION_BITS - 1)
@@ -84,14 +86,10 @@ def _vertical_first_tile(px, width, channels, rows, cols, row0, out_h, out_w, co
     return padded, values
 
 
-def emulate_kernel(buffer: torch.Tensor, plan, lut: torch.Tensor, chunk_columns: int = 4096) -> torch.Tensor:
-    raw = buffer.numpy()
-    n = len(plan.shapes)
-    meta = raw[: plan.meta.nbytes].view(np.int64).reshape(n, len(META_FIELDS))
-    tables = raw[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(np.int32)
-    pixels = raw[plan.pixels_at:]
-    out_h, out_w = plan.spec.size
-    out = torch.empty((n, 3, out_h, out_w), dtype=lut.dtype)
+def emulate_kernel(pixels, meta, tables, lut, out, chunk_columns: int = 4096) -> None:
+    """``clip_flash._C.image_resample(pixels, meta, tables, lut, out)`` in numpy (same arguments)."""
+    pixels, tables = pixels.numpy(), tables.numpy()
+    n, _, out_h, out_w = out.shape
     field = {name: i for i, name in enumerate(META_FIELDS)}
     for image in range(n):
         m = {name: int(meta[image, i]) for name, i in field.items()}
@@ -109,11 +107,22 @@ def emulate_kernel(buffer: torch.Tensor, plan, lut: torch.Tensor, chunk_columns:
             for c in range(3):
                 plane = torch.from_numpy(values[:, :, c if channels == 3 else 0])
                 out[image, c, row0: row0 + plane.shape[0]] = lut[c][plane]
-    return out
+
+
+class EmulatedExtension:
+    """Stands in for ``clip_flash._C`` so ``resample_packed``'s upload and views run on the CPU."""
+
+    def __init__(self, chunk_columns: int) -> None:
+        self.chunk_columns = chunk_columns
+
+    def image_resample(self, pixels, meta, tables, lut, out) -> None:
+        assert pixels.dtype == torch.uint8 and meta.dtype == torch.int64 and tables.dtype == torch.int32
+        assert lut.shape == (3, 256) and lut.dtype == out.dtype and out.is_contiguous()
+        emulate_kernel(pixels, meta, tables, lut, out, self.chunk_columns)
 
 
 @pytest.mark.parametrize("mode, chunk_columns", [("shortest", 4096), ("longest", 4096), ("squash", 4096), ("squash", 7)])
-def test_emulated_kernel_on_packed_batch_is_exact(mode, chunk_columns, corpora):
+def test_emulated_kernel_on_packed_batch_is_exact(mode, chunk_columns, corpora, monkeypatch):
     """Small chunks make the vertical-first rows span many shared-memory chunks."""
     from open_clip.transform import image_transform
 
@@ -129,10 +138,11 @@ def test_emulated_kernel_on_packed_batch_is_exact(mode, chunk_columns, corpora):
     buffer = plan.allocate_host(pin=False)
     for index, array in enumerate(accepted):
         plan.pixel_slot(buffer, index).copy_(torch.tensor(array))
+    monkeypatch.setattr(image_resample_module, "load_extension", lambda: EmulatedExtension(chunk_columns))
+    reference = torch.stack([preprocess(corpora.to_pil(a)) for a in accepted])
     for dtype in (torch.float32, torch.bfloat16):
-        got = emulate_kernel(buffer, plan, _value_table_host(spec.mean, spec.std, dtype), chunk_columns)
-        reference = torch.stack([preprocess(corpora.to_pil(a)) for a in accepted]).to(dtype)
-        bad = [i for i in range(len(accepted)) if not torch.equal(got[i], reference[i])]
+        got = image_resample_module.resample_packed(buffer, plan, "cpu", dtype)
+        bad = [i for i in range(len(accepted)) if not torch.equal(got[i], reference[i].to(dtype))]
         assert not bad, [accepted[i].shape for i in bad]
 
 
