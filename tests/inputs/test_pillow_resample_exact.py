@@ -153,7 +153,10 @@ def test_pass_order_follows_pillow_at_the_boundary(corpora):
             if 0 < out_h != in_h:
                 cases.append((in_h, in_w, out_h, out_w))
     cases += [(60, 80, 90, 70), (60, 80, 50, 120), (400, 90, 224, 50)]
-    assert {pillow_vertical_first((a, b), (c, d)) for a, b, c, d in cases} == {True, False}
+    from clip_flash.inputs.resample_plan import PILLOW_MAJOR
+
+    orders = {pillow_vertical_first((a, b), (c, d)) for a, b, c, d in cases}
+    assert orders == ({True, False} if PILLOW_MAJOR >= 13 else {False})
     for index, (in_h, in_w, out_h, out_w) in enumerate(cases):
         for interpolation in ("bicubic", "bilinear"):
             preprocess = image_transform((out_h, out_w), is_train=False, resize_mode="squash", interpolation=interpolation)
