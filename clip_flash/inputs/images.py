@@ -33,6 +33,15 @@ DECODERS = ("cpu", "gpu")
 
 
 @dataclass
+class PackedPixels:
+    """Decoded pixels of ``indices``, in one page-locked buffer laid out by ``plan`` for the kernel."""
+
+    plan: Any
+    buffer: torch.Tensor
+    indices: List[int]
+
+
+@dataclass
 class DecodedImages:
     """The CPU step's result for one call of :meth:`ImagePreprocessor.decode`.
 
@@ -44,7 +53,7 @@ class DecodedImages:
     count: int
     items: List[DecodedItem]
     failures: List[Tuple[int, str]]
-    buffers: List[torch.Tensor] = field(default_factory=list)
+    packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
 
     @property
     def indices(self) -> List[int]:
@@ -113,6 +122,8 @@ class ImagePreprocessor:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if decode not in DECODERS:
             raise ValueError(f"decode must be one of {DECODERS}, got {decode!r}")
         if decode == "gpu" and self.device.type != "cuda":
@@ -128,8 +139,10 @@ class ImagePreprocessor:
         agreement = decoder_agreement()
         self.decoder_agreement = agreement
         self.options = DecodeOptions(preprocess, use_torchvision_jpeg=agreement.jpeg,
-                                     use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu")
-        self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False)
+                                     use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu",
+                                     spec=self.resize.spec)
+        self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False,
+                                          spec=self.resize.spec)
         self.workers = workers or default_workers()
         self.pool = DecodePool(self.options, self.workers, executor)
 
@@ -144,14 +157,23 @@ class ImagePreprocessor:
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
         items = list(items)
-        pin = self.device.type == "cuda"
-        buffers, decoded = self.pool.decode(items, pin=pin)
+        decoded = self.pool.decode(items)
         failures = [(item.index, item.reason) for item in decoded if not item.ok]
         good = [item for item in decoded if item.ok]
         for item in good:
             for note in item.notes:
                 logger.debug("input %d: %s", item.index, note)
-        return DecodedImages(len(items), good, failures, buffers)
+        packed = None
+        pixel_items = [item for item in good if item.pixels is not None]
+        if self.resize.packs and pixel_items:
+            # One page-locked buffer for the whole batch, filled by the pool's threads: the device step
+            # is then one upload and one kernel launch.
+            plan, buffer, slots = self.resize.pack_on_host([item.pixels for item in pixel_items],
+                                                           self.pool.copy_many)
+            for item, slot in zip(pixel_items, slots):
+                item.pixels = slot
+            packed = PackedPixels(plan, buffer, [item.index for item in pixel_items])
+        return DecodedImages(len(items), good, failures, packed)
 
     def prepare(self, decoded: DecodedImages) -> PreparedImages:
         """The device step: resample the decoded pixels exactly and assemble the batch in input order."""
@@ -161,7 +183,10 @@ class ImagePreprocessor:
         jpeg_items = [item for item in decoded.items if item.encoded is not None]
         prepared_items = [item for item in decoded.items if item.prepared is not None]
         groups: List[Tuple[List[int], torch.Tensor]] = []
-        device_pixels = self._upload(pixel_items, decoded.buffers)
+        if decoded.packed is not None:
+            groups.append((decoded.packed.indices, self.resize.run_packed(decoded.packed.plan, decoded.packed.buffer)))
+            pixel_items = []
+        device_pixels = [item.pixels for item in pixel_items]
         if jpeg_items:
             on_gpu, refused = decode_jpegs_on_gpu(jpeg_items, self.device)
             for item, pixels in on_gpu:
@@ -178,7 +203,7 @@ class ImagePreprocessor:
                     prepared_items.append(fallback)
                 else:
                     pixel_items.append(fallback)
-                    device_pixels.append(fallback.pixels.to(self.device))
+                    device_pixels.append(fallback.pixels.to(self.device))  # beside nvJPEG's, on the GPU
         if pixel_items:
             groups.append(self._resize_group(pixel_items, device_pixels, failures))
         if prepared_items:
@@ -217,24 +242,6 @@ class ImagePreprocessor:
         if not rows:
             return [], torch.empty((0, 3, height, width), device=self.device, dtype=self.dtype)
         return indices, torch.cat(rows)
-
-    def _upload(self, items: List[DecodedItem], buffers: List[torch.Tensor]) -> List[torch.Tensor]:
-        """Each item's pixels on the device: one asynchronous copy per page-locked buffer."""
-        if self.device.type != "cuda":
-            return [item.pixels for item in items]
-        on_device = {}
-        for buffer in buffers:
-            on_device[buffer.untyped_storage().data_ptr()] = buffer.to(self.device, non_blocking=True)
-        result = []
-        for item in items:
-            pixels = item.pixels
-            source = on_device.get(pixels.untyped_storage().data_ptr()) if pixels.device.type == "cpu" else None
-            if source is not None:
-                offset = pixels.storage_offset()
-                result.append(source[offset:offset + pixels.numel()].view(pixels.shape))
-            else:
-                result.append(pixels.to(self.device, non_blocking=pixels.is_pinned()))
-        return result
 
     def _assemble(self, groups: List[Tuple[List[int], torch.Tensor]]) -> Tuple[torch.Tensor, List[int]]:
         """Rows of all groups in input order."""
