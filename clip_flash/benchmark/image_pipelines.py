@@ -14,6 +14,7 @@ A file that cannot be read is skipped and reported, never fatal.
 from __future__ import annotations
 
 import collections
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -128,6 +129,14 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
     }
 
 
+def host_cores() -> int:
+    """The cores this process may run on (what a DataLoader user would give num_workers)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def clip_flash_sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -193,9 +202,7 @@ def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths:
     ``warmup``: untimed batches first (default: 3, and for ``stock`` one per DataLoader worker plus one,
     so every worker has a batch in flight before the clock starts).
     """
-    from clip_flash.inputs.decode_pool import default_workers
-
-    workers = workers or default_workers()
+    workers = workers or host_cores()
     rows = []
     for pipeline in pipelines:
         # The stock DataLoader needs a batch per worker in flight before it reaches steady state.
@@ -214,7 +221,7 @@ def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths:
     if step is not None:
         step["encoder_ms"] = encoder["ms"] * step["batch"] / encoder["batch"]
         step["kernel_share_of_gpu"] = step["kernel_ms"] / (step["kernel_ms"] + step["copy_ms"] + step["encoder_ms"])
-    return {"files": len(paths), "cpu_cores": default_workers(), "pipelines": rows, "encoder_only": encoder,
+    return {"files": len(paths), "cpu_cores": host_cores(), "pipelines": rows, "encoder_only": encoder,
             "device_step": step}
 
 

@@ -45,9 +45,9 @@ class PackedPixels:
 class DecodedImages:
     """The CPU step's result for one call of :meth:`ImagePreprocessor.decode`.
 
-    ``items`` holds each readable input's pixels (uint8 ``(H, W, C)``, in page-locked buffers when the
-    device is a GPU), the output of ``preprocess`` for inputs that ran it on the CPU, or JPEG bytes
-    for nvJPEG; ``failures`` the unreadable ones.
+    ``items`` holds each readable input's pixels (uint8 ``(H, W, C)``; with the GPU kernel, views of the
+    one page-locked buffer ``packed`` laid out for it), the output of ``preprocess`` for inputs that ran
+    it on the CPU, or JPEG bytes for nvJPEG; ``failures`` the unreadable ones.
     """
 
     count: int
