@@ -164,7 +164,8 @@ class ImagePreprocessor:
             for note in item.notes:
                 logger.debug("input %d: %s", item.index, note)
         packed = None
-        pixel_items = [item for item in good if item.pixels is not None]
+        # Pixels on the CPU go into the kernel's buffer; a tensor passed in on the GPU is packed there later.
+        pixel_items = [item for item in good if item.pixels is not None and item.pixels.device.type == "cpu"]
         if self.resize.packs and pixel_items:
             # One page-locked buffer for the whole batch, filled by the pool's threads: the device step
             # is then one upload and one kernel launch.
@@ -184,8 +185,10 @@ class ImagePreprocessor:
         prepared_items = [item for item in decoded.items if item.prepared is not None]
         groups: List[Tuple[List[int], torch.Tensor]] = []
         if decoded.packed is not None:
-            groups.append((decoded.packed.indices, self.resize.run_packed(decoded.packed.plan, decoded.packed.buffer)))
-            pixel_items = []
+            packed = decoded.packed
+            groups.append((packed.indices, self.resize.run_packed(packed.plan, packed.buffer)))
+            in_buffer = set(packed.indices)
+            pixel_items = [item for item in pixel_items if item.index not in in_buffer]
         device_pixels = [item.pixels for item in pixel_items]
         if jpeg_items:
             on_gpu, refused = decode_jpegs_on_gpu(jpeg_items, self.device)
