@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -70,9 +71,15 @@ def _unpack_when_done(future) -> Tuple[Optional[torch.Tensor], List[DecodedItem]
     return _unpack(*future.result())
 
 
+def copy_pixels(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target[...] = source`` for CPU tensors through numpy: one thread per copy, GIL released. (A torch
+    copy of a large tensor would start its own OpenMP team from every pool thread at once.)"""
+    np.copyto(target.numpy(), source.numpy())
+
+
 def _copy_pairs(pairs: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
     for target, source in pairs:
-        target.copy_(source)
+        copy_pixels(target, source)
 
 
 def chunked(pairs: List[Tuple[int, Any]], workers: int) -> List[List[Tuple[int, Any]]]:
@@ -142,10 +149,9 @@ class DecodePool:
         return decoded
 
     def copy_many(self, targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
-        """``target.copy_(source)`` for each pair, spread over the thread pool (torch's copy releases the GIL)."""
+        """``target[...] = source`` for each pair of CPU tensors, spread over the thread pool."""
         if len(targets) <= 1:
-            for target, source in zip(targets, sources):
-                target.copy_(source)
+            _copy_pairs(list(zip(targets, sources)))
             return
         pairs = list(zip(targets, sources))
         size = max(1, -(-len(pairs) // (2 * self.workers)))

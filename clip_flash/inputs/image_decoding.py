@@ -218,7 +218,7 @@ def decode_items(pairs: List[Tuple[int, Any]], options: DecodeOptions, pack: boo
     for item in movable:
         size = item.pixels.numel()
         view = buffer[offset:offset + size].view(item.pixels.shape)
-        view.copy_(item.pixels)
+        np.copyto(view.numpy(), item.pixels.numpy())
         item.pixels = view
         offset += size
     return buffer, decoded
