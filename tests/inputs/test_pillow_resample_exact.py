@@ -162,3 +162,19 @@ def test_pass_order_follows_pillow_at_the_boundary(corpora):
             preprocess = image_transform((out_h, out_w), is_train=False, resize_mode="squash", interpolation=interpolation)
             image = corpora.random_image(in_h, in_w, 3, seed=index)
             assert_corpus_exact(corpora, preprocess, [(f"{in_h}x{in_w}->{out_h}x{out_w}", image)])
+
+
+def test_installed_pillow_agrees_with_the_model():
+    from clip_flash.inputs.pillow_resample import pillow_disagreement
+
+    assert pillow_disagreement() is None
+
+
+def test_self_check_catches_other_arithmetic(monkeypatch):
+    """With the pass order flipped (what a Pillow of other arithmetic would look like) it reports it."""
+    import clip_flash.inputs.resample_plan as resample_plan
+    from clip_flash.inputs.pillow_resample import pillow_disagreement
+
+    monkeypatch.setattr(resample_plan, "pillow_vertical_first", lambda source, resized: not (
+        resized[1] != source[1] and resized[0] != source[0] and 0 < source[0] - resized[0] > 2 * (source[1] - resized[1])))
+    assert "differently" in (pillow_disagreement() or "")
