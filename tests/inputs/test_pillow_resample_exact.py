@@ -45,13 +45,15 @@ def assert_corpus_exact(corpora, preprocess, corpus, dtype=torch.float32) -> int
 
 
 def test_random_images_bit_exact(transform_case, corpora):
-    preprocess, target = transform_case
-    assert assert_corpus_exact(corpora, preprocess, corpora.random(target)) >= 50
+    case = transform_case
+    assert assert_corpus_exact(corpora, case.preprocess, corpora.random(case.target)) >= 50
 
 
 def test_real_photos_bit_exact(transform_case, corpora):
-    preprocess, target = transform_case
-    assert assert_corpus_exact(corpora, preprocess, corpora.photos(target)) >= 50
+    """Half the photo variants per case, alternating, so every variant meets every mode and filter."""
+    case = transform_case
+    corpus = corpora.photos(case.target, share=(case.index % 2, 2))
+    assert assert_corpus_exact(corpora, case.preprocess, corpus) >= 30
 
 
 @pytest.mark.parametrize("mode", ["shortest", "longest", "squash"])
