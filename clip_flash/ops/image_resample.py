@@ -21,7 +21,9 @@ import numpy as np
 import torch
 
 from clip_flash._extension import load_extension
-from clip_flash.inputs.pillow_resample import check_image, preprocess_batch_cpu, to_model_input
+from clip_flash.inputs.pillow_resample import (
+    check_image, preprocess_batch_cpu, require_pillow_agreement, to_model_input,
+)
 from clip_flash.inputs.resample_plan import AxisTable, plan_image
 from clip_flash.inputs.transform_spec import ImageTransformSpec
 
@@ -71,8 +73,9 @@ class BatchPlan:
 
 def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec) -> BatchPlan:
     """Meta rows and tap tables for images of these (H, W, C) shapes. Images of the same size share
-    their tables. Raises ``ImageTooSmallError`` (naming the image) where OpenCLIP's transform fails."""
-    target_h, target_w = spec.size
+    their tables. Raises ``ImageTooSmallError`` (naming the image) where OpenCLIP's transform fails,
+    and ``PillowMismatchError`` if the installed Pillow does not compute what the kernel reproduces."""
+    require_pillow_agreement()
     meta = np.zeros((len(shapes), len(META_FIELDS)), dtype=np.int64)
     pieces: List[np.ndarray] = []
     offsets: Dict[int, int] = {}
@@ -106,7 +109,6 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
     tables = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
     tables_at = _aligned(meta.nbytes)
     pixels_at = _aligned(tables_at + tables.nbytes)
-    assert target_h > 0 and target_w > 0
     return BatchPlan(spec, tuple(tuple(s) for s in shapes), meta, tables, tables_at, pixels_at, pixels_at + pixel_offset)
 
 

@@ -48,14 +48,14 @@ def assert_kernel_exact(corpora, preprocess, corpus, dtypes=(torch.float32,), ag
 
 
 def test_kernel_random_images_bit_exact(transform_case, corpora):
-    preprocess, target = transform_case
+    case = transform_case
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
-    assert assert_kernel_exact(corpora, preprocess, corpora.random(target), dtypes, against_cpu=True) >= 40
+    assert assert_kernel_exact(corpora, case.preprocess, corpora.random(case.target), dtypes, against_cpu=True) >= 40
 
 
 def test_kernel_real_photos_bit_exact(transform_case, corpora):
-    preprocess, target = transform_case
-    assert assert_kernel_exact(corpora, preprocess, corpora.photos(target)) >= 50
+    case = transform_case
+    assert assert_kernel_exact(corpora, case.preprocess, corpora.photos(case.target)) >= 50
 
 
 @pytest.mark.parametrize("mode", ["shortest", "longest", "squash"])
