@@ -14,6 +14,7 @@ A file that cannot be read is skipped and reported, never fatal.
 from __future__ import annotations
 
 import collections
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -128,6 +129,14 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
     }
 
 
+def host_cores() -> int:
+    """The cores this process may run on (what a DataLoader user would give num_workers)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def clip_flash_sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -137,13 +146,14 @@ def encoder_only(model: torch.nn.Module, pixels: torch.Tensor, repeats: int = 10
     """The model alone on an already prepared batch: median ms per call and images/s."""
     device = pixels.device
     times = []
+    warmup = 2 if repeats > 1 else 0
     with torch.inference_mode():
-        for number in range(repeats + 2):
+        for number in range(repeats + warmup):
             clip_flash_sync(device)
             start = time.perf_counter()
             model.encode_image(pixels)
             clip_flash_sync(device)
-            if number >= 2:
+            if number >= warmup:
                 times.append(time.perf_counter() - start)
     median = statistics.median(times)
     return {"batch": pixels.shape[0], "ms": median * 1e3, "images_per_s": pixels.shape[0] / median}
@@ -185,29 +195,33 @@ def device_step_profile(prep: "clip_flash.ImagePreprocessor", paths: Sequence[Pa
 def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths: Sequence[Path],
                             pipelines: Sequence[str], device: torch.device, dtype: torch.dtype,
                             image_size: Tuple[int, int], batch: int = 256, batches: int = 24,
-                            workers: Optional[int] = None, executor: str = "thread") -> Dict[str, Any]:
-    """Every requested pipeline, the encoder alone on a prepared batch, and the device step's GPU time."""
-    from clip_flash.inputs.decode_pool import default_workers
+                            workers: Optional[int] = None, executor: str = "thread", warmup: Optional[int] = None,
+                            encoder_repeats: int = 10) -> Dict[str, Any]:
+    """Every requested pipeline, the encoder alone on a prepared batch, and the device step's GPU time.
 
-    workers = workers or default_workers()
+    ``warmup``: untimed batches first (default: 3, and for ``stock`` one per DataLoader worker plus one,
+    so every worker has a batch in flight before the clock starts).
+    """
+    workers = workers or host_cores()
     rows = []
     for pipeline in pipelines:
         # The stock DataLoader needs a batch per worker in flight before it reaches steady state.
-        warmup = max(3, workers + 1) if pipeline == "stock" else 3
+        first = warmup or (max(3, workers + 1) if pipeline == "stock" else 3)
         rows.append(measure_pipeline(pipeline, paths, preprocess, model, device, dtype, image_size, batch,
-                                     batches, warmup, workers, executor))
+                                     batches, first, workers, executor))
     sample = [paths[index % len(paths)] for index in range(batch)]
     with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, workers=workers) as prep:
         prepared = prep(sample)
         if len(prepared) == 0:
             raise ValueError(f"none of the first {batch} files could be read: {prepared.failures[:3]}")
         # A full batch of readable images (repeated if some were skipped).
-        encoder = encoder_only(model, prepared.pixels[torch.arange(batch, device=device) % len(prepared)])
+        encoder = encoder_only(model, prepared.pixels[torch.arange(batch, device=device) % len(prepared)],
+                               encoder_repeats)
         step = device_step_profile(prep, sample)
     if step is not None:
         step["encoder_ms"] = encoder["ms"] * step["batch"] / encoder["batch"]
         step["kernel_share_of_gpu"] = step["kernel_ms"] / (step["kernel_ms"] + step["copy_ms"] + step["encoder_ms"])
-    return {"files": len(paths), "cpu_cores": default_workers(), "pipelines": rows, "encoder_only": encoder,
+    return {"files": len(paths), "cpu_cores": host_cores(), "pipelines": rows, "encoder_only": encoder,
             "device_step": step}
 
 

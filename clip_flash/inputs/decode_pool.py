@@ -3,8 +3,8 @@
 Threads suit torchvision's decoders, which release the GIL; what is left under the GIL (Pillow's
 header parsing, Python bookkeeping) caps a thread pool below what the cores could do. A process
 pool has no such cap; each task there decodes a chunk of inputs and returns their pixels in one
-shared-memory block (torch's multiprocessing reductions), which the parent copies into page-locked
-memory. Inputs already in memory (PIL images, arrays) always stay in the calling process.
+shared-memory block (torch's multiprocessing reductions). Inputs already in memory (PIL images,
+arrays) always stay in the calling process.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -56,22 +57,29 @@ def _decode_chunk_in_process(pairs: List[Tuple[int, Any]]) -> Tuple[Optional[tor
     return buffer, items, spans
 
 
-def _unpack(buffer: Optional[torch.Tensor], items: List[DecodedItem], spans: List[Tuple[int, int]],
-            pin: bool) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
-    """The parent's side of :func:`_decode_chunk_in_process`: views of a (pinned) copy of the buffer."""
-    if buffer is None:
-        return None, items
-    local = torch.empty_like(buffer, pin_memory=pin) if pin else buffer
-    if pin:
-        local.copy_(buffer)
-    for item, (offset, size) in zip(items, spans):
-        if offset >= 0:
-            item.pixels = local[offset:offset + size].view(*item.image_size, item.channels)
-    return local, items
+def _unpack(buffer: Optional[torch.Tensor], items: List[DecodedItem], spans: List[Tuple[int, int]]
+            ) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
+    """The parent's side of :func:`_decode_chunk_in_process`: views of the shared buffer."""
+    if buffer is not None:
+        for item, (offset, size) in zip(items, spans):
+            if offset >= 0:
+                item.pixels = buffer[offset:offset + size].view(*item.image_size, item.channels)
+    return buffer, items
 
 
-def _unpack_when_done(future, pin: bool) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
-    return _unpack(*future.result(), pin=pin)
+def _unpack_when_done(future) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
+    return _unpack(*future.result())
+
+
+def copy_pixels(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target[...] = source`` for CPU tensors through numpy: one thread per copy, GIL released. (A torch
+    copy of a large tensor would start its own OpenMP team from every pool thread at once.)"""
+    np.copyto(target.numpy(), source.numpy())
+
+
+def _copy_pairs(pairs: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for target, source in pairs:
+        copy_pixels(target, source)
 
 
 def chunked(pairs: List[Tuple[int, Any]], workers: int) -> List[List[Tuple[int, Any]]]:
@@ -113,12 +121,11 @@ class DecodePool:
                                                   initializer=_init_process_worker, initargs=(self.options,))
         return self._processes
 
-    def decode(self, items: Sequence[Any], pin: bool) -> Tuple[List[torch.Tensor], List[DecodedItem]]:
-        """All inputs' :class:`DecodedItem`, in input order, and the buffers their pixels live in."""
+    def decode(self, items: Sequence[Any]) -> List[DecodedItem]:
+        """All inputs' :class:`DecodedItem`, in input order."""
         pairs = list(enumerate(items))
         if len(pairs) <= 1:  # a single request: no hop through the pool
-            buffer, decoded = decode_items(pairs, self.options, pin=pin)
-            return [buffer] if buffer is not None else [], decoded
+            return decode_items(pairs, self.options)[1]
         in_memory = [pair for pair in pairs if isinstance(pair[1], (Image.Image, torch.Tensor))
                      or type(pair[1]).__module__ == "numpy"]
         encoded = [pair for pair in pairs if not (isinstance(pair[1], (Image.Image, torch.Tensor))
@@ -129,22 +136,28 @@ class DecodePool:
             pool = self._process_pool()
             encoded = [(index, bytes(item) if isinstance(item, memoryview) else item) for index, item in encoded]
             in_processes = [pool.submit(_decode_chunk_in_process, chunk) for chunk in chunked(encoded, self.workers)]
-            # Threads copy each returned block into page-locked memory, in parallel.
-            futures += [threads.submit(_unpack_when_done, future, pin) for future in in_processes]
+            futures += [threads.submit(_unpack_when_done, future) for future in in_processes]
             thread_pairs = in_memory
         else:
             thread_pairs = pairs
-        futures += [threads.submit(decode_items, chunk, self.options, pin)
+        futures += [threads.submit(decode_items, chunk, self.options)
                     for chunk in chunked(thread_pairs, self.workers)]
-        buffers: List[torch.Tensor] = []
         decoded: List[DecodedItem] = []
         for future in futures:
-            buffer, chunk_items = future.result()
-            if buffer is not None:
-                buffers.append(buffer)
-            decoded.extend(chunk_items)
+            decoded.extend(future.result()[1])
         decoded.sort(key=lambda item: item.index)
-        return buffers, decoded
+        return decoded
+
+    def copy_many(self, targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
+        """``target[...] = source`` for each pair of CPU tensors, spread over the thread pool."""
+        if len(targets) <= 1:
+            _copy_pairs(list(zip(targets, sources)))
+            return
+        pairs = list(zip(targets, sources))
+        size = max(1, -(-len(pairs) // (2 * self.workers)))
+        chunks = [pairs[start:start + size] for start in range(0, len(pairs), size)]
+        for future in [self._thread_pool().submit(_copy_pairs, chunk) for chunk in chunks]:
+            future.result()
 
     def close(self) -> None:
         """Stop the workers (they start again on the next call)."""

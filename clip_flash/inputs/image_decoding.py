@@ -36,6 +36,9 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from .resample_plan import plan_image
+from .transform_spec import ImageTransformSpec
+
 logger = logging.getLogger(__name__)
 
 EXACT_MODES = {"RGB": 3, "L": 1}
@@ -50,6 +53,7 @@ class DecodeOptions:
     use_torchvision_jpeg: bool = True  # False when torchvision's decoder disagreed with Pillow here
     use_torchvision_png: bool = True
     keep_jpeg_bytes: bool = False  # decode="gpu": JPEGs stay encoded for nvJPEG
+    spec: Optional[ImageTransformSpec] = None  # when given, sizes the transform cannot take fail here
 
 
 @dataclass
@@ -103,6 +107,10 @@ def decode_item(index: int, item: Any, options: DecodeOptions) -> DecodedItem:
         else:
             result.reason = (f"unsupported input type {type(item).__name__}: pass a path, bytes, "
                              "a PIL image or a uint8 (H, W, C) array")
+        if result.reason is None and result.prepared is None and options.spec is not None:
+            # An image the transform cannot resize (as OpenCLIP's fails on it) is a failure now, not
+            # in the middle of a batch; this also caches its tap tables for the batch plan.
+            plan_image(options.spec, *result.image_size)
     except UnidentifiedImageError:
         result.reason = "UnidentifiedImageError: Pillow cannot identify an image format in it"
     except Exception as error:  # noqa: BLE001 - a bad input is reported, never raised
@@ -197,27 +205,20 @@ def _take_array(array: Any, result: DecodedItem) -> None:
     result.route, result.image_size, result.channels = "tensor", tuple(tensor.shape[:2]), tensor.shape[-1]
 
 
-def decode_items(pairs: List[Tuple[int, Any]], options: DecodeOptions, pin: bool = False,
-                 pack: bool = False) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
-    """Decode several inputs; with ``pin`` or ``pack``, put their CPU pixels in one flat buffer.
-
-    ``pin``: the buffer is page-locked (one fast, asynchronous host-to-device copy later); ``pack``:
-    one buffer per call, which a process pool hands back as a single shared-memory block. Items whose
-    pixels went into the buffer keep ``pixels`` as a view of it.
-    """
+def decode_items(pairs: List[Tuple[int, Any]], options: DecodeOptions, pack: bool = False
+                 ) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
+    """Decode several inputs; with ``pack``, move their pixels into one flat shared-memory buffer (a
+    process pool hands it back as one block), leaving each item's ``pixels`` a view of it."""
     decoded = [decode_item(index, item, options) for index, item in pairs]
-    if not (pin or pack):
-        return None, decoded
     movable = [item for item in decoded if item.pixels is not None and item.pixels.device.type == "cpu"]
-    if not movable:
+    if not pack or not movable:
         return None, decoded
-    total = sum(item.pixels.numel() for item in movable)
-    buffer = shared_buffer(total) if pack and not pin else torch.empty(total, dtype=torch.uint8, pin_memory=pin)
+    buffer = shared_buffer(sum(item.pixels.numel() for item in movable))
     offset = 0
     for item in movable:
         size = item.pixels.numel()
         view = buffer[offset:offset + size].view(item.pixels.shape)
-        view.copy_(item.pixels)
+        np.copyto(view.numpy(), item.pixels.numpy())
         item.pixels = view
         offset += size
     return buffer, decoded

@@ -2,11 +2,12 @@
 
 Three implementations give the same bits (each is tested against ``preprocess``):
 
-- ``kernel``: clip_flash's CUDA kernel (``clip_flash.ops.image_resample``), one launch per batch;
+- ``kernel``: clip_flash's CUDA kernel (``clip_flash.ops.image_resample``): the whole batch packed in one
+  buffer (per-image layout, Pillow's fixed-point tap tables, the pixels), one upload, one launch;
 - ``torch``: the same fixed-point arithmetic in plain PyTorch on the CPU (the kernel's reference);
 - ``pillow``: Pillow itself, through ``preprocess`` on the pixels (faster than ``torch`` on a CPU).
 
-``auto`` takes the kernel on a GPU and Pillow on the CPU (or on a GPU whose kernel is not built).
+``auto`` takes the kernel on a GPU and Pillow on the CPU (or on a GPU without the compiled kernel).
 """
 from __future__ import annotations
 
@@ -17,27 +18,25 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..ops.image_resample import BatchPlan, kernel_usable, plan_batch, resample_packed
 from .pillow_resample import preprocess_batch_cpu
 from .transform_spec import spec_from_preprocess
 
 logger = logging.getLogger(__name__)
 
 RESIZERS = ("auto", "kernel", "torch", "pillow")
-
-
-def _kernel_resample() -> Tuple[Optional[Callable], str]:
-    """``resample_batch`` of the CUDA kernel, or None and why it cannot run."""
-    try:
-        from ..ops.image_resample import resample_batch
-    except ImportError as error:
-        return None, f"clip_flash.ops.image_resample is not importable ({error})"
-    return resample_batch, ""
+CopyMany = Callable[[List[torch.Tensor], List[torch.Tensor]], None]
 
 
 def pil_image_of(pixels: torch.Tensor) -> Image.Image:
     """The L or RGB PIL image whose pixels are ``pixels`` (uint8 ``(H, W, C)``, C in {1, 3})."""
     array = np.ascontiguousarray(pixels.cpu().numpy())
     return Image.fromarray(array[:, :, 0], "L") if array.shape[-1] == 1 else Image.fromarray(array, "RGB")
+
+
+def _copy_each(targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
+    for target, source in zip(targets, sources):
+        target.copy_(source)
 
 
 class ExactResize:
@@ -56,26 +55,65 @@ class ExactResize:
         self.dtype = dtype
         self.spec = spec_from_preprocess(preprocess)
         self.output_size: Tuple[int, int] = tuple(self.spec.size)
-        self._kernel: Optional[Callable] = None
         if resize in ("auto", "kernel") and device.type == "cuda":
-            self._kernel, why_not = _kernel_resample()
-            if self._kernel is None:
+            usable = kernel_usable(self.spec, device)
+            if not usable:
+                why = (f"output width {self.spec.size[1]} is over the kernel's limit" if self.spec.size[1] > 1024
+                       else "the compiled extension clip_flash._C is not available")
                 if resize == "kernel":
-                    raise RuntimeError(f"resize='kernel' asked for, but {why_not}")
-                logger.warning("%s: Pillow resizes on the CPU (exact, slower)", why_not)
+                    raise RuntimeError(f"resize='kernel' asked for, but {why}")
+                logger.warning("image resize kernel unusable (%s): Pillow resizes on the CPU (exact, slower)", why)
+            self.implementation = "kernel" if usable else "pillow"
         elif resize == "kernel":
             raise ValueError("resize='kernel' needs a CUDA device")
-        self.implementation = "kernel" if self._kernel is not None else ("torch" if resize == "torch" else "pillow")
+        else:
+            self.implementation = "torch" if resize == "torch" else "pillow"
+
+    @property
+    def packs(self) -> bool:
+        """Whether decoded pixels should be packed for the kernel (:meth:`pack_on_host`)."""
+        return self.implementation == "kernel"
+
+    def pack_on_host(self, images: Sequence[torch.Tensor], copy_many: Optional[CopyMany] = None
+                     ) -> Tuple[BatchPlan, torch.Tensor, List[torch.Tensor]]:
+        """One page-locked buffer laid out for the kernel, the images copied into their slots (by
+        ``copy_many``, e.g. in a thread pool); returns the plan, the buffer and each image's slot."""
+        plan = plan_batch([tuple(int(size) for size in image.shape) for image in images], self.spec)
+        buffer = plan.allocate_host(pin=True)
+        slots = [plan.pixel_slot(buffer, index) for index in range(len(images))]
+        (copy_many or _copy_each)(slots, list(images))
+        return plan, buffer, slots
+
+    def run_packed(self, plan: BatchPlan, buffer: torch.Tensor) -> torch.Tensor:
+        """The kernel on a packed buffer: one upload (asynchronous from page-locked memory), one launch."""
+        return resample_packed(buffer, plan, self.device, self.dtype)
+
+    def _pack_on_device(self, images: Sequence[torch.Tensor]) -> Tuple[BatchPlan, torch.Tensor]:
+        """The packed layout built on the GPU, for pixels already there (nvJPEG's): no round trip."""
+        plan = plan_batch([tuple(int(size) for size in image.shape) for image in images], self.spec)
+        head = torch.zeros(plan.pixels_at, dtype=torch.uint8)
+        head[: plan.meta.nbytes].view(torch.int64).copy_(torch.from_numpy(plan.meta.reshape(-1)))
+        head[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(torch.int32).copy_(
+            torch.from_numpy(plan.tables))
+        buffer = torch.empty(plan.total_bytes, dtype=torch.uint8, device=self.device)
+        on_gpu = self.device.type == "cuda"
+        buffer[: plan.pixels_at].copy_(head.pin_memory() if on_gpu else head, non_blocking=on_gpu)
+        for index, image in enumerate(images):
+            plan.pixel_slot(buffer, index).copy_(image)
+        return plan, buffer
 
     def __call__(self, pixels: Sequence[torch.Tensor]) -> torch.Tensor:
-        """``(n, 3, H, W)`` in ``dtype`` on ``device`` for ``n`` uint8 ``(h, w, c)`` images."""
-        if self._kernel is not None:
-            return self._kernel(list(pixels), self.spec, self.device, self.dtype)
+        """``(n, 3, H, W)`` in ``dtype`` on ``device`` for ``n`` uint8 ``(h, w, c)`` images (anywhere)."""
+        height, width = self.output_size
+        if not pixels:
+            return torch.empty((0, 3, height, width), dtype=self.dtype, device=self.device)
+        if self.implementation == "kernel":
+            if all(image.device == self.device for image in pixels):
+                return self.run_packed(*self._pack_on_device(pixels))
+            plan, buffer, _ = self.pack_on_host([image.cpu() for image in pixels])
+            return self.run_packed(plan, buffer)
         if self.implementation == "torch":
             rows = preprocess_batch_cpu([image.cpu() for image in pixels], self.spec, self.dtype)
             return rows.to(self.device)
         stacked: List[torch.Tensor] = [self.preprocess(pil_image_of(image)) for image in pixels]
-        height, width = self.output_size
-        if not stacked:
-            return torch.empty((0, 3, height, width), dtype=self.dtype, device=self.device)
         return torch.stack(stacked).to(self.device, self.dtype)

@@ -23,7 +23,7 @@ from PIL import Image
 from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import decode_jpegs_on_gpu
-from .image_decoding import DecodedItem, DecodeOptions, decode_item, route_counts
+from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
 from .image_resize import ExactResize
 
 logger = logging.getLogger(__name__)
@@ -33,18 +33,27 @@ DECODERS = ("cpu", "gpu")
 
 
 @dataclass
+class PackedPixels:
+    """Decoded pixels of ``indices``, in one page-locked buffer laid out by ``plan`` for the kernel."""
+
+    plan: Any
+    buffer: torch.Tensor
+    indices: List[int]
+
+
+@dataclass
 class DecodedImages:
     """The CPU step's result for one call of :meth:`ImagePreprocessor.decode`.
 
-    ``items`` holds each readable input's pixels (uint8 ``(H, W, C)``, in page-locked buffers when the
-    device is a GPU), the output of ``preprocess`` for inputs that ran it on the CPU, or JPEG bytes
-    for nvJPEG; ``failures`` the unreadable ones.
+    ``items`` holds each readable input's pixels (uint8 ``(H, W, C)``; with the GPU kernel, views of the
+    one page-locked buffer ``packed`` laid out for it), the output of ``preprocess`` for inputs that ran
+    it on the CPU, or JPEG bytes for nvJPEG; ``failures`` the unreadable ones.
     """
 
     count: int
     items: List[DecodedItem]
     failures: List[Tuple[int, str]]
-    buffers: List[torch.Tensor] = field(default_factory=list)
+    packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
 
     @property
     def indices(self) -> List[int]:
@@ -113,6 +122,8 @@ class ImagePreprocessor:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if decode not in DECODERS:
             raise ValueError(f"decode must be one of {DECODERS}, got {decode!r}")
         if decode == "gpu" and self.device.type != "cuda":
@@ -128,8 +139,10 @@ class ImagePreprocessor:
         agreement = decoder_agreement()
         self.decoder_agreement = agreement
         self.options = DecodeOptions(preprocess, use_torchvision_jpeg=agreement.jpeg,
-                                     use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu")
-        self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False)
+                                     use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu",
+                                     spec=self.resize.spec)
+        self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False,
+                                          spec=self.resize.spec)
         self.workers = workers or default_workers()
         self.pool = DecodePool(self.options, self.workers, executor)
 
@@ -144,24 +157,39 @@ class ImagePreprocessor:
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
         items = list(items)
-        pin = self.device.type == "cuda"
-        buffers, decoded = self.pool.decode(items, pin=pin)
+        decoded = self.pool.decode(items)
         failures = [(item.index, item.reason) for item in decoded if not item.ok]
         good = [item for item in decoded if item.ok]
         for item in good:
             for note in item.notes:
                 logger.debug("input %d: %s", item.index, note)
-        return DecodedImages(len(items), good, failures, buffers)
+        packed = None
+        # Pixels on the CPU go into the kernel's buffer; a tensor passed in on the GPU is packed there later.
+        pixel_items = [item for item in good if item.pixels is not None and item.pixels.device.type == "cpu"]
+        if self.resize.packs and pixel_items:
+            # One page-locked buffer for the whole batch, filled by the pool's threads: the device step
+            # is then one upload and one kernel launch.
+            plan, buffer, slots = self.resize.pack_on_host([item.pixels for item in pixel_items],
+                                                           self.pool.copy_many)
+            for item, slot in zip(pixel_items, slots):
+                item.pixels = slot
+            packed = PackedPixels(plan, buffer, [item.index for item in pixel_items])
+        return DecodedImages(len(items), good, failures, packed)
 
     def prepare(self, decoded: DecodedImages) -> PreparedImages:
         """The device step: resample the decoded pixels exactly and assemble the batch in input order."""
         failures = list(decoded.failures)
-        routes = decoded.routes
+        route_of = {item.index: item.route for item in decoded.items}
         pixel_items = [item for item in decoded.items if item.pixels is not None]
         jpeg_items = [item for item in decoded.items if item.encoded is not None]
         prepared_items = [item for item in decoded.items if item.prepared is not None]
         groups: List[Tuple[List[int], torch.Tensor]] = []
-        device_pixels = self._upload(pixel_items, decoded.buffers)
+        if decoded.packed is not None:
+            packed = decoded.packed
+            groups.append((packed.indices, self.resize.run_packed(packed.plan, packed.buffer)))
+            in_buffer = set(packed.indices)
+            pixel_items = [item for item in pixel_items if item.index not in in_buffer]
+        device_pixels = [item.pixels for item in pixel_items]
         if jpeg_items:
             on_gpu, refused = decode_jpegs_on_gpu(jpeg_items, self.device)
             for item, pixels in on_gpu:
@@ -169,26 +197,28 @@ class ImagePreprocessor:
                 device_pixels.append(pixels)
             for item, reason in refused:
                 # nvJPEG could not: the exact CPU decode decides (and may still fail, like Pillow).
+                logger.debug("input %d: nvJPEG refused (%s); decoding on the CPU", item.index, reason)
                 fallback = decode_item(item.index, bytes(item.encoded.numpy()), self._cpu_options)
-                routes["gpu-jpeg"] -= 1
+                route_of[item.index] = fallback.route
                 if not fallback.ok:
                     failures.append((item.index, fallback.reason))
-                    routes["failed"] = routes.get("failed", 0) + 1
-                    continue
-                routes[fallback.route] = routes.get(fallback.route, 0) + 1
-                logger.debug("input %d: nvJPEG refused (%s); decoded on the CPU", item.index, reason)
-                if fallback.prepared is not None:
+                elif fallback.prepared is not None:
                     prepared_items.append(fallback)
                 else:
                     pixel_items.append(fallback)
-                    device_pixels.append(fallback.pixels.to(self.device))
+                    device_pixels.append(fallback.pixels.to(self.device))  # beside nvJPEG's, on the GPU
         if pixel_items:
-            groups.append(([item.index for item in pixel_items], self.resize(device_pixels)))
+            groups.append(self._resize_group(pixel_items, device_pixels, failures))
         if prepared_items:
             stacked = torch.stack([item.prepared for item in prepared_items])
             groups.append(([item.index for item in prepared_items], stacked.to(self.device, self.dtype)))
         failures.sort()
-        pixels, indices = self._assemble(groups)
+        pixels, indices = self._assemble([group for group in groups if group[0]])
+        routes: Dict[str, int] = {}
+        for index in indices:
+            routes[route_of[index]] = routes.get(route_of[index], 0) + 1
+        if failures:
+            routes["failed"] = len(failures)
         return PreparedImages(pixels, indices, failures, routes)
 
     def __call__(self, items: Sequence[ImageInput]) -> PreparedImages:
@@ -196,23 +226,25 @@ class ImagePreprocessor:
         return self.prepare(self.decode(items))
 
     # ----- helpers ------------------------------------------------------------------------
-    def _upload(self, items: List[DecodedItem], buffers: List[torch.Tensor]) -> List[torch.Tensor]:
-        """Each item's pixels on the device: one asynchronous copy per page-locked buffer."""
-        if self.device.type != "cuda":
-            return [item.pixels for item in items]
-        on_device = {}
-        for buffer in buffers:
-            on_device[buffer.untyped_storage().data_ptr()] = buffer.to(self.device, non_blocking=True)
-        result = []
-        for item in items:
-            pixels = item.pixels
-            source = on_device.get(pixels.untyped_storage().data_ptr()) if pixels.device.type == "cpu" else None
-            if source is not None:
-                offset = pixels.storage_offset()
-                result.append(source[offset:offset + pixels.numel()].view(pixels.shape))
-            else:
-                result.append(pixels.to(self.device, non_blocking=pixels.is_pinned()))
-        return result
+    def _resize_group(self, items: List[DecodedItem], pixels: List[torch.Tensor],
+                      failures: List[Tuple[int, str]]) -> Tuple[List[int], torch.Tensor]:
+        """The batch through the exact resize; if it refuses, image by image, so that only the images
+        the transform cannot handle (as OpenCLIP's own fails on them) become failures."""
+        try:
+            return [item.index for item in items], self.resize(pixels)
+        except Exception as error:  # noqa: BLE001 - find the image(s) at fault, keep the others
+            logger.debug("batch resize refused (%s); resizing image by image", describe_error(error))
+        indices, rows = [], []
+        for item, image in zip(items, pixels):
+            try:
+                rows.append(self.resize([image]))
+                indices.append(item.index)
+            except Exception as error:  # noqa: BLE001
+                failures.append((item.index, describe_error(error)))
+        height, width = self.output_size
+        if not rows:
+            return [], torch.empty((0, 3, height, width), device=self.device, dtype=self.dtype)
+        return indices, torch.cat(rows)
 
     def _assemble(self, groups: List[Tuple[List[int], torch.Tensor]]) -> Tuple[torch.Tensor, List[int]]:
         """Rows of all groups in input order."""

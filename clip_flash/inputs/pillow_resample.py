@@ -12,9 +12,11 @@ pass is a gather of whole rows and a batched matmul over the taps; Python loops 
 """
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Optional, Sequence
 
 import torch
+from PIL import __version__ as PIL_VERSION
 
 from .resample_plan import PRECISION_BITS, ROUNDING, AxisTable, ImagePlan, plan_image
 from .transform_spec import ImageTransformSpec
@@ -102,9 +104,59 @@ def preprocess_batch_cpu(
 ) -> torch.Tensor:
     """(n, 3, H, W) model input for decoded uint8 (H, W, C) images: equal to stacking OpenCLIP's
     ``preprocess(pil_image)`` for each image, cast to ``dtype``."""
+    require_pillow_agreement()
     target_h, target_w = spec.size
     pixels = torch.empty((len(images), 3, target_h, target_w), dtype=torch.uint8)
     for i, image in enumerate(images):
         check_image(image)
         pixels[i] = resample_image(image, plan_image(spec, int(image.shape[0]), int(image.shape[1])))
     return to_model_input(pixels, spec, dtype)
+
+
+# (source h, w, resized h, w): both pass orders, a one-axis resize, an upscale, odd sizes.
+_SELF_CHECK_RESIZES = ((37, 23, 16, 16), (61, 20, 19, 17), (20, 61, 17, 19), (30, 30, 30, 11), (9, 7, 40, 33))
+
+
+def pillow_disagreement() -> Optional[str]:
+    """Why the installed Pillow's resize differs from the arithmetic modelled here, or None when it agrees.
+
+    Resizes a few random images with Pillow and with ``resample_image`` (both filters, both pass orders,
+    RGB and L). A Pillow build with other arithmetic (a SIMD fork, a future change) is caught here, so a
+    caller can fall back to Pillow itself instead of being silently off by a level.
+    """
+    import numpy as np
+    from PIL import Image
+
+    from .resample_plan import ImagePlan, axis_table, pillow_vertical_first
+
+    rng = np.random.default_rng(0)
+    filters = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+    for in_h, in_w, out_h, out_w in _SELF_CHECK_RESIZES:
+        for interpolation, pil_filter in filters.items():
+            for channels in (1, 3):
+                array = rng.integers(0, 256, (in_h, in_w, channels), dtype=np.uint8)
+                image = Image.fromarray(array[:, :, 0] if channels == 1 else array, "L" if channels == 1 else "RGB")
+                expected = np.asarray(image.resize((out_w, out_h), pil_filter))
+                plan = ImagePlan(
+                    source_size=(in_h, in_w), resized_size=(out_h, out_w),
+                    rows=axis_table(in_h, out_h, out_h, interpolation), cols=axis_table(in_w, out_w, out_w, interpolation),
+                    fill=0, vertical_first=pillow_vertical_first((in_h, in_w), (out_h, out_w)),
+                )
+                got = resample_image(torch.from_numpy(array), plan)[0 if channels == 1 else slice(None)]
+                got = got.numpy() if channels == 1 else got.permute(1, 2, 0).numpy()
+                if not np.array_equal(got, expected):
+                    return (f"Pillow {PIL_VERSION} resizes a {in_h}x{in_w} {'L' if channels == 1 else 'RGB'} image to "
+                            f"{out_h}x{out_w} ({interpolation}) differently from Pillow's documented arithmetic")
+    return None
+
+
+class PillowMismatchError(RuntimeError):
+    """The installed Pillow does not compute what this module models; use Pillow itself instead."""
+
+
+@functools.lru_cache(maxsize=None)
+def require_pillow_agreement() -> None:
+    """Raise ``PillowMismatchError`` (once per process, cached) if ``pillow_disagreement()`` finds one."""
+    reason = pillow_disagreement()
+    if reason is not None:
+        raise PillowMismatchError(reason)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 import numpy as np
+import PIL
 
 from .transform_spec import ImageTransformSpec
 
@@ -47,6 +48,10 @@ def _bilinear(x: np.ndarray) -> np.ndarray:
 
 
 _FILTERS = {"bicubic": _bicubic, "bilinear": _bilinear}
+# Pillow 13 started running the vertical pass first for images whose height shrinks much more than
+# their width; earlier versions always run the horizontal pass first. We follow the installed Pillow,
+# which is what OpenCLIP's transform runs.
+PILLOW_MAJOR = int(PIL.__version__.split(".")[0])
 
 
 class ImageTooSmallError(ValueError):
@@ -182,10 +187,12 @@ def axis_table(in_size: int, resized: int, target: int, interpolation: str) -> A
 
 
 def pillow_vertical_first(source: Tuple[int, int], resized: Tuple[int, int]) -> bool:
-    """Whether Pillow (13+) runs the vertical pass first: when both passes are needed and the height
-    shrinks by more than twice as many pixels as the width does. The order matters: the intermediate
-    image is rounded to uint8, so the two orders can differ by one level.
+    """Whether the installed Pillow runs the vertical pass first: from Pillow 13 on, when both passes
+    are needed and the height shrinks by more than twice as many pixels as the width does. The order
+    matters: the intermediate image is rounded to uint8, so the two orders can differ by one level.
     """
+    if PILLOW_MAJOR < 13:
+        return False
     (in_h, in_w), (out_h, out_w) = source, resized
     shrink_h = in_h - out_h
     return out_w != in_w and out_h != in_h and shrink_h > 0 and shrink_h > 2 * (in_w - out_w)

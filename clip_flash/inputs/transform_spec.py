@@ -182,12 +182,13 @@ def spec_from_preprocess(preprocess: Any) -> ImageTransformSpec:
             + ", ".join(_describe(s) for s in steps)
         )
     *geometry, convert, to_tensor, normalize = steps
-    if not _is_convert_to_rgb(convert):
-        raise UnsupportedTransformError(f"{_describe(convert)}: expected OpenCLIP's convert-to-RGB step here")
-    if not _is_to_tensor(to_tensor):
-        raise UnsupportedTransformError(f"{_describe(to_tensor)}: expected ToTensor here")
+    # From the end, so an appended step is the one named.
     if type(normalize) is not Normalize:
         raise UnsupportedTransformError(f"{_describe(normalize)}: expected Normalize as the last step")
+    if not _is_to_tensor(to_tensor):
+        raise UnsupportedTransformError(f"{_describe(to_tensor)}: expected ToTensor before Normalize")
+    if not _is_convert_to_rgb(convert):
+        raise UnsupportedTransformError(f"{_describe(convert)}: expected OpenCLIP's convert-to-RGB before ToTensor")
     mean, std = _channel_triple(normalize.mean, normalize), _channel_triple(normalize.std, normalize)
     if any(s == 0.0 for s in std):
         raise UnsupportedTransformError(f"{_describe(normalize)}: a zero std divides by zero")

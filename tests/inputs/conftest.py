@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import List, Tuple
+from typing import List, NamedTuple, Tuple
 
 import numpy as np
 import pytest
@@ -77,9 +77,10 @@ def _pil_resized(array: np.ndarray, height: int, width: int) -> np.ndarray:
     return resized[:, :, None] if resized.ndim == 2 else resized
 
 
-def photo_corpus(target: Tuple[int, int]) -> List[Named]:
+def photo_corpus(target: Tuple[int, int], share: Tuple[int, int] = (0, 1)) -> List[Named]:
     """Real photos as they are, at web sizes, as thin strips, and cropped to the target size and one
-    pixel around it."""
+    pixel around it. ``share=(k, m)`` keeps every m-th variant from the k-th: spread over the transform
+    cases, the CPU tests see every variant while each case costs 1/m."""
     corpus: List[Named] = []
     th, tw = target
     for index, (name, photo) in enumerate(_photo_sources()):
@@ -94,7 +95,8 @@ def photo_corpus(target: Tuple[int, int]) -> List[Named]:
         for dh, dw in ((0, 0), (1, -1), (-1, 1)):
             ch, cw = min(h, th + dh), min(w, tw + dw)
             corpus.append((f"{name}-crop{ch}x{cw}", np.ascontiguousarray(photo[:ch, :cw])))
-    return corpus
+    k, m = share
+    return corpus[k::m]
 
 
 def to_pil(array: np.ndarray) -> Image.Image:
@@ -121,13 +123,20 @@ def single_thread_torch():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(params=TRANSFORM_CASES, ids=[case_id(c) for c in TRANSFORM_CASES])
-def transform_case(request):
-    """(preprocess, target (h, w)) for one resize mode x interpolation x size, as OpenCLIP builds it."""
+class TransformCase(NamedTuple):
+    preprocess: object        # OpenCLIP's eval Compose
+    target: Tuple[int, int]   # its (h, w)
+    index: int                # position in TRANSFORM_CASES (to spread a corpus over the cases)
+
+
+@pytest.fixture(params=range(len(TRANSFORM_CASES)), ids=[case_id(c) for c in TRANSFORM_CASES])
+def transform_case(request) -> TransformCase:
+    """One resize mode x interpolation x size, as OpenCLIP builds it."""
     from open_clip.transform import image_transform
 
-    mode, interpolation, size = request.param
-    return image_transform(size, is_train=False, resize_mode=mode, interpolation=interpolation), pair(size)
+    mode, interpolation, size = TRANSFORM_CASES[request.param]
+    preprocess = image_transform(size, is_train=False, resize_mode=mode, interpolation=interpolation)
+    return TransformCase(preprocess, pair(size), request.param)
 
 
 @pytest.fixture(scope="session")

@@ -132,3 +132,21 @@ def test_decompression_bomb_is_a_failure(cpu_prep, tmp_path, monkeypatch):
     prepared = cpu_prep([path])
     assert prepared.indices == [] and "DecompressionBombError" in prepared.failures[0][1]
     assert prepared.pixels.shape == (0, 3, 224, 224)
+
+
+@pytest.mark.parametrize("resize", ["pillow", "torch"])
+def test_image_the_transform_cannot_take_fails_alone(resize):
+    """'longest' on a 1 x 1000 strip resizes to zero rows: OpenCLIP's transform fails on it, so it is a
+    failure here too, and the rest of its batch is prepared."""
+    import open_clip
+
+    preprocess = open_clip.image_transform(224, is_train=False, resize_mode="longest")
+    photo = skimage_photo("coffee.png").convert("RGB").resize((320, 240))
+    strip = Image.new("RGB", (1000, 1), (10, 200, 30))
+    items = [photo, strip, photo.convert("L")]
+    with clip_flash.ImagePreprocessor(preprocess, device="cpu", dtype=torch.float32, workers=2,
+                                      resize=resize) as prep:
+        prepared = prep(items)
+    assert_same_as_reference(prepared, preprocess, items)
+    assert [index for index, _ in prepared.failures] == [1]
+    assert prepared.routes == {"pillow-pixels": 2, "failed": 1}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import io
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,7 @@ def test_bad_inputs_and_sources_on_the_gpu(vit_b32_preprocess, tmp_path, executo
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, workers=4,
                                       executor=executor) as prep:
         prepared = prep(items)
-        in_memory = prep([good, photo, torch.from_numpy(__import__("numpy").asarray(photo).copy()).cuda()])
+        in_memory = prep([good, photo, torch.from_numpy(np.asarray(photo).copy()).cuda()])
     assert_same_as_reference(prepared, vit_b32_preprocess, items)
     assert [index for index, _ in prepared.failures] == [1, 3, 5]
     assert_same_as_reference(in_memory, vit_b32_preprocess, [good, photo, photo])

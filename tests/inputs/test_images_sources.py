@@ -117,3 +117,32 @@ def test_decode_is_thread_safe(cpu_prep, photo):
         thread.join()
     for got, want in zip(results, expected):
         assert torch.equal(got, want)
+
+
+def test_packed_batch_for_the_kernel(vit_b32_preprocess, photo, monkeypatch):
+    """The GPU path's bookkeeping on the CPU: decode packs every pixel input into one buffer laid out for
+    the kernel (threads fill the slots), prepare runs it (here the resample branch's numpy emulation of
+    the kernel) and slots the other routes' rows in between; equal to the reference row for row."""
+    import clip_flash.ops.image_resample as image_resample_module
+    from test_image_resample_packing import EmulatedExtension
+
+    monkeypatch.setattr(image_resample_module, "load_extension", lambda: EmulatedExtension(4096))
+    small = photo.resize((90, 60))
+    rgba = small.copy()
+    rgba.putalpha(128)
+    items = [encoded(small), b"junk", rgba, encoded(small.convert("L"), "PNG"), np.asarray(small.rotate(90)),
+             small.resize((61, 45))]
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float16, workers=2) as prep:
+        prep.resize.implementation = "kernel"  # as on a GPU with the extension built
+        decoded = prep.decode(items)
+        assert decoded.packed is not None and decoded.packed.indices == [0, 3, 4, 5]
+        assert decoded.packed.plan.shapes == ((60, 90, 3), (60, 90, 1), (60, 90, 3), (45, 61, 3))
+        prepared = prep.prepare(decoded)
+        # Pixels already on the device (nvJPEG's) are packed there: the same rows.
+        on_device = prep.resize([torch.from_numpy(np.array(small)), torch.from_numpy(np.array(small.rotate(90)))])
+        assert torch.equal(on_device[1], prepared.pixels[3])
+    assert_same_as_reference(prepared, vit_b32_preprocess, [items[0], b"junk", rgba, items[3],
+                                                            small.rotate(90), small.resize((61, 45))],
+                             dtype=torch.float16)
+    assert prepared.routes == {"jpeg": 1, "png": 1, "pillow-preprocess": 1, "tensor": 1, "pillow-pixels": 1,
+                               "failed": 1}
