@@ -111,11 +111,13 @@ setup(
         "torch>=2.4",  # torch.library.custom_op / register_fake / register_autograd
         "open_clip_torch>=2.24,<4",
         "pillow",
+        "torchvision",  # its libjpeg-turbo/libpng decoders feed clip_flash.ImagePreprocessor
+        "numpy",
         "tokenizers>=0.19",  # the fast tokenizer's Rust BPE
     ],
     extras_require={
         "flash-attn": ["flash-attn>=2.5"],
-        "test": ["pytest"],
+        "test": ["pytest", "scikit-image"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

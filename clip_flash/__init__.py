@@ -14,6 +14,7 @@ from typing import Dict
 from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
 from .backends import available_backends as _available_backends
 from .cuda_graphs import GraphedEncoder
+from .inputs.images import ImagePreprocessor, PreparedImages
 from .inputs.tokenizer import get_tokenizer
 from .patching import is_patched, patch, patch_report, patched, unpatch
 from .report import PatchReport, SiteReport
@@ -21,7 +22,8 @@ from .report import PatchReport, SiteReport
 __version__ = "0.1.0"
 __all__ = [
     "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends", "GraphedEncoder",
-    "get_tokenizer", "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
+    "ImagePreprocessor", "PreparedImages", "get_tokenizer",
+    "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

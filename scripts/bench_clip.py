@@ -48,6 +48,7 @@ from clip_flash.benchmark.runner import (  # noqa: E402
     run_model,
     units_per_model,
 )
+from clip_flash.benchmark.image_pipelines import PIPELINES  # noqa: E402
 from clip_flash.benchmark.workloads import ImageFolderError, check_image_folder  # noqa: E402
 
 # Defaults per device. CPU ones keep `--model ViT-B-32 --device cpu` at about a minute on 2 cores.
@@ -146,6 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", type=Path, default=None, metavar="DIR",
                         help="use the pictures in DIR (Pillow + the model's own preprocess) instead "
                              "of random pixels")
+    parser.add_argument("--pipeline", choices=PIPELINES, nargs="+", default=[], metavar="P",
+                        help="with --images: also time files -> embeddings end to end per input pipeline, "
+                             "images/s: stock (OpenCLIP preprocess in a DataLoader, one worker per core), exact "
+                             "(clip_flash.ImagePreprocessor), gpu (ImagePreprocessor with nvJPEG, not exact)")
+    parser.add_argument("--pipeline-batch", type=positive_int, default=256, metavar="B",
+                        help="images per batch in --pipeline runs")
+    parser.add_argument("--pipeline-batches", type=positive_int, default=24, metavar="N",
+                        help="timed batches per --pipeline (after its warm-up batches)")
+    parser.add_argument("--pipeline-workers", type=positive_int, default=None, metavar="W",
+                        help="CPU workers per --pipeline [default: every core of this host]")
+    parser.add_argument("--pipeline-executor", choices=("thread", "process"), default="thread",
+                        help="ImagePreprocessor's decode pool in the exact/gpu pipelines")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     parser.add_argument("--no-tables", action="store_true",
                         help="skip the per-shape tables (e.g. to run only --latency or --zero-shot-classifier)")
@@ -213,6 +226,11 @@ def make_settings(args: argparse.Namespace, device: torch.device) -> BenchSettin
         cuda_graphs=args.cuda_graphs,
         graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None,
         baseline=args.baseline,
+        pipelines=tuple(args.pipeline),
+        pipeline_batch=args.pipeline_batch,
+        pipeline_batches=args.pipeline_batches,
+        pipeline_workers=args.pipeline_workers,
+        pipeline_executor=args.pipeline_executor,
     )
 
 
@@ -335,6 +353,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.models or [parse_model_spec(name) for name in DEFAULT_MODEL_SET])
     try:
         device = resolve_device(args.device)
+        if args.pipeline and args.images is None:
+            raise BenchError("error: --pipeline times files -> embeddings and needs --images DIR")
         if args.images is not None:
             check_image_folder(args.images)
     except (BenchError, ImageFolderError) as error:

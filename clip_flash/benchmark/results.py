@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+from .image_pipelines import format_image_pipelines
 from .runner import ModelResult, ShapeResult
 
 PUBLISHED_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -298,6 +299,11 @@ def format_after_published(result: ModelResult, settings_note: str) -> str:
         parts.append(format_zero_shot(result.zero_shot))
     if result.latency:
         parts.append(format_latency(result.latency))
+    if result.image_pipelines:
+        parts.append(format_image_pipelines(result.image_pipelines))
+    if result.skipped_images:
+        parts.append(f"Skipped {len(result.skipped_images)} unreadable file(s) of --images:\n"
+                     + "\n".join(f"- {reason}" for reason in result.skipped_images[:20]))
     return "\n\n".join(parts)
 
 

@@ -20,6 +20,7 @@ from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TE
 import clip_flash
 
 from . import timing
+from .image_pipelines import measure_bench_pipelines
 from .model_spec import LoadedModel, ModelSpec, fp32_reference, load_model
 from .workloads import (
     caption_token_ids,
@@ -65,6 +66,11 @@ class BenchSettings:
     cuda_graphs: bool = False  # the patched side runs through clip_flash.GraphedEncoder
     graph_batch_sizes: Optional[Tuple[int, ...]] = None  # GraphedEncoder's buckets (None: its defaults)
     baseline: str = "stock"  # or "compile:<mode>": the stock side runs under torch.compile in that mode
+    pipelines: Sequence[str] = ()  # end-to-end image pipelines over images_dir (image_pipelines.PIPELINES)
+    pipeline_batch: int = 256
+    pipeline_batches: int = 24  # timed batches per pipeline, after its warm-up
+    pipeline_workers: Optional[int] = None  # CPU workers feeding each pipeline (None: every core)
+    pipeline_executor: str = "thread"  # ImagePreprocessor's pool: "thread" or "process"
 
 
 @dataclass
@@ -122,6 +128,8 @@ class ModelResult:
     rows: List[ShapeResult] = field(default_factory=list)
     zero_shot: Optional[Dict[str, Any]] = None
     latency: Optional[Dict[str, Any]] = None
+    image_pipelines: Optional[Dict[str, Any]] = None
+    skipped_images: List[str] = field(default_factory=list)  # unreadable files of --images, skipped
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain data for JSON."""
@@ -171,6 +179,7 @@ class ModelBench:
             self.graphed = clip_flash.GraphedEncoder(self.patched, **buckets)
             self.graphed.capture_all(image_shape=(3, *self.loaded.image_size), image_dtype=self.loaded.dtype)
         self._image_pool: Optional[torch.Tensor] = None
+        self.skipped_images: List[str] = []
         self._tokenizer = None
 
     # ----- inputs -------------------------------------------------------------------------
@@ -194,7 +203,8 @@ class ModelBench:
         if self.settings.images_dir is not None:
             if self._image_pool is None:
                 limit = max(max(self.settings.batch_sizes, default=1), LATENCY_INPUT_POOL)
-                self._image_pool = load_image_folder(self.settings.images_dir, self.loaded.preprocess, limit)
+                self._image_pool, self.skipped_images = load_image_folder(
+                    self.settings.images_dir, self.loaded.preprocess, limit)
             pool = self._image_pool
             if seed_offset:
                 pool = pool.roll(-seed_offset, dims=0)
@@ -399,6 +409,7 @@ def units_per_model(settings: BenchSettings) -> int:
         len(planned_shapes(settings))
         + (1 if settings.zero_shot_classes else 0)
         + (1 if settings.latency_requests else 0)
+        + (1 if settings.pipelines else 0)
     )
 
 
@@ -437,6 +448,11 @@ def run_model(spec: ModelSpec, settings: BenchSettings, observer: Optional[RunOb
             observer.step(f"{spec.name} latency")
             result.latency = bench.latency()
             observer.unit_done()
+        if settings.pipelines:
+            observer.step(f"{spec.name} image pipelines {' '.join(settings.pipelines)}")
+            result.image_pipelines = measure_bench_pipelines(bench.patched, loaded, settings)
+            observer.unit_done()
+        result.skipped_images = bench.skipped_images
         return result
     finally:
         bench.close()

@@ -1,1 +1,4 @@
-"""Inputs: turning images and text into the tensors an OpenCLIP model takes, with OpenCLIP's exact values."""
+"""Inputs in: images and text turned into exactly what OpenCLIP's own transforms and tokenizer give."""
+from .images import DecodedImages, ImagePreprocessor, PreparedImages
+
+__all__ = ["ImagePreprocessor", "PreparedImages", "DecodedImages"]
