@@ -2,19 +2,22 @@
 
 OpenCLIP's ``SimpleTokenizer`` with ``clean='lower'`` computes, per text,
 ``whitespace_clean(basic_clean(text)).lower()``, where ``basic_clean`` is ``ftfy.fix_text``, then
-``html.unescape`` twice, then ``strip``. That costs tens of microseconds per caption in Python. For a text
-made only of printable ASCII other than ``&`` (0x20-0x25, 0x27-0x7E) plus tab, newline and carriage
-return, every step but whitespace collapsing and lower-casing is the identity:
+``html.unescape`` twice, then ``strip``. That costs tens of microseconds per caption in Python. Call a text
+*plain* when it holds only printable ASCII (0x20-0x7E), tab, newline and carriage return, and every ``&``
+in it is followed by a space or ends the text ("Tom & Jerry"). On a plain text every step but whitespace
+collapsing and lower-casing is the identity:
 
 - ``ftfy.fix_text`` (ftfy 6, default config), step by step: ``unescape_html`` rewrites only matches of
-  ``&#?[0-9A-Za-z]{1,24};`` (needs ``&``); ``fix_encoding`` returns text that fits in ASCII unchanged;
-  ``fix_c1_controls`` touches U+0080-U+009F; the ligature, character-width, curly-quote and surrogate
-  fixers map only non-ASCII code points; ``remove_terminal_escapes`` needs ESC (0x1B);
-  ``remove_control_chars`` deletes 0x00-0x08, 0x0B, 0x0E-0x1F and 0x7F, none of which is allowed;
-  ``fix_line_breaks`` turns ``\\r`` into ``\\n`` (whitespace either way, collapsed below); NFC leaves
-  ASCII unchanged. ``tests/inputs/test_text_cleaning.py`` checks these table facts against the installed
-  ftfy, so an ftfy upgrade that breaks them fails the tests rather than the ids.
-- ``html.unescape`` returns its input when it holds no ``&``.
+  ``&#?[0-9A-Za-z]{1,24};`` (an ``&`` followed by ``#`` or a letter or digit); ``fix_encoding`` returns
+  text that fits in ASCII unchanged; ``fix_c1_controls`` touches U+0080-U+009F; the ligature,
+  character-width, curly-quote and surrogate fixers map only non-ASCII code points;
+  ``remove_terminal_escapes`` needs ESC (0x1B); ``remove_control_chars`` deletes 0x00-0x08, 0x0B,
+  0x0E-0x1F and 0x7F, none of which is allowed; ``fix_line_breaks`` turns ``\\r`` into ``\\n``
+  (whitespace either way, collapsed below); NFC leaves ASCII unchanged. ``tests/inputs/test_text_cleaning.py``
+  checks these facts against the installed ftfy, so an ftfy upgrade that breaks them fails the tests
+  rather than the ids.
+- ``html.unescape`` rewrites only an ``&`` followed by ``#`` or by a character other than tab, newline,
+  form feed, space, ``<``, ``&``, ``#`` and ``;``: never one followed by a space or ending the text.
 - What remains is ``" ".join(text.split()).lower()``, which the fast path runs itself (Python's own
   ``str`` methods: the same function, not a copy of it).
 
@@ -30,8 +33,9 @@ from __future__ import annotations
 import re
 from typing import Iterable, List, Sequence
 
-# Anything outside printable ASCII minus "&", plus \t \n \r, sends a text through OpenCLIP's cleaning.
-_OUTSIDE_PLAIN_ASCII = re.compile(r"[^\t\n\r\x20-\x25\x27-\x7e]")
+# Anything outside printable ASCII, tab, newline and carriage return, or an "&" followed by anything but a
+# space, sends a text through OpenCLIP's cleaning.
+_OUTSIDE_PLAIN_ASCII = re.compile(r"[^\t\n\r\x20-\x7e]|&(?=[^ ])")
 SPECIAL_TOKEN_TEXTS = ("<start_of_text>", "<end_of_text>")
 # OpenCLIP's split pattern on cleaned plain-ASCII text (see the module docstring).
 PLAIN_WORD_PATTERN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d|[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]+""")
@@ -46,7 +50,8 @@ def all_plain_ascii(texts: Sequence[object]) -> bool:
     """``is_plain_ascii`` for every text at once: one scan of the joined batch, the common case."""
     if not all(isinstance(text, str) for text in texts):
         return False
-    # "\n" is itself allowed, so joining cannot create or hide a disallowed character.
+    # Joining with "\n" cannot hide a disallowed character; it can only flag a text that ends in "&",
+    # which then gets the per-text check.
     return _OUTSIDE_PLAIN_ASCII.search("\n".join(texts)) is None  # type: ignore[arg-type]
 
 
