@@ -54,8 +54,22 @@ def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path):
     assert output["metadata"]["image_path"] == [str(path) for path in ordered]
 
 
+def _smooth_jpegs(folder, count=12, seed=0):
+    """Photo-like JPEGs (smooth colour fields, mild noise, web sizes): what nvJPEG's deviation was measured on."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    for index in range(count):
+        height, width = int(rng.integers(240, 481)), int(rng.integers(320, 641))
+        y, x = np.mgrid[0:height, 0:width] / max(height, width)
+        channels = [np.sin(x * rng.uniform(2, 8) + rng.uniform(0, 6)) * np.cos(y * rng.uniform(2, 8)) for _ in range(3)]
+        pixels = (np.stack(channels, -1) * 100 + 128 + rng.normal(0, 4, (height, width, 3))).clip(0, 255)
+        Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{index:02d}.jpg", quality=90)
+
+
 def test_gpu_decode_job_is_close_to_the_exact_job(tmp_path):
-    write_photos(tmp_path / "photos", count=12, captions=False)
+    _smooth_jpegs(tmp_path / "photos")
     for decode in ("cpu", "gpu"):
         clip_flash.embed(tmp_path / "photos", tmp_path / decode, GPU_MODEL, device="cuda", decode=decode,
                          progress=False)
@@ -63,7 +77,7 @@ def test_gpu_decode_job_is_close_to_the_exact_job(tmp_path):
     fast = read_output(tmp_path / "gpu")["img_emb"].astype(np.float32)
     cosine = (exact * fast).sum(1) / (np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1))
     assert exact.shape == fast.shape == (12, 512)
-    assert cosine.min() > 0.98, f"nvJPEG path: min cosine {cosine.min():.5f} against the exact path"
+    assert cosine.min() > 0.99, f"nvJPEG path: min cosine {cosine.min():.5f} against the exact path"
 
 
 def test_gpu_caption_job_equals_unpipelined_text_encoding(tmp_path):
