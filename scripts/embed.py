@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="embed the input list this many times (steady-state speed on a small folder)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
-                        help="run on a Ray cluster: ADDRESS (HOST:6379), or none for RAY_ADDRESS, a running local cluster, or a new local Ray; one model per GPU")
+                        help="run on a Ray cluster, one model per GPU: ADDRESS (HOST:6379), or none for "
+                             "RAY_ADDRESS, a running local cluster, or a new local Ray")
     parser.add_argument("--ray-workers", type=positive_int, default=None,
                         help="model actors (default: the cluster's GPUs, or 1 on a CPU-only cluster)")
     parser.add_argument("--ray-num-cpus", type=int, default=None, help="local Ray only: CPUs to start it with")
