@@ -13,7 +13,7 @@ from typing import Dict
 import pytest
 import torch
 
-from job_helpers import MODEL
+from .job_helpers import MODEL
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import clip_flash
-from job_helpers import read_output, write_photos
+from .job_helpers import read_output, write_photos
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 import clip_flash
-from job_helpers import MODEL, read_output, write_photos
+from .job_helpers import MODEL, read_output, write_photos
 
 
 def test_rows_equal_stock_encode_image_and_text(tmp_path, checkpoint, stock_model):

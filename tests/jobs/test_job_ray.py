@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import clip_flash
-from job_helpers import MODEL, read_output, write_photos
+from .job_helpers import MODEL, read_output, write_photos
 
 REPO = Path(__file__).resolve().parents[2]
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install clip_flash[ray]")

@@ -18,7 +18,7 @@ import pytest
 import clip_flash
 from clip_flash.jobs import OutputError, SettingsMismatchError
 from clip_flash.jobs import writer as writer_module
-from job_helpers import MODEL, read_output, write_photos
+from .job_helpers import MODEL, read_output, write_photos
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ from clip_flash.jobs.sources import (
     expand_braces,
     open_source,
 )
-from job_helpers import MODEL, read_output, write_photos
+from .job_helpers import MODEL, read_output, write_photos
 
 
 def test_folder_with_corrupt_files_embeds_the_rest_and_lists_each_failure(tmp_path, checkpoint):
