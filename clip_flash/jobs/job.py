@@ -154,25 +154,27 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
                    decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
                    caption_column=caption_column, repeat=repeat)
-    batch_size = batch_size or (DEFAULT_IMAGE_BATCH if job.source.has_images else DEFAULT_TEXT_BATCH)
-    stats = PipelineStats()
-    if job.todo:  # nothing left to embed: no model to load
-        loaded = load_job_model(job, device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype, workers,
-                             executor)
-        known = [shard.size for shard in job.todo]
-        total = sum(known) if all(size is not None for size in known) else None
-        try:
-            with _progress(total, progress) as bar:
-                stats = runner.run(job.todo, job.output.write, bar)
-        finally:
-            runner.close()
-    return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
-                      command=command, options={"batch_size": batch_size, "workers": workers, "executor": executor,
-                                                "device": str(device)},
-                      environment_device=device)
+    try:
+        batch_size = batch_size or (DEFAULT_IMAGE_BATCH if job.source.has_images else DEFAULT_TEXT_BATCH)
+        stats = PipelineStats()
+        if job.todo:  # nothing left to embed: no model to load
+            loaded = load_job_model(job, device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
+                                 workers, executor)
+            known = [shard.size for shard in job.todo]
+            total = sum(known) if all(size is not None for size in known) else None
+            try:
+                with _progress(total, progress) as bar:
+                    stats = runner.run(job.todo, job.output.write, bar)
+            finally:
+                runner.close()
+        options = {"batch_size": batch_size, "workers": workers, "executor": executor, "device": str(device)}
+        return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
+                          command=command, options=options, environment_device=device)
+    finally:
+        job.output.close()
 
 
 @dataclass
@@ -211,7 +213,11 @@ def plan_job(input: Union[str, Path], out: Union[str, Path], model: str, *, devi
     settings = job_settings(source, plan, model, precision, patch, pipeline, decode, normalize, out_dtype)
     output = OutputFolder(Path(out), len(plan))
     output.open(settings)
-    todo = shards_to_do(plan, output)
+    try:
+        todo = shards_to_do(plan, output)
+    except BaseException:
+        output.close()
+        raise
     logger.info("%d of %d shards to embed into %s", len(todo), len(plan), out)
     return PlannedJob(source, plan, todo, settings, output, spec, precision, patch, decode)
 

@@ -42,7 +42,7 @@ import logging
 import pickle
 import time
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -145,7 +145,6 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
     must be reachable at the same paths from every node.
     """
     import ray
-    from tqdm.auto import tqdm
 
     if pipeline != "clip_flash":
         raise ValueError("--ray runs clip_flash's pipeline; the stock baseline runs on one device")
@@ -158,24 +157,38 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
     source = job.source
     batch_size = batch_size or (DEFAULT_IMAGE_BATCH if source.has_images else DEFAULT_TEXT_BATCH)
     actors = actors or max(1, gpus)
+    actor_job = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
+                 "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
+                 "executor": executor, "out": str(job.output.root), "shard_count": len(job.plan),
+                 "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions}}
+    try:
+        stats, peak = _run_on_actors(job.todo, actor_job, actors, progress)
+        return finish_job(job, stats, device=f"ray: {actors} actor(s) on {device}", pipeline="clip_flash (ray)",
+                          gpu_peak=peak, command=command, environment_device=torch.device("cpu"),
+                          options={"batch_size": batch_size, "workers": workers, "actors": actors,
+                                   "cluster": {key: value for key, value in ray.cluster_resources().items()
+                                               if key in ("CPU", "GPU")}})
+    finally:
+        job.output.close()
+
+
+def _run_on_actors(todo: List[Any], actor_job: Dict[str, Any], actors: int,
+                   progress: bool) -> Tuple[PipelineStats, Optional[float]]:
+    """Hand each shard to the pool of :class:`ShardEmbedder` actors; tally their reports as they come."""
+    import ray
+    from tqdm.auto import tqdm
+
     stats = PipelineStats()
     peak = None
     started = time.perf_counter()
-    if job.todo:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False
-        rows = [{"shard": shard.index, "payload": pickle.dumps(shard)} for shard in job.todo]
-        settings = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
-                    "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
-                    "executor": executor,
-                    "out": str(job.output.root), "shard_count": len(job.plan),
-                    "source": {"kind": source.kind, "has_images": source.has_images,
-                               "has_captions": source.has_captions}}
+    if todo:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        rows = [{"shard": shard.index, "payload": pickle.dumps(shard)} for shard in todo]
         dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-            ShardEmbedder, batch_size=1, fn_constructor_kwargs={"job": settings},
-            num_gpus=1 if torch.device(device).type == "cuda" else 0, num_cpus=1,
+            ShardEmbedder, batch_size=1, fn_constructor_kwargs={"job": actor_job},
+            num_gpus=1 if torch.device(actor_job["device"]).type == "cuda" else 0, num_cpus=1,
             compute=ray.data.ActorPoolStrategy(size=actors))
-        known = [shard.size for shard in job.todo]
+        known = [shard.size for shard in todo]
         total = sum(known) if all(size is not None for size in known) else None
         with tqdm(total=total, unit="item", desc=f"embedding on {actors} Ray actor(s)", disable=not progress,
                   dynamic_ncols=True) as bar:
@@ -188,11 +201,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                     peak = max(peak or 0.0, float(row["gpu_peak_mib"]))
                 bar.update(int(row["rows"]) + int(row["failures"]))
     stats.seconds = time.perf_counter() - started
-    return finish_job(job, stats, device=f"ray: {actors} actor(s) on {device}", pipeline="clip_flash (ray)",
-                      gpu_peak=peak, command=command, environment_device=torch.device("cpu"),
-                      options={"batch_size": batch_size, "workers": workers, "actors": actors,
-                               "cluster": {key: value for key, value in ray.cluster_resources().items()
-                                           if key in ("CPU", "GPU")}})
+    return stats, peak
 
 
 class ClipEmbedder:

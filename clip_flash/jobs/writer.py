@@ -117,6 +117,7 @@ class OutputFolder:
         self.root = Path(root)
         self.width = shard_width(shard_count)
         self.state = self.root / STATE_DIR
+        self._lock: Optional[Any] = None
 
     # ----- names
     def name(self, index: int) -> str:
@@ -137,26 +138,56 @@ class OutputFolder:
 
     # ----- opening
     def open(self, settings: Dict[str, Any]) -> None:
-        """Create the folders and record ``settings``, or refuse a folder made with other settings."""
+        """Lock the folder for this job, then record ``settings`` in it, or refuse a folder made with other
+        settings (before creating anything else in it). :meth:`close` releases the lock."""
         if importlib.util.find_spec("pyarrow") is None:  # checked now, not after the first shard is embedded
             raise OutputError("the embedding job writes parquet files and needs pyarrow: pip install pyarrow")
         try:
+            self.state.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        except OSError as error:
+            raise OutputError(f"cannot use output folder {self.root}: {error}") from error
+        try:
+            existing = self.state / SETTINGS_FILE
+            if existing.exists() and json.loads(existing.read_text()) != settings:
+                raise SettingsMismatchError(self._mismatch_message(json.loads(existing.read_text()), settings))
             source = settings.get("source", {})
             # like clip-retrieval, only the embedding folders the job fills (an empty one stops `clip-retrieval index`)
             folders = ["img_emb"] * bool(source.get("images", True)) + ["text_emb"] * bool(source.get("captions", True))
             for sub in folders + ["metadata", f"{STATE_DIR}/done", f"{STATE_DIR}/failures", f"{STATE_DIR}/runs"]:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
-            existing = self.state / SETTINGS_FILE
-            if existing.exists():
-                recorded = json.loads(existing.read_text())
-                if recorded != settings:
-                    raise SettingsMismatchError(self._mismatch_message(recorded, settings))
-                return
-            self._atomic_write(existing, (json.dumps(settings, indent=2, sort_keys=True) + "\n").encode())
-        except SettingsMismatchError:
+            if not existing.exists():
+                self._atomic_write(existing, (json.dumps(settings, indent=2, sort_keys=True) + "\n").encode())
+        except BaseException as error:
+            self.close()
+            if isinstance(error, OSError):
+                raise OutputError(f"cannot use output folder {self.root}: {error}") from error
             raise
-        except OSError as error:
-            raise OutputError(f"cannot use output folder {self.root}: {error}") from error
+
+    def _take_lock(self) -> None:
+        """One job per folder at a time: two would embed the same unfinished shards twice over each other."""
+        import fcntl
+
+        handle = open(self.state / "lock", "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise OutputError(f"another job is writing to {self.root} ({holder}); wait for it to end, or "
+                              "use another --out folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+        handle.flush()
+        self._lock = handle
+
+    def close(self) -> None:
+        """Release the folder for the next job (the lock also goes when the process ends, however it ends)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _mismatch_message(self, recorded: Dict[str, Any], wanted: Dict[str, Any]) -> str:
         keys = sorted(set(recorded) | set(wanted))

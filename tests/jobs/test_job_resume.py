@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import random
 import signal
@@ -173,6 +174,24 @@ def test_disk_full_stops_with_a_clear_error_and_loses_no_finished_shard(tmp_path
                      progress=False)
     assert {name: identity for name, identity in finished_files(out).items() if name in before} == before
     assert_exactly_once(out, inputs)
+
+
+def test_a_second_job_on_the_same_folder_is_refused_while_the_first_runs(tmp_path, checkpoint):
+    from clip_flash.jobs.writer import OutputFolder
+
+    write_photos(tmp_path / "photos", count=2)
+    model = f"{MODEL}::{checkpoint}"
+    clip_flash.embed(tmp_path / "photos", tmp_path / "out", model, device="cpu", progress=False)
+    settings = json.loads((tmp_path / "out" / "_clip_flash" / "settings.json").read_text())
+    running = OutputFolder(tmp_path / "out", shard_count=1)
+    running.open(settings)  # what a job in another process holds while it runs
+    try:
+        with pytest.raises(OutputError, match=f"another job is writing to .*pid {os.getpid()}"):
+            clip_flash.embed(tmp_path / "photos", tmp_path / "out", model, device="cpu", progress=False)
+    finally:
+        running.close()
+    assert clip_flash.embed(tmp_path / "photos", tmp_path / "out", model, device="cpu",
+                            progress=False).shards_skipped == 1
 
 
 def test_unusable_output_folder_is_a_clear_error(tmp_path):
