@@ -5,6 +5,7 @@
     OUT/metadata/metadata_{N}.parquet    image_path (+ caption, + key for WebDataset), same row order
     OUT/failures.parquet                 path, reason, shard: every input that could not be embedded
     OUT/_clip_flash/settings.json        what the embeddings depend on: a resumed job must match it
+    OUT/_clip_flash/lock                 held (flock) by the job writing the folder; names its process
     OUT/_clip_flash/done/{N}.json        written last: shard N is complete (rows, fingerprint, sizes)
     OUT/_clip_flash/failures/{N}.parquet that shard's failures
     OUT/_clip_flash/runs/*.json          one record per run (versions, git revision, command, summary)
