@@ -279,7 +279,8 @@ def format_image_pipelines(data: Dict[str, Any]) -> str:
             skipped_by_path.setdefault(reason.split(": ")[0], reason)
     skipped = sorted(skipped_by_path.values())
     if skipped:
-        text += f"\n\nSkipped {len(skipped)} unreadable file(s):\n" + "\n".join(f"- {reason}" for reason in skipped[:20])
+        listed = "\n".join(f"- {reason}" for reason in skipped[:20])
+        text += f"\n\nSkipped {len(skipped)} unreadable file(s):\n{listed}"
     return text
 
 

@@ -13,6 +13,7 @@ and resamples on the device; see :mod:`clip_flash.inputs.image_decoding` for the
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
