@@ -129,8 +129,8 @@ def main() -> int:
              f"stock: OpenCLIP preprocess + unpatched model; clip_flash: ImagePreprocessor + GraphedEncoder "
              f"(patched, CUDA graph of batch 1). Embedding cosine stock vs clip_flash: {cosine:.6f}.")
     lines = ["| side | requests | p50 (ms) | p99 (ms) | mean (ms) |", "|---|---|---|---|---|"]
-    lines += [f"| {row['side']} | {row['requests']} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['mean_ms']:.3f} |"
-              for row in rows]
+    lines += [f"| {row['side']} | {row['requests']} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+              f"{row['mean_ms']:.3f} |" for row in rows]
     lines += ["", "| step alone (200 calls) | p50 (ms) |", "|---|---|"]
     lines += [f"| {name} | {ms:.3f} |" for name, ms in step_p50.items()]
     print(title + "\n\n" + "\n".join(lines))

@@ -70,7 +70,7 @@ def _stream_clip_flash(paths, preprocess, decode, model, device, dtype, batch, t
     batches = [[paths[(number * batch + row) % len(paths)] for row in range(batch)] for number in range(total)]
     with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, decode=decode, workers=workers,
                                       executor=executor) as prep, ThreadPoolExecutor(IN_FLIGHT) as producers:
-        pending = collections.deque(producers.submit(prep.decode, paths) for paths in batches[:IN_FLIGHT])
+        pending = collections.deque(producers.submit(prep.decode, files) for files in batches[:IN_FLIGHT])
         done_events: collections.deque = collections.deque()
         for number in range(total):
             decoded = pending.popleft().result()
@@ -93,11 +93,14 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
                      batches: int, warmup: int, workers: int, executor: str = "thread") -> Dict[str, Any]:
     """Images/s of one pipeline over ``batches`` timed batches after ``warmup`` untimed ones."""
     total = warmup + batches
-    state: Dict[str, Any] = {"start": None, "images": 0, "failures": {}, "routes": collections.Counter()}
+    state: Dict[str, Any] = {"start": None, "images": 0, "failures": {}, "routes": collections.Counter(),
+                             "first_batch": None}
 
     def on_batch(number: int, embeddings: torch.Tensor, reasons: List[str], routes: Dict[str, int]) -> None:
         for reason in reasons:
             state["failures"][reason.split(": ")[0]] = reason
+        if number == 0:  # the same files in every pipeline: their embeddings are compared afterwards
+            state["first_batch"] = embeddings.float().cpu()
         if number == warmup - 1:
             clip_flash_sync(device)
             state["start"] = time.perf_counter()
@@ -126,6 +129,7 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
         "images_per_s": state["images"] / seconds,
         "routes": dict(state["routes"]),
         "skipped_files": sorted(state["failures"].values()),
+        "first_batch_embeddings": state["first_batch"],
     }
 
 
@@ -209,6 +213,15 @@ def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths:
         first = warmup or (max(3, workers + 1) if pipeline == "stock" else 3)
         rows.append(measure_pipeline(pipeline, paths, preprocess, model, device, dtype, image_size, batch,
                                      batches, first, workers, executor))
+    # The first batch holds the same files in every pipeline: same pixels must give the same embeddings.
+    firsts = [row.pop("first_batch_embeddings") for row in rows]
+    reference = next((first for row, first in zip(rows, firsts) if row["pipeline"] == "stock"), None)
+    for row, first in zip(rows, firsts):
+        if reference is not None and row["pipeline"] != "stock" and first.shape == reference.shape:
+            row["first_batch_vs_stock"] = {
+                "max_abs_diff": (first - reference).abs().max().item(),
+                "min_cosine": torch.nn.functional.cosine_similarity(first, reference, dim=-1).min().item(),
+            }
     sample = [paths[index % len(paths)] for index in range(batch)]
     with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, workers=workers) as prep:
         prepared = prep(sample)
@@ -231,7 +244,8 @@ def format_image_pipelines(data: Dict[str, Any]) -> str:
 
     encoder_rate = data["encoder_only"]["images_per_s"]
     stock = next((row["images_per_s"] for row in data["pipelines"] if row["pipeline"] == "stock"), None)
-    columns = ("pipeline", "images/s", "vs stock (x)", "of encoder alone", "CPU workers", "skipped files", "routes")
+    columns = ("pipeline", "images/s", "vs stock (x)", "of encoder alone", "CPU workers", "skipped files", "routes",
+               "1st batch vs stock: max abs diff / min cos")
     table_rows = []
     for row in data["pipelines"]:
         routes = ", ".join(f"{name} {count}" for name, count in sorted(row["routes"].items())) or "-"
@@ -243,6 +257,8 @@ def format_image_pipelines(data: Dict[str, Any]) -> str:
             f"{row['cpu_workers']} ({row['executor']})",
             str(len(row["skipped_files"])),
             routes,
+            (f"{row['first_batch_vs_stock']['max_abs_diff']:.3g} / {row['first_batch_vs_stock']['min_cosine']:.6f}"
+             if "first_batch_vs_stock" in row else "-"),
         ))
     first = data["pipelines"][0] if data["pipelines"] else {"batch": "-", "timed_batches": "-"}
     text = (f"Images end to end: {data['files']} files from the folder, streamed in batches of {first['batch']}, "
@@ -263,7 +279,8 @@ def format_image_pipelines(data: Dict[str, Any]) -> str:
             skipped_by_path.setdefault(reason.split(": ")[0], reason)
     skipped = sorted(skipped_by_path.values())
     if skipped:
-        text += f"\n\nSkipped {len(skipped)} unreadable file(s):\n" + "\n".join(f"- {reason}" for reason in skipped[:20])
+        listed = "\n".join(f"- {reason}" for reason in skipped[:20])
+        text += f"\n\nSkipped {len(skipped)} unreadable file(s):\n{listed}"
     return text
 
 

@@ -24,6 +24,7 @@ from .image_decoding import DecodedItem, DecodeOptions, decode_items
 EXECUTORS = ("thread", "process")
 # Inputs per task: enough to amortize a task's overhead, few enough to balance the workers.
 MAX_CHUNK = 16
+COPY_THREADS = 4  # memory copies into the kernel's page-locked buffer
 
 _worker_options: Optional[DecodeOptions] = None
 
@@ -101,6 +102,7 @@ class DecodePool:
         self.executor = executor
         self._threads: Optional[Executor] = None
         self._processes: Optional[Executor] = None
+        self._copies: Optional[Executor] = None
         self._lock = threading.Lock()  # decode() may be called from several threads at once
 
     def _thread_pool(self) -> Executor:
@@ -108,6 +110,14 @@ class DecodePool:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="clip_flash-decode")
             return self._threads
+
+    def _copy_pool(self) -> Executor:
+        # Its own few threads: copies of a decoded batch must not queue behind the next batch's decoding.
+        with self._lock:
+            if self._copies is None:
+                self._copies = ThreadPoolExecutor(max(1, min(COPY_THREADS, self.workers)),
+                                                  thread_name_prefix="clip_flash-copy")
+            return self._copies
 
     def _process_pool(self) -> Executor:
         with self._lock:
@@ -154,15 +164,16 @@ class DecodePool:
             _copy_pairs(list(zip(targets, sources)))
             return
         pairs = list(zip(targets, sources))
-        size = max(1, -(-len(pairs) // (2 * self.workers)))
+        size = max(1, -(-len(pairs) // (4 * COPY_THREADS)))
         chunks = [pairs[start:start + size] for start in range(0, len(pairs), size)]
-        for future in [self._thread_pool().submit(_copy_pairs, chunk) for chunk in chunks]:
+        for future in [self._copy_pool().submit(_copy_pairs, chunk) for chunk in chunks]:
             future.result()
 
     def close(self) -> None:
         """Stop the workers (they start again on the next call)."""
         with self._lock:
-            pools, self._threads, self._processes = (self._threads, self._processes), None, None
+            pools = (self._threads, self._processes, self._copies)
+            self._threads = self._processes = self._copies = None
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)

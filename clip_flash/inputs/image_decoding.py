@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, JpegImagePlugin, UnidentifiedImageError
 
 from .resample_plan import plan_image
 from .transform_spec import ImageTransformSpec
@@ -67,6 +67,7 @@ class DecodedItem:
     encoded: Optional[torch.Tensor] = None  # uint8 1-D JPEG bytes, for nvJPEG
     image_size: Tuple[int, int] = (0, 0)  # (height, width) as decoded
     channels: int = 0
+    jpeg_sampling: int = -1  # for nvJPEG: Pillow's get_sampling (0: 4:4:4, 1: 4:2:2, 2: 4:2:0, -1: other)
     reason: Optional[str] = None  # why the input could not be read
     notes: List[str] = field(default_factory=list)  # why a slower route was taken
 
@@ -131,6 +132,7 @@ def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) ->
             # Only complete-looking files go to nvJPEG; the CPU decode decides about the others, as Pillow would.
             result.route, result.encoded = "gpu-jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
             result.image_size, result.channels = (image.height, image.width), channels
+            result.jpeg_sampling = JpegImagePlugin.get_sampling(image)
             return
         if options.use_torchvision_jpeg and _try_torchvision(data, image, channels, result, "jpeg"):
             return

@@ -7,10 +7,12 @@ Three implementations give the same bits (each is tested against ``preprocess``)
 - ``torch``: the same fixed-point arithmetic in plain PyTorch on the CPU (the kernel's reference);
 - ``pillow``: Pillow itself, through ``preprocess`` on the pixels (faster than ``torch`` on a CPU).
 
-``auto`` takes the kernel on a GPU and Pillow on the CPU (or on a GPU without the compiled kernel).
+``auto`` takes the kernel on a GPU and Pillow on the CPU (or on a GPU without the compiled kernel, or
+where the installed Pillow computes differently from the arithmetic the kernel models).
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -19,7 +21,7 @@ import torch
 from PIL import Image
 
 from ..ops.image_resample import BatchPlan, kernel_usable, plan_batch, resample_packed
-from .pillow_resample import preprocess_batch_cpu
+from .pillow_resample import PillowMismatchError, pillow_disagreement, preprocess_batch_cpu
 from .transform_spec import spec_from_preprocess
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,12 @@ def pil_image_of(pixels: torch.Tensor) -> Image.Image:
     """The L or RGB PIL image whose pixels are ``pixels`` (uint8 ``(H, W, C)``, C in {1, 3})."""
     array = np.ascontiguousarray(pixels.cpu().numpy())
     return Image.fromarray(array[:, :, 0], "L") if array.shape[-1] == 1 else Image.fromarray(array, "RGB")
+
+
+@functools.lru_cache(maxsize=1)
+def pillow_mismatch() -> Optional[str]:
+    """Why this Pillow's resize differs from the arithmetic the kernel reproduces (None: it agrees); once."""
+    return pillow_disagreement()
 
 
 def _copy_each(targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
@@ -55,7 +63,16 @@ class ExactResize:
         self.dtype = dtype
         self.spec = spec_from_preprocess(preprocess)
         self.output_size: Tuple[int, int] = tuple(self.spec.size)
-        if resize in ("auto", "kernel") and device.type == "cuda":
+        if resize == "kernel" and device.type != "cuda":
+            raise ValueError("resize='kernel' needs a CUDA device")
+        mismatch = pillow_mismatch() if resize != "pillow" else None
+        if mismatch is not None:
+            # The kernel and the PyTorch path model Pillow's arithmetic; this Pillow computes otherwise.
+            if resize != "auto":
+                raise PillowMismatchError(mismatch)
+            logger.warning("%s: Pillow itself resizes, on the CPU (exact, slower)", mismatch)
+            self.implementation = "pillow"
+        elif resize in ("auto", "kernel") and device.type == "cuda":
             usable = kernel_usable(self.spec, device)
             if not usable:
                 why = (f"output width {self.spec.size[1]} is over the kernel's limit" if self.spec.size[1] > 1024
@@ -64,8 +81,6 @@ class ExactResize:
                     raise RuntimeError(f"resize='kernel' asked for, but {why}")
                 logger.warning("image resize kernel unusable (%s): Pillow resizes on the CPU (exact, slower)", why)
             self.implementation = "kernel" if usable else "pillow"
-        elif resize == "kernel":
-            raise ValueError("resize='kernel' needs a CUDA device")
         else:
             self.implementation = "torch" if resize == "torch" else "pillow"
 

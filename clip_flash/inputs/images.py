@@ -13,6 +13,7 @@ and resamples on the device; see :mod:`clip_flash.inputs.image_decoding` for the
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -22,7 +23,7 @@ from PIL import Image
 
 from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .decoder_check import decoder_agreement
-from .gpu_jpeg import decode_jpegs_on_gpu
+from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
 from .image_resize import ExactResize
 
@@ -92,15 +93,18 @@ class ImagePreprocessor:
         device: where the batch goes (``"cuda"`` or ``"cpu"``; the same exact arithmetic on both).
         dtype: of the batch; fp32 is the reference bit for bit, fp16/bf16 the reference cast.
         decode: ``"cpu"`` (exact: libjpeg-turbo, Pillow's own pixels) or ``"gpu"``: nvJPEG decodes
-            the JPEGs, which is faster and NOT exact (chroma upsampling and colour conversion differ
-            from libjpeg-turbo by up to tens of levels; ``scripts/image_fast_path_deviation.py``
-            measures it). Other formats still take the exact path.
+            the JPEGs, which is faster and NOT exact (nvJPEG repeats chroma samples where libjpeg-turbo
+            interpolates: up to tens of levels apart; see ``gpu_chroma``;
+            ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
         workers: CPU workers decoding (default: the cores this process may use).
         executor: ``"thread"`` (default; the decoders release the GIL) or ``"process"`` (no GIL
             cap; spawned workers start on first use, a few seconds, so a script using it needs the
             usual ``if __name__ == "__main__":`` guard).
         resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
             (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
+        gpu_chroma: with ``decode="gpu"``: ``"libjpeg"`` recovers the chroma from nvJPEG's output and
+            upsamples and converts it the libjpeg-turbo way (closer to Pillow, still not exact);
+            ``"nvjpeg"`` keeps nvJPEG's own (repeated) chroma.
 
     Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
     and resampled by clip_flash's Pillow-exact resize on the device. Inputs Pillow treats specially
@@ -118,7 +122,7 @@ class ImagePreprocessor:
 
     def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
                  dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
-                 executor: str = "thread", resize: str = "auto") -> None:
+                 executor: str = "thread", resize: str = "auto", gpu_chroma: str = "libjpeg") -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -128,6 +132,9 @@ class ImagePreprocessor:
             raise ValueError(f"decode must be one of {DECODERS}, got {decode!r}")
         if decode == "gpu" and self.device.type != "cuda":
             raise ValueError("decode='gpu' (nvJPEG) needs a CUDA device")
+        if gpu_chroma not in CHROMA:
+            raise ValueError(f"gpu_chroma must be one of {CHROMA}, got {gpu_chroma!r}")
+        self.gpu_chroma = gpu_chroma
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
         if not dtype.is_floating_point:
@@ -191,7 +198,7 @@ class ImagePreprocessor:
             pixel_items = [item for item in pixel_items if item.index not in in_buffer]
         device_pixels = [item.pixels for item in pixel_items]
         if jpeg_items:
-            on_gpu, refused = decode_jpegs_on_gpu(jpeg_items, self.device)
+            on_gpu, refused = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma)
             for item, pixels in on_gpu:
                 pixel_items.append(item)
                 device_pixels.append(pixels)

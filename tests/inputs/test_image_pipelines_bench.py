@@ -20,5 +20,7 @@ def test_pipelines_skip_and_report_a_bad_file(build_model, vit_b32_preprocess, t
         assert row["images_per_s"] > 0
         assert len(row["skipped_files"]) == 1 and "broken.jpg" in row["skipped_files"][0]
     assert data["pipelines"][1]["routes"] == {"jpeg": 3, "failed": 1}
+    # Exact pixels, same model, same batch: the very same embeddings as OpenCLIP's preprocess gives.
+    assert data["pipelines"][1]["first_batch_vs_stock"]["max_abs_diff"] == 0.0
     text = format_image_pipelines(data)
     assert "stock:" in text and "exact:" in text and "Skipped 1 unreadable file" in text

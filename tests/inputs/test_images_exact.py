@@ -121,3 +121,19 @@ def test_refuses_transforms_it_cannot_reproduce(vit_b32_preprocess):
     for transform in (training, nearest):
         with pytest.raises(UnsupportedTransformError):
             clip_flash.ImagePreprocessor(transform, device="cpu")
+
+
+def test_a_pillow_that_computes_otherwise_means_pillow_resizes(vit_b32_preprocess, photo_files, monkeypatch, caplog):
+    """If the installed Pillow's arithmetic ever differs from what the kernel models, 'auto' lets Pillow
+    itself resize (still exact, with a warning) and an explicit 'torch'/'kernel' is refused."""
+    from clip_flash.inputs import image_resize
+    from clip_flash.inputs.pillow_resample import PillowMismatchError
+
+    monkeypatch.setattr(image_resize, "pillow_mismatch", lambda: "Pillow 99 resizes differently")
+    with caplog.at_level(logging.WARNING, logger="clip_flash.inputs"):
+        with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2) as prep:
+            assert prep.resize.implementation == "pillow"
+            assert_same_as_reference(prep(photo_files[:3]), vit_b32_preprocess, photo_files[:3])
+    assert any("Pillow 99" in record.getMessage() for record in caplog.records)
+    with pytest.raises(PillowMismatchError):
+        clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", resize="torch")

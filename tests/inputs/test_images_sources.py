@@ -54,7 +54,8 @@ def test_array_inputs_are_pixels(cpu_prep, vit_b32_preprocess, photo):
     """A uint8 (H, W, 3) / (H, W, 1) / (H, W) array or tensor is an RGB / L image's pixels."""
     rgb = np.asarray(photo)
     gray = np.asarray(photo.convert("L"))
-    items = [torch.from_numpy(rgb.copy()), rgb, torch.from_numpy(gray.copy()), torch.from_numpy(gray[:, :, None].copy()),
+    items = [torch.from_numpy(rgb.copy()), rgb, torch.from_numpy(gray.copy()),
+             torch.from_numpy(gray[:, :, None].copy()),
              torch.from_numpy(rgb.copy())[10:150, 20:280]]  # a non-contiguous view
     prepared = cpu_prep(items)
     references = [photo, photo, photo.convert("L"), photo.convert("L"), photo.crop((20, 10, 280, 150))]
