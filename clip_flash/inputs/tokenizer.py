@@ -162,8 +162,9 @@ def describe_tokenizer(tokenizer: Any) -> str:
     if isinstance(tokenizer, FastCLIPTokenizer):
         return tokenizer.describe()
     refusal = fast_path_refusal(tokenizer)
-    reason = refusal or "the fast path was not requested"
-    return f"OpenCLIP's own {type(tokenizer).__name__}, unchanged ({reason})"
+    if refusal is None:
+        return f"OpenCLIP's own {type(tokenizer).__name__} (clip_flash.get_tokenizer would speed it up)"
+    return f"OpenCLIP's own {type(tokenizer).__name__}, unchanged ({refusal})"
 
 
 def get_tokenizer(model_name: str = "", context_length: Optional[int] = None, *,
