@@ -87,6 +87,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cuda-graphs", action="store_true", help="patched model through clip_flash.GraphedEncoder")
+    parser.add_argument("--clean-workers", type=int, default=None,
+                        help="clip_flash tokenizer's cleaning processes [default: usable cores - 1 from 3 up]")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -109,7 +111,9 @@ def main(argv=None) -> int:
     if args.cuda_graphs:
         patched_encode = clip_flash.GraphedEncoder(patched_model, batch_sizes=[args.batch]).encode_text
     openclip_tok = open_clip.get_tokenizer(args.model)
-    fast_tok = clip_flash.get_tokenizer(args.model)
+    from clip_flash.inputs.cleaning_pool import default_workers
+    clean_workers = default_workers() if args.clean_workers is None else args.clean_workers
+    fast_tok = clip_flash.get_tokenizer(args.model, clean_workers=clean_workers)
     width = patched_model.encode_text(openclip_tok(["a"]).to(device)).shape[-1]
     pipelines: Dict[str, tuple] = {
         "stock": (openclip_tok, stock_model.encode_text, args.stock_captions),
@@ -167,7 +171,8 @@ def main(argv=None) -> int:
     title = (f"Captions to embeddings end to end, `{args.model}` {args.dtype} random-init weights, batches of "
              f"{args.batch}{' through CUDA graphs' if args.cuda_graphs else ''}: strings in, fp16 embeddings in "
              f"pinned host memory out, tokenizing overlapped with encoding (one producer thread), median of "
-             f"{args.repeats} passes after {args.warmup_batches} warm-up batches; host: {cores} usable cores.")
+             f"{args.repeats} passes after {args.warmup_batches} warm-up batches; clip_flash tokenizer with "
+             f"clean_workers={clean_workers}; host: {cores} usable cores.")
     for path in (args.json, args.markdown):
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -134,6 +134,7 @@ def main(argv=None) -> int:
     if args.clean_workers is None:
         args.clean_workers = default_workers()
 
+    load_before = os.getloadavg()
     rows = [row for cores in args.cores for row in run_setting(cores, args)]
     columns = ("captions", "cores", "mean tokens", "OpenCLIP warm /s", "clip_flash warm /s", "warm x",
                "+ cleaning pool warm /s (x)", "OpenCLIP cold /s", "clip_flash cold /s", "cold x",
@@ -151,7 +152,9 @@ def main(argv=None) -> int:
              f"{args.captions} captions per call; warm = median of {args.repeats} alternating calls; cold = "
              f"first call of a freshly built tokenizer (building it, ~0.3-0.5 s once, is not counted: see the "
              f"JSON); cleaning pool = `clean_workers=N` processes cleaning the non-plain texts; ids identical "
-             f"(torch.equal) on every set. Host: {usable_cores()} usable cores.")
+             f"(torch.equal) on every set. Host: {usable_cores()} usable cores, load average "
+             f"{load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after the run (other work shares the host "
+             f"when it is above 0).")
     for path in (args.json, args.markdown):
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)
