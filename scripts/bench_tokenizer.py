@@ -30,7 +30,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def measure(model: str, captions: int, repeats: int, seed: int) -> List[Dict[str, Any]]:
+def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: int) -> List[Dict[str, Any]]:
     """This process's rows: one per caption set."""
     import open_clip
     import torch
@@ -53,12 +53,16 @@ def measure(model: str, captions: int, repeats: int, seed: int) -> List[Dict[str
         ours_build = built - started
         if not torch.equal(got, expected):
             raise SystemExit(f"ids differ on the {set_name} set: refusing to time a wrong tokenizer")
-        seconds: Dict[str, List[float]] = {"openclip": [], "clip_flash": []}
         calls = {"openclip": lambda: openclip_tok(texts), "clip_flash": lambda: ours(texts)}
-        for side in calls:  # one untimed warm call each
-            calls[side]()
+        if clean_workers:
+            pooled = get_tokenizer(model, clean_workers=clean_workers)
+            calls["clip_flash_pool"] = lambda: pooled(texts)
+        seconds: Dict[str, List[float]] = {side: [] for side in calls}
+        for side in calls:  # one untimed warm call each (starts the cleaning pool, if any)
+            if not torch.equal(calls[side](), expected):
+                raise SystemExit(f"{side} ids differ on the {set_name} set")
         for repeat in range(repeats):
-            for side in (("openclip", "clip_flash") if repeat % 2 == 0 else ("clip_flash", "openclip")):
+            for side in (list(calls) if repeat % 2 == 0 else list(calls)[::-1]):
                 started = time.perf_counter()
                 calls[side]()
                 seconds[side].append(time.perf_counter() - started)
@@ -72,8 +76,13 @@ def measure(model: str, captions: int, repeats: int, seed: int) -> List[Dict[str
             "openclip_warm_per_s": len(texts) / openclip_warm, "clip_flash_warm_per_s": len(texts) / ours_warm,
             "warm_speedup": openclip_warm / ours_warm,
             "openclip_seconds": seconds["openclip"], "clip_flash_seconds": seconds["clip_flash"],
-            "routes": dict(ours.route_counts), "ids_identical": True,
+            "routes": dict(ours.route_counts), "ids_identical": True, "clean_workers": clean_workers,
         })
+        if clean_workers:
+            pooled_warm = statistics.median(seconds["clip_flash_pool"])
+            rows[-1].update({"clip_flash_pool_warm_per_s": len(texts) / pooled_warm,
+                             "pool_warm_speedup": openclip_warm / pooled_warm,
+                             "clip_flash_pool_seconds": seconds["clip_flash_pool"]})
     return rows
 
 
@@ -82,6 +91,8 @@ def run_setting(cores: str, args: argparse.Namespace) -> List[Dict[str, Any]]:
     env = dict(os.environ)
     command = [sys.executable, __file__, "--worker", "--model", args.model, "--captions", str(args.captions),
                "--repeats", str(args.repeats), "--seed", str(args.seed)]
+    if cores != "1":
+        command += ["--clean-workers", str(args.clean_workers)]
     if cores == "1":
         env["RAYON_NUM_THREADS"] = "1"
         command.append("--pin-one-core")
@@ -102,6 +113,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cores", nargs="+", choices=("all", "1"), default=["all", "1"])
+    parser.add_argument("--clean-workers", type=int, default=None,
+                        help="also time clip_flash with this many cleaning processes, all-cores setting only "
+                             "[default: usable cores - 1 from 3 cores up, else none; 0: none]")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -111,25 +125,36 @@ def main(argv=None) -> int:
     if args.worker:
         if args.pin_one_core and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        print(json.dumps(measure(args.model, args.captions, args.repeats, args.seed)))
+        print(json.dumps(measure(args.model, args.captions, args.repeats, args.seed, args.clean_workers or 0)))
         return 0
 
     from clip_flash.benchmark.results import markdown_table, write_microbenchmark
+    from clip_flash.inputs.cleaning_pool import default_workers
 
+    if args.clean_workers is None:
+        args.clean_workers = default_workers()
+
+    load_before = os.getloadavg()
     rows = [row for cores in args.cores for row in run_setting(cores, args)]
     columns = ("captions", "cores", "mean tokens", "OpenCLIP warm /s", "clip_flash warm /s", "warm x",
-               "OpenCLIP cold /s", "clip_flash cold /s", "cold x", "routes plain/cleaned/openclip")
+               "+ cleaning pool warm /s (x)", "OpenCLIP cold /s", "clip_flash cold /s", "cold x",
+               "routes plain/cleaned/openclip")
     table = markdown_table(columns, [(
         f"{row['caption_set']} x{row['captions']}", str(row["cores"]), f"{row['mean_tokens']:.1f}",
         f"{row['openclip_warm_per_s']:,.0f}", f"{row['clip_flash_warm_per_s']:,.0f}", f"{row['warm_speedup']:.1f}",
+        (f"{row['clip_flash_pool_warm_per_s']:,.0f} ({row['pool_warm_speedup']:.1f}) with {row['clean_workers']}"
+         if row.get("clean_workers") else "-"),
         f"{row['openclip_cold_per_s']:,.0f}", f"{row['clip_flash_cold_per_s']:,.0f}", f"{row['cold_speedup']:.1f}",
         "/".join(str(count) for count in row["routes"].values()),
     ) for row in rows])
     print(table)
     title = (f"Tokenizer throughput, `{args.model}`: OpenCLIP's `get_tokenizer` vs `clip_flash.get_tokenizer`, "
-             f"{args.captions} captions per call, warm = median of {args.repeats} alternating calls, cold = "
-             f"first call of a freshly built tokenizer (building it, ~0.3-0.5 s once, not counted: see the JSON); ids identical (torch.equal) on every set. Host: "
-             f"{usable_cores()} usable cores.")
+             f"{args.captions} captions per call; warm = median of {args.repeats} alternating calls; cold = "
+             f"first call of a freshly built tokenizer (building it, ~0.3-0.5 s once, is not counted: see the "
+             f"JSON); cleaning pool = `clean_workers=N` processes cleaning the non-plain texts; ids identical "
+             f"(torch.equal) on every set. Host: {usable_cores()} usable cores, load average "
+             f"{load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after the run (other work shares the host "
+             f"when it is above 0).")
     for path in (args.json, args.markdown):
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)

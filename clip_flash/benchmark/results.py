@@ -257,7 +257,13 @@ def format_zero_shot(zero_shot: Dict[str, Any]) -> str:
         _small(zero_shot["max_abs_diff"]),
         zero_shot["backend"],
     )
-    return title + "\n\n" + markdown_table(ZERO_SHOT_COLUMNS, [row])
+    text = title + "\n\n" + markdown_table(ZERO_SHOT_COLUMNS, [row])
+    if "stock_tokenize_median_s" in zero_shot:
+        text += (f"\n\nTimed from strings: tokenizing is included (median "
+                 f"{zero_shot['stock_tokenize_median_s']:.3f} s stock, {zero_shot['patched_tokenize_median_s']:.3f} s "
+                 f"patched). Stock side: {zero_shot['stock_tokenizer']}; patched side: "
+                 f"{zero_shot['patched_tokenizer']}.")
+    return text
 
 
 def format_latency(latency: Dict[str, Any]) -> str:

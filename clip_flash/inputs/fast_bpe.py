@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Sequence, Tuple
 
@@ -82,7 +83,8 @@ def rust_parallelism(enabled: bool) -> Iterator[None]:
 class WordIds:
     """BPE ids of words, remembered: OpenCLIP's ``encoder[bpe(word)]`` for every word it has seen.
 
-    ``max_words`` bounds the memory: past it the dictionary starts again empty.
+    ``max_words`` bounds the memory: past it the dictionary starts again empty. Thread-safe: a lock keeps
+    one thread's reset from emptying the dictionary under another's lookups.
     """
 
     def __init__(self, encoder: Dict[str, int], bpe_ranks: Dict[Tuple[str, str], int], parallel: bool = True,
@@ -91,6 +93,7 @@ class WordIds:
         self.parallel = parallel
         self.max_words = max_words
         self.ids: Dict[str, Tuple[int, ...]] = {}
+        self._lock = threading.Lock()
         self._reset()
 
     def _reset(self) -> None:
@@ -115,9 +118,10 @@ class WordIds:
 
     def flat_ids(self, words: Sequence[str]) -> np.ndarray:
         """The ids of ``words`` one after another (BOUNDARY_ID for each BOUNDARY_WORD), int64."""
-        self.learn(words)
-        ids = itertools.chain.from_iterable(map(self.ids.__getitem__, words))
-        return np.fromiter(ids, dtype=np.int64)
+        with self._lock:
+            self.learn(words)
+            ids = itertools.chain.from_iterable(map(self.ids.__getitem__, words))
+            return np.fromiter(ids, dtype=np.int64)
 
 
 def fill_rows(result: np.ndarray, rows: Sequence[int], flat_ids: np.ndarray, sot_token_id: int,

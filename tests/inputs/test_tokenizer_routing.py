@@ -14,6 +14,7 @@ TEXTS = ["a photo of a dog.", "Tom &amp; Jerry’s “cat”", "", " ".join(["ma
 
 @pytest.mark.parametrize("model_name, context_length", [
     ("ViT-B-32", 77), ("ViT-L-14", 77), ("coca_ViT-L-14", 76), ("PE-Core-B-16", 32), ("PE-Core-bigG-14-448", 72),
+    ("MobileCLIP2-S0", 77), ("EVA02-L-14", 77),
 ])
 def test_simple_tokenizer_configs_get_the_fast_path(model_name, context_length):
     fast = clip_flash.get_tokenizer(model_name)
@@ -76,3 +77,33 @@ def test_word_memory_bound_keeps_results_exact():
     for start in range(0, len(texts), 7):
         assert torch.equal(fast(texts[start:start + 7]), stock(texts[start:start + 7]))
     assert len(fast.word_ids.ids) <= 50 + 8
+
+
+def test_cleaning_pool_gives_the_same_ids():
+    """Worker processes run OpenCLIP's own cleaning; forced on here (it is off by default)."""
+    from clip_flash.inputs.cleaning_pool import MIN_TEXTS_FOR_POOL
+    stock = open_clip.get_tokenizer("ViT-B-32")
+    pooled = get_tokenizer("ViT-B-32", clean_workers=2)
+    rng = np.random.default_rng(1)
+    texts = ["".join(chr(int(c)) for c in rng.integers(32, 0x3000, int(n))) for n in rng.integers(0, 30, 3000)]
+    texts += ["plain caption number %d" % i for i in range(500)] + [None, "x <start_of_text> y", "é <end_of_text>"]
+    rng.shuffle(texts)
+    assert sum(1 for t in texts if t is not None and not t.isascii()) >= MIN_TEXTS_FOR_POOL
+    good = [t for t in texts if t is not None]
+    assert torch.equal(pooled(good), stock(good))
+    assert pooled.cleaning_pool.broken_reason is None and pooled.cleaning_pool._executor is not None
+    with pytest.raises(Exception):  # a non-str: OpenCLIP's error, as OpenCLIP would raise it
+        pooled(texts)
+    assert torch.equal(pooled(good[:10]), stock(good[:10]))  # small batches stay in this process
+
+
+def test_threads_share_one_tokenizer():
+    from concurrent.futures import ThreadPoolExecutor
+    stock = open_clip.get_tokenizer("ViT-B-32")
+    fast = FastCLIPTokenizer(stock)
+    fast.word_ids.max_words = 300  # resets happen while other threads look words up
+    batches = [[f"thread {i} caption {j} about word{(i * 7 + j) % 97}" for j in range(40)] for i in range(24)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(fast, batches))
+    for batch, got in zip(batches, results):
+        assert torch.equal(got, stock(batch))
