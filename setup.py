@@ -27,6 +27,8 @@ EXTENSION_SOURCES = [
     "csrc/bindings.cpp",
     "csrc/layer_norm_kernels.cu",
     "csrc/elementwise_kernels.cu",
+    "csrc/image_resample_binding.cpp",
+    "csrc/image_resample.cu",
 ]
 
 

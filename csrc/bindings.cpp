@@ -186,6 +186,10 @@ at::Tensor residual_add(const at::Tensor& residual_input, const at::Tensor& delt
   return out;
 }
 
+// Defined in image_resample_binding.cpp.
+void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::Tensor& tables,
+                    const at::Tensor& lut, at::Tensor& out);
+
 }  // namespace clip_flash
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
@@ -203,4 +207,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("residual_add", &clip_flash::residual_add,
              "residual + scale * delta; returns a new tensor.", py::arg("residual"), py::arg("delta"),
              py::arg("scale"));
+  module.def("image_resample", &clip_flash::image_resample, "OpenCLIP's eval image transform of a packed uint8 batch, "
+             "bit-exact with Pillow; writes into out.", py::arg("pixels"), py::arg("meta"), py::arg("tables"),
+             py::arg("lut"), py::arg("out"));
 }
