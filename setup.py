@@ -1,4 +1,4 @@
-"""Package metadata of clip_flash and the build of its optional CUDA extension ``clip_flash._C``.
+"""The build of clip_flash's optional CUDA extension ``clip_flash._C`` (metadata: pyproject.toml).
 
 The extension is built only when it can be: torch importable here, a CUDA build of torch, a CUDA
 toolkit (``CUDA_HOME``), and a target architecture (a visible GPU, or ``TORCH_CUDA_ARCH_LIST``).
@@ -15,30 +15,19 @@ Typical GPU install: ``pip install --no-build-isolation -e .`` (pip's isolated b
 torch, so an isolated build is always pure Python).
 """
 import os
-import re
+import runpy
 import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
-ROOT = Path(__file__).resolve().parent
 BUILD_SWITCH = "CLIP_FLASH_BUILD_EXT"
 EXTENSION_NAME = "clip_flash._C"
-EXTENSION_SOURCES = [
-    "csrc/bindings.cpp",
-    "csrc/layer_norm_kernels.cu",
-    "csrc/elementwise_kernels.cu",
-]
-
-
-def read_version() -> str:
-    """``__version__`` from clip_flash/__init__.py, read as text so the build never imports the package."""
-    init_text = (ROOT / "clip_flash" / "__init__.py").read_text(encoding="utf-8")
-    match = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", init_text, re.MULTILINE)
-    if match is None:
-        raise RuntimeError("clip_flash/__init__.py defines no __version__ = '...'")
-    return match.group(1)
+# Sources and flags are shared with the build on first use (clip_flash/ops/jit_build.py); read as a file so
+# the build never imports the package.
+SPEC = runpy.run_path(str(Path(__file__).resolve().parent / "clip_flash" / "ops" / "extension_spec.py"))
+EXTENSION_SOURCES = list(SPEC["EXTENSION_SOURCES"])
 
 
 def reason_extension_cannot_build() -> Optional[str]:
@@ -87,11 +76,7 @@ def cuda_extensions() -> Tuple[List, dict]:
     extension = CUDAExtension(
         name=EXTENSION_NAME,
         sources=EXTENSION_SOURCES,
-        extra_compile_args={
-            "cxx": ["-O3", "-std=c++17"],
-            # No --use_fast_math: the activations need accurate erff/tanhf/expf.
-            "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"],
-        },
+        extra_compile_args={"cxx": list(SPEC["CXX_FLAGS"]), "nvcc": list(SPEC["NVCC_FLAGS"])},
     )
     # BuildExtension uses ninja when it is installed and falls back to setuptools otherwise.
     return [extension], {"build_ext": BuildExtension}
@@ -99,25 +84,4 @@ def cuda_extensions() -> Tuple[List, dict]:
 
 ext_modules, cmdclass = cuda_extensions()
 
-setup(
-    name="clip_flash",
-    version=read_version(),
-    description="Faster OpenCLIP encoders on NVIDIA GPUs, computing the same thing",
-    packages=find_packages(exclude=("tests", "tests.*", "scripts", "scripts.*")),
-    # Measured attention timings per GPU, read by backend="auto" (a data folder, not a package).
-    package_data={"clip_flash": ["attention_tables/*.json"]},
-    python_requires=">=3.9",
-    install_requires=[
-        "torch>=2.4",  # torch.library.custom_op / register_fake / register_autograd
-        "open_clip_torch>=2.24,<4",
-        "pillow",
-    ],
-    extras_require={
-        "flash-attn": ["flash-attn>=2.5"],
-        "plot": ["matplotlib"],  # scripts/bench_clip.py --plot
-        "test": ["pytest"],
-    },
-    ext_modules=ext_modules,
-    cmdclass=cmdclass,
-    zip_safe=False,
-)
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

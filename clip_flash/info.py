@@ -17,13 +17,13 @@ def _version(module_name: str) -> Optional[str]:
 
 def _attention_table() -> Dict[str, object]:
     """The measured attention table ``backend="auto"`` uses on this GPU (path, GPU, entries), or why none."""
-    from clip_flash.backends import measured
+    from clip_flash.backends import attention_table
 
-    table = measured.active_table()
+    table = attention_table.active_table()
     if table is not None:
         return {"path": table.source, "gpu": table.gpu, "entries": len(table.entries), "note": None}
-    gpu = measured.current_gpu()
-    known = measured.candidate_tables()
+    gpu = attention_table.current_gpu()
+    known = attention_table.candidate_tables()
     if gpu is None:
         note = f"no CUDA device (tables are per GPU; {len(known)} known)"
     else:
@@ -37,7 +37,7 @@ def environment() -> Dict[str, object]:
     import torch
 
     import clip_flash
-    from clip_flash import fused_ops
+    from clip_flash.ops import _extension, fused_ops
 
     info: Dict[str, object] = {
         "python": platform.python_version(),
@@ -52,6 +52,8 @@ def environment() -> Dict[str, object]:
         "gpu": None,
         "capability": None,
         "fused_ops": fused_ops.describe_backend(),
+        # Where the compiled kernels came from (installed, or compiled on first use and where); None: not in use.
+        "extension": _extension.extension_origin() if torch.cuda.is_available() else None,
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
@@ -79,6 +81,8 @@ def main() -> int:
     for name, status in backends.items():
         mark = "yes" if status["available"] else "no "
         print(f"  {mark} {name:<16} {status['reason'] or ''}")
+    runnable = [name for name, status in backends.items() if status["available"]]
+    print(f"can run here: {', '.join(runnable)}")
     if table["path"]:
         print(f"attention table: {table['path']} ({table['gpu']}, {table['entries']} entries)")
     else:

@@ -1,5 +1,5 @@
 // Python bindings of clip_flash._C: argument checks, output allocation, and kernel launches on the
-// current CUDA stream. The public, torch.compile-friendly ops live in clip_flash/fused_ops.py, which
+// current CUDA stream. The public, torch.compile-friendly ops live in clip_flash/ops/fused_ops.py, which
 // calls these functions for CUDA float16/bfloat16 tensors.
 // Narrow includes instead of <torch/extension.h> cut this file's compile time about 3x; the stream comes
 // from c10's CUDAStream.h rather than ATen's CUDAContext.h, which also needs the cuBLAS/cuSPARSE headers
@@ -113,9 +113,8 @@ at::Tensor layer_norm(const at::Tensor& input, const OptionalTensor& weight, con
 }
 
 std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& residual_input, const at::Tensor& delta_input,
-                                                  const OptionalTensor& delta_bias, const OptionalTensor& scale,
-                                                  const OptionalTensor& weight, const OptionalTensor& bias,
-                                                  double eps) {
+                                                  const OptionalTensor& scale, const OptionalTensor& weight,
+                                                  const OptionalTensor& bias, double eps) {
   TORCH_CHECK(delta_input.sizes() == residual_input.sizes(), "delta must have shape ", residual_input.sizes(),
               ", got ", delta_input.sizes());
   const at::Tensor residual = as_rows(residual_input, "residual");
@@ -130,7 +129,6 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& residual_inp
   args.cols = residual.size(1);
   args.residual = const_matrix(residual);
   args.delta = const_matrix(delta);
-  args.delta_bias = column_vector(delta_bias, residual, "delta_bias");
   args.scale = column_vector(scale, residual, "scale");
   args.weight = column_vector(weight, residual, "weight");
   args.bias = column_vector(bias, residual, "bias");
@@ -142,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& residual_inp
   return {updated, normed};
 }
 
-at::Tensor bias_act(at::Tensor& input, const OptionalTensor& bias, const std::string& activation, bool in_place) {
+at::Tensor bias_act(at::Tensor& input, const std::string& activation, bool in_place) {
   TORCH_CHECK(!in_place || input.is_contiguous(), "bias_act in place needs a contiguous x");
   const at::Tensor x = as_rows(input, "x");
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -159,7 +157,6 @@ at::Tensor bias_act(at::Tensor& input, const OptionalTensor& bias, const std::st
   args.rows = x.size(0);
   args.cols = x.size(1);
   args.x = const_matrix(x);
-  args.bias = column_vector(bias, x, "bias");
   args.activation = parse_activation(activation);
   args.out = mutable_matrix(out_rows);
   launch_bias_act(args, c10::cuda::getCurrentCUDAStream());
@@ -168,7 +165,7 @@ at::Tensor bias_act(at::Tensor& input, const OptionalTensor& bias, const std::st
 }
 
 at::Tensor residual_add(const at::Tensor& residual_input, const at::Tensor& delta_input,
-                        const OptionalTensor& delta_bias, const OptionalTensor& scale) {
+                        const OptionalTensor& scale) {
   TORCH_CHECK(delta_input.sizes() == residual_input.sizes(), "delta must have shape ", residual_input.sizes(),
               ", got ", delta_input.sizes());
   const at::Tensor residual = as_rows(residual_input, "residual");
@@ -182,13 +179,16 @@ at::Tensor residual_add(const at::Tensor& residual_input, const at::Tensor& delt
   args.cols = residual.size(1);
   args.residual = const_matrix(residual);
   args.delta = const_matrix(delta);
-  args.delta_bias = column_vector(delta_bias, residual, "delta_bias");
   args.scale = column_vector(scale, residual, "scale");
   args.out = mutable_matrix(out_rows);
   launch_residual_add(args, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
+
+// Defined in image_resample_binding.cpp.
+void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::Tensor& tables,
+                    const at::Tensor& lut, at::Tensor& out);
 
 }  // namespace clip_flash
 
@@ -198,13 +198,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("layer_norm", &clip_flash::layer_norm, "LayerNorm with fp32 statistics; returns a new tensor.",
              py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"));
   module.def("add_layer_norm", &clip_flash::add_layer_norm,
-             "(residual + scale * (delta + delta_bias), LayerNorm of it); returns two new tensors.",
-             py::arg("residual"), py::arg("delta"), py::arg("delta_bias"), py::arg("scale"), py::arg("weight"),
-             py::arg("bias"), py::arg("eps"));
+             "(residual + scale * delta, LayerNorm of it); returns two new tensors.",
+             py::arg("residual"), py::arg("delta"), py::arg("scale"), py::arg("weight"), py::arg("bias"),
+             py::arg("eps"));
   module.def("bias_act", &clip_flash::bias_act,
-             "activation(x + bias); writes into x and returns it when in_place, else returns a new tensor.",
-             py::arg("x"), py::arg("bias"), py::arg("activation"), py::arg("in_place"));
+             "activation(x); writes into x and returns it when in_place, else returns a new tensor.",
+             py::arg("x"), py::arg("activation"), py::arg("in_place"));
   module.def("residual_add", &clip_flash::residual_add,
-             "residual + scale * (delta + delta_bias); returns a new tensor.", py::arg("residual"), py::arg("delta"),
-             py::arg("delta_bias"), py::arg("scale"));
+             "residual + scale * delta; returns a new tensor.", py::arg("residual"), py::arg("delta"),
+             py::arg("scale"));
+  module.def("image_resample", &clip_flash::image_resample, "OpenCLIP's eval image transform of a packed uint8 batch, "
+             "bit-exact with Pillow; writes into out.", py::arg("pixels"), py::arg("meta"), py::arg("tables"),
+             py::arg("lut"), py::arg("out"));
 }

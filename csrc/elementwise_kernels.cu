@@ -1,4 +1,4 @@
-// Elementwise ops with per-column vectors: bias + activation, and the residual update.
+// Elementwise ops: the activation after c_fc, and the residual update with its per-column LayerScale.
 //
 // Each thread owns one column group (a 16-byte pack of 8 values, or 1 value on the scalar path), loads
 // that group's column vectors once, then walks its rows a few at a time so several independent loads
@@ -46,8 +46,6 @@ __global__ void __launch_bounds__(kBlockThreads) bias_act_kernel(const BiasActAr
   constexpr int kRows = kBiasActRows;
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
   if (col >= args.cols) return;
-  float bias[kWidth];
-  load_column_vector(args.bias, col, 0.0f, bias);
   const T* x = static_cast<const T*>(args.x.data) + col;
   T* out = static_cast<T*>(args.out.data) + col;
 
@@ -62,7 +60,7 @@ __global__ void __launch_bounds__(kBlockThreads) bias_act_kernel(const BiasActAr
       if (row + r >= args.rows) continue;
       Pack<T, kWidth> result;
 #pragma unroll
-      for (int j = 0; j < kWidth; ++j) result.values[j] = round_from_float<T>(activate<kActivation>(values[r][j] + bias[j]));
+      for (int j = 0; j < kWidth; ++j) result.values[j] = round_from_float<T>(activate<kActivation>(values[r][j]));
       store_pack(out + (row + r) * args.out.row_stride, result);
     }
   }
@@ -73,8 +71,7 @@ __global__ void __launch_bounds__(kBlockThreads) residual_add_kernel(const Resid
   constexpr int kRows = kResidualAddRows;
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
   if (col >= args.cols) return;
-  float delta_bias[kWidth], scale[kWidth];
-  load_column_vector(args.delta_bias, col, 0.0f, delta_bias);
+  float scale[kWidth];
   load_column_vector(args.scale, col, 1.0f, scale);
   const T* residual = static_cast<const T*>(args.residual.data) + col;
   const T* delta = static_cast<const T*>(args.delta.data) + col;
@@ -95,7 +92,7 @@ __global__ void __launch_bounds__(kBlockThreads) residual_add_kernel(const Resid
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
         result.values[j] =
-            round_from_float<T>(residual_update(residual_values[r][j], delta_values[r][j], delta_bias[j], scale[j]));
+            round_from_float<T>(residual_update(residual_values[r][j], delta_values[r][j], scale[j]));
       }
       store_pack(out + (row + r) * args.out.row_stride, result);
     }
@@ -104,13 +101,13 @@ __global__ void __launch_bounds__(kBlockThreads) residual_add_kernel(const Resid
 
 bool can_use_packs(const BiasActArgs& args) {
   return args.cols % kPackElements == 0 && packs_fit(args.x.data, args.x.row_stride) &&
-         packs_fit(args.out.data, args.out.row_stride) && is_16_byte_aligned(args.bias.data);
+         packs_fit(args.out.data, args.out.row_stride);
 }
 
 bool can_use_packs(const ResidualAddArgs& args) {
   return args.cols % kPackElements == 0 && packs_fit(args.residual.data, args.residual.row_stride) &&
          packs_fit(args.delta.data, args.delta.row_stride) && packs_fit(args.out.data, args.out.row_stride) &&
-         is_16_byte_aligned(args.delta_bias.data) && is_16_byte_aligned(args.scale.data);
+         is_16_byte_aligned(args.scale.data);
 }
 
 template <typename T, int kWidth>

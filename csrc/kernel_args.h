@@ -31,8 +31,8 @@ struct MutableMatrix {
 };
 
 // normed = LayerNorm(updated) with fp32 statistics, where
-//   updated = residual + scale * (delta + delta_bias)   when delta.data != nullptr (stored in updated_out)
-//   updated = residual                                  otherwise (plain LayerNorm; updated_out unused)
+//   updated = residual + scale * delta   when delta.data != nullptr (stored in updated_out)
+//   updated = residual                   otherwise (plain LayerNorm; updated_out unused)
 // The statistics are taken over `updated` as stored (rounded to the matrix type), so `normed` is exactly
 // the LayerNorm of the residual stream the next block sees.
 struct LayerNormArgs {
@@ -41,7 +41,6 @@ struct LayerNormArgs {
   int64_t cols = 0;
   ConstMatrix residual;
   ConstMatrix delta;
-  ColumnVector delta_bias;
   ColumnVector scale;
   ColumnVector weight;
   ColumnVector bias;
@@ -50,25 +49,24 @@ struct LayerNormArgs {
   MutableMatrix normed_out;
 };
 
-// out = activation(x + bias); `out` may be `x` itself (each element is read before it is written).
+// out = activation(x) (x: c_fc's output, its bias added by cuBLAS); `out` may be `x` itself (each element is read
+// before it is written).
 struct BiasActArgs {
   ElementType type = ElementType::kFloat16;
   int64_t rows = 0;
   int64_t cols = 0;
   ConstMatrix x;
-  ColumnVector bias;
   Activation activation = Activation::kIdentity;
   MutableMatrix out;
 };
 
-// out = residual + scale * (delta + delta_bias).
+// out = residual + scale * delta.
 struct ResidualAddArgs {
   ElementType type = ElementType::kFloat16;
   int64_t rows = 0;
   int64_t cols = 0;
   ConstMatrix residual;
   ConstMatrix delta;
-  ColumnVector delta_bias;
   ColumnVector scale;
   MutableMatrix out;
 };

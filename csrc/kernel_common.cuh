@@ -81,9 +81,9 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
-// residual + scale * (delta + delta_bias); the fused multiply-add saves one rounding.
-__device__ __forceinline__ float residual_update(float residual, float delta, float delta_bias, float scale) {
-  return fmaf(scale, delta + delta_bias, residual);
+// residual + scale * delta; the fused multiply-add saves one rounding.
+__device__ __forceinline__ float residual_update(float residual, float delta, float scale) {
+  return fmaf(scale, delta, residual);
 }
 
 // The activations exactly as torch defines them, with accurate (not --use_fast_math) erff/tanhf/expf.

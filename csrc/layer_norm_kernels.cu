@@ -55,15 +55,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) layer_norm_packed_kernel(co
     const int64_t col = static_cast<int64_t>(pack) * kPackElements;
     load_floats(residual + col, values[k]);
     if constexpr (kUpdateResidual) {
-      float delta_values[kPackElements], delta_bias[kPackElements], scale[kPackElements];
+      float delta_values[kPackElements], scale[kPackElements];
       load_floats(delta + col, delta_values);
-      load_column_vector(args.delta_bias, col, 0.0f, delta_bias);
       load_column_vector(args.scale, col, 1.0f, scale);
       Pack<T, kPackElements> updated;
 #pragma unroll
       for (int j = 0; j < kPackElements; ++j) {
         updated.values[j] =
-            round_from_float<T>(residual_update(values[k][j], delta_values[j], delta_bias[j], scale[j]));
+            round_from_float<T>(residual_update(values[k][j], delta_values[j], scale[j]));
         values[k][j] = to_float(updated.values[j]);  // normalize what is stored, as the next block sees it
       }
       store_pack(updated_out + col, updated);
@@ -122,10 +121,9 @@ __global__ void __launch_bounds__(kScalarThreads) layer_norm_scalar_kernel(const
   for (int64_t col = threadIdx.x; col < args.cols; col += blockDim.x) {
     float value = to_float(residual[col]);
     if constexpr (kUpdateResidual) {
-      float delta_bias[1], scale[1];
-      load_column_vector(args.delta_bias, col, 0.0f, delta_bias);
+      float scale[1];
       load_column_vector(args.scale, col, 1.0f, scale);
-      const T updated = round_from_float<T>(residual_update(value, to_float(delta[col]), delta_bias[0], scale[0]));
+      const T updated = round_from_float<T>(residual_update(value, to_float(delta[col]), scale[0]));
       updated_out[col] = updated;
       value = to_float(updated);
     }
@@ -157,7 +155,7 @@ bool can_use_packed_kernel(const LayerNormArgs& args) {
          packs_fit(args.normed_out.data, args.normed_out.row_stride) &&
          (!update || (packs_fit(args.delta.data, args.delta.row_stride) &&
                       packs_fit(args.updated_out.data, args.updated_out.row_stride) &&
-                      is_16_byte_aligned(args.delta_bias.data) && is_16_byte_aligned(args.scale.data))) &&
+                      is_16_byte_aligned(args.scale.data))) &&
          is_16_byte_aligned(args.weight.data) && is_16_byte_aligned(args.bias.data);
 }
 

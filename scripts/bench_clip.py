@@ -52,6 +52,7 @@ from clip_flash.benchmark.runner import (  # noqa: E402
     run_model,
     units_per_model,
 )
+from clip_flash.benchmark.image_pipelines import PIPELINES  # noqa: E402
 from clip_flash.benchmark.workloads import ImageFolderError, check_image_folder  # noqa: E402
 
 # Defaults per device. CPU ones keep `--model ViT-B-32 --device cpu` at about a minute on 2 cores.
@@ -62,7 +63,9 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
 
 TEXT_INPUT_NOTES = {
     "random": "random token ids as published (no EOT token: argmax pooling picks the largest id)",
-    "captions": "ImageNet captions (class names x prompt templates) through the model's own tokenizer",
+    "captions": "ImageNet captions (class names x prompt templates) timed from strings: the stock side "
+                "tokenizes with OpenCLIP's tokenizer, the patched side with clip_flash.get_tokenizer (the same "
+                "ids; OpenCLIP's with --pipeline stock), then each encodes",
 }
 
 
@@ -148,10 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "e.g. cuda_graphs=true")
     parser.add_argument("--text-input", choices=tuple(TEXT_INPUT_NOTES), default="random",
                         help="random: token ids as in the published table; captions: realistic "
-                             "ImageNet prompts tokenized with the model's own tokenizer")
+                             "ImageNet prompts, timed from strings (tokenizer included)")
     parser.add_argument("--images", type=Path, default=None, metavar="DIR",
                         help="use the pictures in DIR (Pillow + the model's own preprocess) instead "
                              "of random pixels")
+    parser.add_argument("--pipeline", choices=PIPELINES, nargs="+", default=[], metavar="P",
+                        help="with --images: also time files -> embeddings end to end per input pipeline, "
+                             "images/s: stock (OpenCLIP preprocess in a DataLoader, one worker per core), exact "
+                             "(clip_flash.ImagePreprocessor), gpu (ImagePreprocessor with nvJPEG, not exact); for text "
+                             "(captions, zero-shot), 'stock' alone keeps OpenCLIP's tokenizer on the patched side")
+    parser.add_argument("--pipeline-batch", type=positive_int, default=256, metavar="B",
+                        help="images per batch in --pipeline runs")
+    parser.add_argument("--pipeline-batches", type=positive_int, default=24, metavar="N",
+                        help="timed batches per --pipeline (after its warm-up batches)")
+    parser.add_argument("--pipeline-workers", type=positive_int, default=None, metavar="W",
+                        help="CPU workers per --pipeline [default: every core of this host]")
+    parser.add_argument("--pipeline-executor", choices=("thread", "process"), default="thread",
+                        help="ImagePreprocessor's decode pool in the exact/gpu pipelines")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     parser.add_argument("--no-tables", action="store_true",
                         help="skip the per-shape tables (e.g. to run only --latency or --zero-shot-classifier)")
@@ -222,6 +238,13 @@ def make_settings(args: argparse.Namespace, device: torch.device) -> BenchSettin
         cuda_graphs=args.cuda_graphs,
         graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None,
         baseline=args.baseline,
+        pipelines=tuple(args.pipeline) if args.images is not None else (),
+        # Text is timed from strings; --pipeline stock alone keeps OpenCLIP's tokenizer on the patched side.
+        text_tokenizer="openclip" if tuple(args.pipeline) == ("stock",) else "clip_flash",
+        pipeline_batch=args.pipeline_batch,
+        pipeline_batches=args.pipeline_batches,
+        pipeline_workers=args.pipeline_workers,
+        pipeline_executor=args.pipeline_executor,
     )
 
 
@@ -386,6 +409,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.models or [parse_model_spec(name) for name in DEFAULT_MODEL_SET])
     try:
         device = resolve_device(args.device)
+        text_strings = args.zero_shot_classifier or args.text_input == "captions"
+        if args.pipeline and args.images is None and not text_strings:
+            raise BenchError("error: --pipeline times files -> embeddings and needs --images DIR (or, for "
+                             "text, --text-input captions or --zero-shot-classifier)")
         if args.images is not None:
             check_image_folder(args.images)
     except (BenchError, ImageFolderError) as error:

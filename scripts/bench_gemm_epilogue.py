@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from clip_flash import fused_ops, gemm_epilogue  # noqa: E402
+from clip_flash.ops import fused_ops  # noqa: E402
+from clip_flash.ops.experimental import gemm_epilogue  # noqa: E402
+from clip_flash.benchmark.timing import alternating_median_ms  # noqa: E402
 from clip_flash.info import environment  # noqa: E402
 
 # (width, mlp width, tokens per image, activation) of each model's vision tower (open_clip configs).
@@ -56,7 +58,7 @@ def main() -> int:
         for batch in args.batch_sizes:
             x = torch.randn(batch * tokens, width, device="cuda").to(dtype)
             gemm = lambda: F.linear(x, weight, bias)  # noqa: E731
-            unfused = lambda: fused_ops.bias_act(F.linear(x, weight, bias), None, activation)  # noqa: E731
+            unfused = lambda: fused_ops.bias_act(F.linear(x, weight, bias), activation)  # noqa: E731
             fused = lambda: gemm_epilogue.triton_linear_act(x, weight, bias, activation)  # noqa: E731
             paths = {"gemm": gemm, "unfused": unfused, "fused": fused}
             if gemm_epilogue.tma_unavailable_reason(x, weight) is None:
@@ -65,7 +67,7 @@ def main() -> int:
                 for _ in range(3):
                     fn()
             torch.cuda.synchronize()
-            ms = gemm_epilogue.alternating_median_ms(paths, args.repeats)
+            ms = alternating_median_ms(paths, args.repeats)
             ms.setdefault("tma", float("nan"))
             best = min(ms["fused"], ms["tma"]) if ms["tma"] == ms["tma"] else ms["fused"]
             diff = max((paths[path]().float() - unfused().float()).abs().max().item()

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from clip_flash.gemm_epilogue import alternating_median_ms  # noqa: E402
+from clip_flash.benchmark.timing import alternating_median_ms  # noqa: E402
 from clip_flash.benchmark.results import write_microbenchmark  # noqa: E402
-from clip_flash.patch_embedding import patch_embedding  # noqa: E402
+from clip_flash.patch.patch_embedding import patch_embedding  # noqa: E402
 
 # (patch size, width) of each model's vision conv1 (open_clip configs).
 PATCH_EMBEDDINGS = {
@@ -47,8 +47,8 @@ def main() -> int:
     torch.backends.cudnn.allow_tf32 = False  # the fp32 reference conv must be a true fp32 conv
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    header = (f"| model | dtype | batch | cuDNN conv ms | patch GEMM ms (padded K) | patch GEMM ms (K as is) | conv / padded GEMM "
-              f"| conv max/mean err | GEMM max/mean err |")
+    header = ("| model | dtype | batch | cuDNN conv ms | patch GEMM ms (padded K) | patch GEMM ms (K as is) | conv / padded GEMM "  # noqa: E501
+              "| conv max/mean err | GEMM max/mean err |")
     lines = [header, "|" + "---|" * 9]
     print(header)
     for name in args.models:

@@ -36,10 +36,7 @@ started = time.perf_counter()
 import torch
 import torch.nn.functional as F
 import clip_flash
-try:
-    from clip_flash.ops import _extension, fused_ops
-except ImportError:
-    from clip_flash import _extension, fused_ops
+from clip_flash.ops import _extension, fused_ops
 imported = time.perf_counter()
 x = torch.randn(4096, 1024, device="cuda", dtype=torch.float16)
 weight = torch.randn(1024, device="cuda", dtype=torch.float16)

@@ -15,7 +15,7 @@ events, the backends' order alternating between rounds; the median is recorded. 
 serve or raises on a shape is skipped, with the reason recorded. Packed shapes time ``sdpa`` (torch's
 ``varlen_attn``: pinning an SDPA kernel does not apply to it) and ``flash_attn``.
 
-Writes the JSON table (default ``clip_flash/attention_tables/<gpu slug>.json``, which ships with the package
+Writes the JSON table (default ``clip_flash/backends/attention_tables/<gpu slug>.json``, which ships with the package
 and is used by ``clip_flash.patch(model, backend="auto")`` on this GPU) and a markdown summary next to it.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from clip_flash.backends import AttentionNeeds, available_backends, get_backend  # noqa: E402
 from clip_flash.info import environment as clip_flash_environment  # noqa: E402
-from clip_flash.backends.measured import SHIPPED_TABLE_DIR, parse_table  # noqa: E402
+from clip_flash.backends.attention_table import SHIPPED_TABLE_DIR, parse_table  # noqa: E402
 
 DEFAULT_MODELS = ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-g-14")
 DEFAULT_VISION_BATCHES = (1, 4, 16, 64, 256)
@@ -162,7 +162,7 @@ def plan_shapes(models: Sequence[str], dtypes: Sequence[str], vision_batches: Se
                 for batch in text_batches:
                     for seq in text_seqs:
                         add(Shape(dtype, causal, False, batch, seq or context, heads, head_dim), model)
-                    if causal:  # only causal towers skip padding by packing (clip_flash/text_fast_path.py)
+                    if causal:  # only causal towers skip padding by packing (clip_flash/patch/text_fast_path.py)
                         lengths = varlen_lengths(batch, *varlen_range, seed)
                         add(Shape(dtype, True, True, batch, max(lengths), heads, head_dim, lengths), model)
     return shapes, notes
@@ -310,7 +310,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=50, help="timed calls per backend and shape (median)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls per backend and shape first")
     parser.add_argument("--out", type=Path, default=None,
-                        help="JSON table (default clip_flash/attention_tables/<gpu slug>.json)")
+                        help="JSON table (default clip_flash/backends/attention_tables/<gpu slug>.json)")
     parser.add_argument("--markdown", type=Path, default=None, help="markdown summary (default: --out as .md)")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:

@@ -126,7 +126,7 @@ def main() -> int:
         inputs = tokenizer(prompts[:: max(1, len(prompts) // args.batch)][: args.batch]).cuda()
         encode = lambda m: m.encode_text(inputs)
     lines = [f"Kernel time per call, {args.model} {args.tower} batch {args.batch} {args.dtype} on "
-             f"`{torch.cuda.get_device_name()}` (torch {torch.__version__}; torch.profiler, mean of 3 calls per run, runs in ABBA order averaged)", ""]
+             f"`{torch.cuda.get_device_name()}` (torch {torch.__version__}; torch.profiler, mean of 3 calls per run, runs in ABBA order averaged)", ""]  # noqa: E501
     with torch.inference_mode():
         models = {"stock": stock, "patched": patched}
         # ABBA order, averaged, so clock drift over the run (the GPU heating up) hits both sides alike.
@@ -151,7 +151,7 @@ def main() -> int:
                  f"{walls['patched'][0]:.2f} | |")
     clocks = [walls[name][1] for name in ("stock", "patched")]
     if all(clocks):
-        lines.append(f"| mean SM clock MHz / board watts during those calls | {clocks[0][0]:.0f} / {clocks[0][1]:.0f} | | "
+        lines.append(f"| mean SM clock MHz / board watts during those calls | {clocks[0][0]:.0f} / {clocks[0][1]:.0f} | | "  # noqa: E501
                      f"{clocks[1][0]:.0f} / {clocks[1][1]:.0f} | |")
     for side in ("stock", "patched"):
         lines += ["", f"Top {side} kernels:", ""]

@@ -1,4 +1,4 @@
-"""Shared fixtures: random-init OpenCLIP models (built once per session) and token batches that probe edges."""
+"""Shared fixtures: random-init OpenCLIP models, built once per session. Shared helpers live in tests/utils.py."""
 from __future__ import annotations
 
 import functools
@@ -8,9 +8,9 @@ import open_clip
 import pytest
 import torch
 
-logging.getLogger("root").setLevel(logging.ERROR)  # open_clip warns "no pretrained weights" on every build
+from tests.utils import EOT, SOT, edge_case_tokens, image_size, relative_error  # noqa: F401  (older `from conftest import`)
 
-SOT, EOT = 49406, 49407
+logging.getLogger("root").setLevel(logging.ERROR)  # open_clip warns "no pretrained weights" on every build
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,28 +26,11 @@ def build_model():
     return _build
 
 
-def image_size(model: torch.nn.Module) -> int:
-    size = getattr(model.visual, "image_size", 224)
-    return size[0] if isinstance(size, (tuple, list)) else size
-
-
-def edge_case_tokens(context_length: int = 77, vocab_size: int = 49408, seed: int = 0) -> torch.Tensor:
-    """Rows that stress skipping padding: mixed lengths, length 1, full length, junk after EOT, no EOT at all."""
-    g = torch.Generator().manual_seed(seed)
-    eot = vocab_size - 1
-    rows = []
-    for length in (5, 1, context_length, 12, 30):
-        row = torch.zeros(context_length, dtype=torch.long)
-        row[:length] = torch.randint(1, eot - 1, (length,), generator=g)
-        row[0] = min(SOT, eot - 1)
-        row[length - 1] = eot
-        rows.append(row)
-    junk = rows[3].clone()
-    junk[12:40] = torch.randint(1, eot - 1, (28,), generator=g)  # tokens after EOT must not matter
-    rows.append(junk)
-    rows.append(torch.randint(1, eot - 1, (context_length,), generator=g))  # no EOT: argmax picks the max id
-    return torch.stack(rows)
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-12)).item()
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` (registered in pyproject.toml; select them with ``-m gpu``) skip without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -3,13 +3,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import List
-
 import torch
 
-from .base import AttentionBackend, AttentionNeeds, BackendStatus
-
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
+from .base import HALF_DTYPES, AttentionBackend, BackendStatus, Limits
 
 
 @functools.lru_cache(maxsize=1)
@@ -26,7 +22,9 @@ class FlashAttnBackend(AttentionBackend):
     """sm80+, fp16/bf16, head dim <= 256 (any multiple of 8: ViT-H's 80 and ViT-g's 88 are valid), no masks."""
 
     name = "flash_attn"
-    supports_varlen = True
+    limits = Limits("flash-attn", device_types=frozenset({"cuda"}), dtypes=HALF_DTYPES, max_head_dim=256,
+                    head_dim_multiple=8, min_capability=(8, 0), explicit_mask=False)
+    varlen_limits = limits  # flash_attn_varlen_func serves what flash_attn_func does
 
     def status(self) -> BackendStatus:
         module, error = _load()
@@ -39,23 +37,6 @@ class FlashAttnBackend(AttentionBackend):
             return BackendStatus(self.name, False, f"needs compute capability >= 8.0, this GPU is sm{major}x",
                                  getattr(module, "__version__", None))
         return BackendStatus(self.name, True, version=getattr(module, "__version__", None))
-
-    def unsupported_reasons(self, needs: AttentionNeeds) -> List[str]:
-        reasons = super().unsupported_reasons(needs)
-        if needs.device_type != "cuda":
-            reasons.append("flash-attn runs on CUDA only")
-        if needs.dtype not in _HALF_DTYPES:
-            reasons.append(f"flash-attn needs fp16/bf16, got {needs.dtype}")
-        if needs.head_dim > 256 or needs.head_dim % 8:
-            reasons.append(f"flash-attn needs head dim a multiple of 8 and <= 256, got {needs.head_dim}")
-        if needs.explicit_mask:
-            reasons.append("flash-attn takes no explicit attention mask")
-        if needs.capability is not None and needs.capability < (8, 0):
-            reasons.append("flash-attn needs compute capability >= 8.0")
-        return reasons
-
-    def accepts(self, q: torch.Tensor) -> bool:
-        return q.is_cuda and q.dtype in _HALF_DTYPES
 
     def attend(self, q, k, v, causal, attn_mask=None, dropout_p=0.0):
         if attn_mask is not None:

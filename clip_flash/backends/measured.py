@@ -1,418 +1,52 @@
 """``backend="auto"`` from measured numbers: per GPU and attention shape, the kernel that was fastest there.
 
-A *table* (JSON, written on the GPU by ``scripts/measure_attention.py``) records, for attention shapes of real
-OpenCLIP models, the milliseconds each backend took and which won::
-
-    {"gpu": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "torch": "2.11.0+cu130", "cuda": "13.0",
-     "flash_attn": "2.8.3" | null, "command": "...", "created": "...",
-     "entries": [{"dtype": "float16", "causal": false, "varlen": false, "batch": 256, "seq": 257,
-                  "heads": 16, "head_dim": 64, "ms": {"sdpa:cudnn": 0.46, "flash_attn": 0.64, ...},
-                  "best": "sdpa:cudnn"}, ...]}
-
-For variable-length (packed) entries ``batch`` is the number of sequences, ``seq`` the longest one and
-``tokens`` their total. A table applies only on a GPU with the same name (and capability, when recorded).
-
-Where tables come from, first that applies wins: tables registered with ``load_attention_table`` (newest
-first), the file named by ``CLIP_FLASH_ATTENTION_TABLE``, then the tables shipped in
-``clip_flash/attention_tables/``.
-
+The numbers come from a measured table (``attention_table.py``: schema, parsing, which table applies here).
 ``MeasuredAutoBackend`` serves one kind of site (dtype, head dim, causal) and picks the backend per call from
 the call's shapes: one dict lookup per call once a shape has been seen, pure Python on shapes (no device
 sync), so CUDA-graph capture and ``torch.compile`` see only the chosen kernel.
 """
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-import threading
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from . import attention_table
+from .attention_table import (
+    AttentionTable, DtypeLike, Point, _TABLE_DTYPES, _TORCH_DTYPES, _point, active_table, dtype_name, nearest,
+)
 from .base import AttentionBackend, AttentionNeeds, BackendStatus
+from .registry import _BACKENDS, AUTO_ORDER, fallback_backend, get_backend, runnable_on
 
 logger = logging.getLogger(__name__)
 
-TABLE_ENV = "CLIP_FLASH_ATTENTION_TABLE"
-SHIPPED_TABLE_DIR = Path(__file__).resolve().parent.parent / "attention_tables"
-MEASURE_HINT = ("measure one on this GPU with `python scripts/measure_attention.py` and ship it in "
-                "clip_flash/attention_tables/, set CLIP_FLASH_ATTENTION_TABLE=/path.json, or call "
-                "clip_flash.backends.measured.load_attention_table(path)")
-
-# Names a table may rank; the reference backend is an oracle, never automatic.
-_NEVER_AUTOMATIC = ("reference",)
-_DTYPE_NAMES = {
-    "float16": "float16", "fp16": "float16", "half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float32": "float32", "fp32": "float32", "float": "float32",
-}
-_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-_TABLE_DTYPES = tuple(_TORCH_DTYPES.values())
-
-DtypeLike = Union[str, torch.dtype]
-Capability = Tuple[int, int]
-
-
-class AttentionTableError(ValueError):
-    """A table file that cannot be read or does not have the expected format (the message says where)."""
-
-
-def dtype_name(dtype: DtypeLike) -> str:
-    """``torch.float16`` / ``"fp16"`` / ``"float16"`` -> ``"float16"`` (the spelling tables use)."""
-    text = str(dtype).replace("torch.", "").lower()
-    try:
-        return _DTYPE_NAMES[text]
-    except KeyError:
-        raise AttentionTableError(f"unknown dtype {dtype!r}; use one of {sorted(set(_DTYPE_NAMES.values()))}") from None
-
-
-# -- the table -----------------------------------------------------------------------------------------------
-
-@dataclass
-class TableEntry:
-    """One measured attention shape: per backend its median milliseconds (None: it failed, see ``errors``)."""
-
-    dtype: str
-    causal: bool
-    varlen: bool
-    batch: int
-    seq: int
-    heads: int
-    head_dim: int
-    ms: Dict[str, Optional[float]]
-    best: Optional[str] = None
-    tokens: Optional[int] = None
-    errors: Dict[str, str] = field(default_factory=dict)
-
-    def fastest(self, usable: Callable[[str], bool]) -> Optional[str]:
-        """The fastest backend of this entry that ``usable`` allows (``best`` if no timing is usable)."""
-        timed = [(ms, name) for name, ms in self.ms.items() if ms is not None and usable(name)]
-        if timed:
-            return min(timed)[1]
-        return self.best if self.best is not None and usable(self.best) else None
-
-    def to_dict(self) -> Dict[str, Any]:
-        data: Dict[str, Any] = {
-            "dtype": self.dtype, "causal": self.causal, "varlen": self.varlen, "batch": self.batch,
-            "seq": self.seq, "heads": self.heads, "head_dim": self.head_dim,
-        }
-        if self.tokens is not None:
-            data["tokens"] = self.tokens
-        data["ms"] = dict(self.ms)
-        data["best"] = self.best
-        if self.errors:
-            data["errors"] = dict(self.errors)
-        return data
-
-
-# (heads, log batch, log seq, backend name) of an entry, for the nearest-shape search.
-Point = Tuple[int, float, float, str]
-
-
-def _point(entry: TableEntry, name: str) -> Point:
-    return entry.heads, math.log(max(entry.batch, 1)), math.log(max(entry.seq, 1)), name
-
-
-def nearest(points: Sequence[Point], heads: int, batch: int, seq: int) -> Optional[str]:
-    """The name of the point nearest to (log batch, log seq), among those with ``heads`` if any, else all.
-
-    Pure Python on ints and floats (no tensors, no device sync), so torch.compile traces it and CUDA-graph
-    capture is unaffected. Equally near points keep their order, so the choice is deterministic.
-    """
-    same_heads = [point for point in points if point[0] == heads]
-    pool = same_heads or points
-    if not pool:
-        return None
-    log_batch, log_seq = math.log(max(batch, 1)), math.log(max(seq, 1))
-    best, best_distance = None, math.inf
-    for _, point_batch, point_seq, name in pool:
-        d_batch, d_seq = point_batch - log_batch, point_seq - log_seq
-        distance = d_batch * d_batch + d_seq * d_seq
-        if distance < best_distance:
-            best, best_distance = name, distance
-    return best
-
-
-@dataclass
-class AttentionTable:
-    """A parsed timing table: which GPU it was measured on, and its entries."""
-
-    gpu: str
-    capability: Optional[Capability]
-    entries: List[TableEntry]
-    source: str = "<memory>"
-    meta: Dict[str, Any] = field(default_factory=dict)  # torch, cuda, flash_attn, command, created, ...
-
-    def applies_to(self, gpu: str, capability: Optional[Capability]) -> bool:
-        """Same GPU name, and same compute capability when both are known."""
-        if gpu != self.gpu:
-            return False
-        return self.capability is None or capability is None or tuple(capability) == self.capability
-
-    def has_site(self, dtype: DtypeLike, head_dim: int, causal: bool) -> bool:
-        """Whether any entry (padded or packed) has this dtype, head dim and causality."""
-        name = dtype_name(dtype)
-        return any(e.dtype == name and e.head_dim == head_dim and e.causal == causal for e in self.entries)
-
-    def kind_entries(self, dtype: DtypeLike, causal: bool, varlen: bool, head_dim: int) -> List[TableEntry]:
-        """Entries with this dtype, causality, packing and head dim (any number of heads)."""
-        name = dtype_name(dtype)
-        return [e for e in self.entries
-                if e.dtype == name and e.causal == causal and e.varlen == varlen and e.head_dim == head_dim]
-
-    def pick(self, dtype: DtypeLike, causal: bool, varlen: bool, heads: int, head_dim: int, batch: int, seq: int,
-             usable: Optional[Callable[[str], bool]] = None) -> Optional[str]:
-        """The fastest usable backend of the entry nearest to (batch, seq) in log scale; None if no entry fits.
-
-        Entries considered: this dtype/causal/varlen/head_dim and the same number of heads, or any number of
-        heads when none has it; entries none of whose timed backends is usable here do not count.
-        """
-        usable = usable or backend_usable
-        points = []
-        for entry in self.kind_entries(dtype, causal, varlen, head_dim):
-            name = entry.fastest(usable)
-            if name is not None:
-                points.append(_point(entry, name))
-        return nearest(points, heads, batch, seq)
-
-    def describe(self) -> str:
-        return f"{self.source} ({self.gpu}, {len(self.entries)} entries)"
-
-    def to_dict(self) -> Dict[str, Any]:
-        data: Dict[str, Any] = {"gpu": self.gpu, "capability": list(self.capability) if self.capability else None}
-        data.update(self.meta)
-        data["entries"] = [entry.to_dict() for entry in self.entries]
-        return data
-
-
-def _require(data: dict, key: str, kind, where: str):
-    if key not in data:
-        raise AttentionTableError(f"{where}: missing {key!r}")
-    value = data[key]
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise AttentionTableError(f"{where}: {key!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
-    return value
-
-
-def _parse_entry(data: Any, where: str) -> TableEntry:
-    if not isinstance(data, dict):
-        raise AttentionTableError(f"{where}: an entry must be an object, got {type(data).__name__}")
-    ms_raw = _require(data, "ms", dict, where)
-    ms: Dict[str, Optional[float]] = {}
-    for name, value in ms_raw.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
-            raise AttentionTableError(f"{where}: ms[{name!r}] must be a positive number or null, got {value!r}")
-        ms[str(name)] = None if value is None else float(value)
-    best = data.get("best")
-    if best is not None and not isinstance(best, str):
-        raise AttentionTableError(f"{where}: 'best' must be a backend name or null, got {best!r}")
-    tokens = data.get("tokens")
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
-        raise AttentionTableError(f"{where}: 'tokens' must be an integer, got {tokens!r}")
-    try:
-        dtype = dtype_name(_require(data, "dtype", str, where))
-    except AttentionTableError as error:
-        raise AttentionTableError(str(error) if str(error).startswith(where) else f"{where}: {error}") from None
-    entry = TableEntry(
-        dtype=dtype,
-        causal=_require(data, "causal", bool, where),
-        varlen=_require(data, "varlen", bool, where) if "varlen" in data else False,
-        batch=_require(data, "batch", int, where),
-        seq=_require(data, "seq", int, where),
-        heads=_require(data, "heads", int, where),
-        head_dim=_require(data, "head_dim", int, where),
-        ms=ms, best=best, tokens=tokens,
-        errors={str(k): str(v) for k, v in (data.get("errors") or {}).items()},
-    )
-    if min(entry.batch, entry.seq, entry.heads, entry.head_dim) < 1:
-        raise AttentionTableError(f"{where}: batch, seq, heads and head_dim must be >= 1")
-    return entry
-
-
-def parse_table(data: Any, source: str = "<memory>") -> AttentionTable:
-    """An ``AttentionTable`` from the decoded JSON of a table file; ``AttentionTableError`` says what is wrong."""
-    if not isinstance(data, dict):
-        raise AttentionTableError(f"{source}: a table must be a JSON object, got {type(data).__name__}")
-    gpu = _require(data, "gpu", str, source)
-    capability_raw = data.get("capability")
-    capability: Optional[Capability] = None
-    if capability_raw is not None:
-        if (not isinstance(capability_raw, (list, tuple)) or len(capability_raw) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in capability_raw)):
-            raise AttentionTableError(f"{source}: 'capability' must be [major, minor], got {capability_raw!r}")
-        capability = (capability_raw[0], capability_raw[1])
-    entries_raw = _require(data, "entries", list, source)
-    entries = [_parse_entry(entry, f"{source}: entries[{i}]") for i, entry in enumerate(entries_raw)]
-    meta = {k: v for k, v in data.items() if k not in ("gpu", "capability", "entries")}
-    return AttentionTable(gpu=gpu, capability=capability, entries=entries, source=source, meta=meta)
-
-
-def read_table(path: Union[str, os.PathLike]) -> AttentionTable:
-    """Read and parse a table file (not registered: see ``load_attention_table``)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise AttentionTableError(f"{path}: cannot read attention table ({error})") from None
-    except json.JSONDecodeError as error:
-        raise AttentionTableError(f"{path}: not valid JSON ({error})") from None
-    return parse_table(data, str(path))
-
-
-# -- where tables come from ------------------------------------------------------------------------------------
-
-_lock = threading.Lock()
-_registered: List[AttentionTable] = []  # newest last
-_file_cache: Dict[str, Tuple[float, Optional[AttentionTable]]] = {}  # path -> (mtime, table or None if broken)
-_logged: set = set()
+_lock = attention_table._lock  # the tables' lock: registering a table clears these backends under it
 _site_backends: Dict[tuple, "MeasuredAutoBackend"] = {}
-
-
-def load_attention_table(path: Union[str, os.PathLike, AttentionTable]) -> AttentionTable:
-    """Register a table (a path, or an ``AttentionTable``); it takes precedence over every table before it.
-
-    It is used by ``patch(model, backend="auto")`` calls made afterwards, on a GPU the table applies to.
-    Raises ``AttentionTableError`` when the file cannot be read or parsed.
-    """
-    table = path if isinstance(path, AttentionTable) else read_table(path)
-    with _lock:
-        _registered.append(table)
-        _site_backends.clear()
-    logger.info("clip_flash: registered attention table %s", table.describe())
-    return table
-
-
-def clear_attention_tables() -> None:
-    """Forget tables registered with ``load_attention_table`` and every cached file and decision."""
-    with _lock:
-        _registered.clear()
-        _file_cache.clear()
-        _logged.clear()
-        _site_backends.clear()
-
-
-def _cached_file(path: Path, quiet_missing: bool = False) -> Optional[AttentionTable]:
-    """A table file read once (again if it changed); a broken file is logged and skipped, never raised."""
-    try:
-        mtime = path.stat().st_mtime
-    except OSError as error:
-        if not quiet_missing:
-            logger.warning("clip_flash: attention table %s cannot be read (%s); ignoring it", path, error)
-        return None
-    key = str(path)
-    cached = _file_cache.get(key)
-    if cached is not None and cached[0] == mtime:
-        return cached[1]
-    try:
-        table: Optional[AttentionTable] = read_table(path)
-    except AttentionTableError as error:
-        logger.warning("clip_flash: ignoring attention table: %s", error)
-        table = None
-    _file_cache[key] = (mtime, table)
-    return table
-
-
-def shipped_table_paths() -> List[Path]:
-    """The table files shipped with the package."""
-    return sorted(SHIPPED_TABLE_DIR.glob("*.json")) if SHIPPED_TABLE_DIR.is_dir() else []
-
-
-def candidate_tables() -> List[AttentionTable]:
-    """Every known table in precedence order: registered (newest first), the env var's, shipped ones."""
-    with _lock:
-        tables = list(reversed(_registered))
-    env_path = os.environ.get(TABLE_ENV, "").strip()
-    if env_path:
-        table = _cached_file(Path(env_path).expanduser())
-        if table is not None:
-            tables.append(table)
-    for path in shipped_table_paths():
-        table = _cached_file(path, quiet_missing=True)
-        if table is not None:
-            tables.append(table)
-    return tables
-
-
-def current_gpu() -> Optional[Tuple[str, Capability]]:
-    """(name, capability) of the current CUDA device, or None without CUDA. Tests replace this."""
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_name(), tuple(torch.cuda.get_device_capability())
-
-
-def active_table() -> Optional[AttentionTable]:
-    """The table that applies to the current GPU (None without CUDA or without a matching table).
-
-    Logs once per process (per GPU and table) which table is in use, or that none applies and how to make one.
-    """
-    gpu = current_gpu()
-    if gpu is None:
-        return None
-    name, capability = gpu
-    table = next((t for t in candidate_tables() if t.applies_to(name, capability)), None)
-    key = (name, capability, table.source if table is not None else None)
-    if key not in _logged:
-        _logged.add(key)
-        if table is not None:
-            logger.info("clip_flash: backend='auto' uses the measured attention table %s", table.describe())
-        else:
-            logger.info("clip_flash: no measured attention table for %s (sm_%d%d); backend='auto' takes the first "
-                        "backend that serves a site in a fixed order. To choose from measurements, %s",
-                        name, capability[0], capability[1], MEASURE_HINT)
-    return table
+attention_table.on_tables_changed(_site_backends.clear)
 
 
 def describe_auto_choice() -> str:
     """One line for reports and ``python -m clip_flash.info``: the table ``auto`` uses here, or why none."""
-    gpu = current_gpu()
+    gpu = attention_table.current_gpu()
     if gpu is None:
         return "no CUDA device: attention tables are per GPU, auto takes the first backend that serves a site"
     table = active_table()
     if table is not None:
         return f"measured table {table.describe()}"
-    from . import AUTO_ORDER  # the package imports this module, so look the order up lazily
     return f"{AUTO_ORDER[0]} (no measured table for {gpu[0]}; fixed order {', '.join(AUTO_ORDER)})"
 
 
 # -- choosing per call -----------------------------------------------------------------------------------------
 
-def _get_backend(name: str) -> AttentionBackend:
-    from . import get_backend  # the package imports this module, so look the registry up lazily
-    return get_backend(name)
-
-
-def _registered_names() -> Tuple[str, ...]:
-    from . import _BACKENDS  # the registry as it is now (tests add backends to it)
-    return tuple(_BACKENDS)
-
 
 def backend_usable(name: str) -> bool:
     """Whether a table's backend name can be chosen here: registered, automatic, and available."""
-    if name in _NEVER_AUTOMATIC:
-        return False
     try:
-        backend = _get_backend(name)
+        backend = get_backend(name)
     except ValueError:  # a name from another clip_flash version
         return False
-    return backend.status().available
-
-
-def pick(dtype: DtypeLike, causal: bool, varlen: bool, heads: int, head_dim: int, batch: int,
-         seq: int) -> Optional[str]:
-    """The measured-fastest available backend for this attention shape on the current GPU, or None.
-
-    Among the active table's entries with this dtype/causal/varlen/heads/head_dim (if none, any heads), the
-    one nearest in (log batch, log seq) decides. ``batch``/``seq`` of packed batches: sequences, longest one.
-    """
-    table = active_table()
-    if table is None:
-        return None
-    return table.pick(dtype, causal, varlen, heads, head_dim, batch, seq)
+    return backend.automatic and backend.status().available
 
 
 class MeasuredAutoBackend(AttentionBackend):
@@ -427,7 +61,6 @@ class MeasuredAutoBackend(AttentionBackend):
     """
 
     kind = "auto"
-    supports_varlen = True
     MAX_DECISIONS = 4096  # distinct shapes remembered; text cut/packed batches vary, so keep it bounded
 
     def __init__(self, table: AttentionTable, dtype: DtypeLike, head_dim: int, causal: bool,
@@ -437,17 +70,20 @@ class MeasuredAutoBackend(AttentionBackend):
         self.dtype = _TORCH_DTYPES[dtype_name(dtype)]
         self.head_dim = head_dim
         self.device_type = device_type
-        self.fallback = _get_backend("sdpa")
+        # It serves what its fallback serves: any call it cannot give a measured winner runs there.
+        self.fallback = fallback_backend()
+        self.limits, self.varlen_limits = self.fallback.limits, self.fallback.varlen_limits
         # Per (causal, varlen): the entries' winners among backends usable here that serve such a call.
         self._points: Dict[Tuple[bool, bool], List[Point]] = {}
         for call_causal in (False, True):
             for varlen in (False, True):
-                needs = AttentionNeeds(device_type, self.dtype, head_dim, call_causal, False, varlen)
+                needs = AttentionNeeds(device_type=device_type, dtype=self.dtype, head_dim=head_dim,
+                                       causal=call_causal, varlen=varlen)
 
                 def serves(name: str, needs: AttentionNeeds = needs) -> bool:
-                    if name not in _registered_names() or not usable(name):
+                    if name not in _BACKENDS or not usable(name):  # the registry as it is now (tests add to it)
                         return False
-                    return not _get_backend(name).unsupported_reasons(needs)
+                    return not get_backend(name).unsupported_reasons(needs)
 
                 self._points[(call_causal, varlen)] = [
                     _point(entry, name) for entry in table.kind_entries(self.dtype, call_causal, varlen, head_dim)
@@ -465,11 +101,9 @@ class MeasuredAutoBackend(AttentionBackend):
     def status(self) -> BackendStatus:
         return BackendStatus(self.name, True, version=torch.__version__)
 
-    def unsupported_reasons(self, needs: AttentionNeeds) -> List[str]:
-        return self.fallback.unsupported_reasons(needs)  # it can always run a call on sdpa
-
-    def accepts(self, q: torch.Tensor) -> bool:
-        return True  # each call is checked against the picked backend, falling back to sdpa
+    @property
+    def supports_varlen(self) -> bool:
+        return self.fallback.supports_varlen
 
     def decision(self, q: torch.Tensor, causal: bool, varlen: bool, batch: int, seq: int,
                  kv_seq: int) -> AttentionBackend:
@@ -491,8 +125,7 @@ class MeasuredAutoBackend(AttentionBackend):
         name = nearest(self._points[(bool(causal), varlen)], q.shape[-2], batch, seq)
         if name is None:
             return self.fallback
-        backend = _get_backend(name)
-        return backend if backend.accepts(q) else self.fallback
+        return runnable_on(get_backend(name), q)
 
     def attend(self, q, k, v, causal, attn_mask=None, dropout_p=0.0):
         if attn_mask is not None or dropout_p > 0.0:  # tables time mask-free inference
@@ -521,7 +154,7 @@ def measured_backend(needs: AttentionNeeds) -> Optional[MeasuredAutoBackend]:
         return None
     if not table.has_site(needs.dtype, needs.head_dim, needs.causal):
         return None
-    if _get_backend("sdpa").unsupported_reasons(needs):
+    if fallback_backend().unsupported_reasons(needs):
         return None
     key = (id(table), dtype_name(needs.dtype), needs.head_dim, needs.causal)
     with _lock:
@@ -533,9 +166,4 @@ def measured_backend(needs: AttentionNeeds) -> Optional[MeasuredAutoBackend]:
     return backend if backend.winners else None
 
 
-__all__ = [
-    "TABLE_ENV", "SHIPPED_TABLE_DIR", "AttentionTable", "AttentionTableError", "TableEntry", "MeasuredAutoBackend",
-    "parse_table", "read_table", "load_attention_table", "clear_attention_tables", "candidate_tables",
-    "shipped_table_paths", "current_gpu", "active_table", "describe_auto_choice", "backend_usable", "pick",
-    "measured_backend", "dtype_name",
-]
+__all__ = ["MeasuredAutoBackend", "describe_auto_choice", "backend_usable", "measured_backend"]

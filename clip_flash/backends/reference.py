@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from .base import AttentionBackend, BackendStatus
+from .base import AttentionBackend, BackendStatus, Limits
 
 
 def _attention_fp32(q, k, v, causal, attn_mask, dropout_p):
@@ -27,7 +27,9 @@ class ReferenceBackend(AttentionBackend):
     """Serves everything (masks, causal, packed sequences) on any device; never chosen by ``auto``."""
 
     name = "reference"
-    supports_varlen = True
+    limits = Limits("the reference backend")
+    varlen_limits = Limits("the reference backend")  # packs on any device and dtype
+    automatic = False  # an oracle: never chosen by auto or a measured table
 
     def status(self) -> BackendStatus:
         return BackendStatus(self.name, True)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .base import AttentionBackend, AttentionNeeds, BackendStatus
+from .base import HALF_DTYPES, AttentionBackend, BackendStatus, Limits
 
 try:  # torch >= 2.10 ships a flash-based variable-length attention
     from torch.nn.attention.varlen import varlen_attn as _torch_varlen_attn
@@ -23,7 +23,7 @@ _PINNABLE = {
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "math": SDPBackend.MATH,
 }
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
+_CUDA = frozenset({"cuda"})
 
 # sdpa_kernel() pins a kernel by setting process-wide flags and restores them on exit. Two threads pinning at
 # once restore each other's flags, which can leave a pin in place for the whole process (every later SDPA call
@@ -57,8 +57,8 @@ class _HeldFlags:
     """Hold the lock and, when pinned, ``sdpa_kernel([backend])``'s flags for the with-block; restore on exit.
 
     The flags set and restored are exactly sdpa_kernel's; this skips its per-call Python work (building and
-    deduplicating lists, name lookups, a generator context), which costs ~30 us a call on the hosts we
-    measured: at launch-bound batch sizes that is as much as the attention kernel itself.
+    deduplicating lists, name lookups, a generator context), which at launch-bound batch sizes cost as much as
+    the attention kernel itself on the hosts we measured.
     """
 
     __slots__ = ("_wanted", "_previous")
@@ -114,6 +114,20 @@ def _flags_held(pinned: Optional[str]):
     return _HeldFlags(pinned)
 
 
+# What each pinned kernel serves (unpinned, torch picks among them: every device, dtype and mask).
+_PINNED_LIMITS = {
+    None: Limits("SDPA"),
+    "cudnn": Limits("SDPA cudnn kernel", device_types=_CUDA, dtypes=HALF_DTYPES, explicit_mask=False),
+    "flash": Limits("SDPA flash kernel", device_types=_CUDA, dtypes=HALF_DTYPES, explicit_mask=False,
+                    max_head_dim=256, head_dim_multiple=8),
+    "efficient": Limits("SDPA efficient kernel", device_types=_CUDA),
+    "math": Limits("SDPA math kernel"),
+}
+# Packed batches run torch's varlen_attn whatever kernel is pinned (pinning does not apply to it).
+_VARLEN_LIMITS = None if _torch_varlen_attn is None else Limits(
+    "variable-length attention", device_types=_CUDA, dtypes=HALF_DTYPES, min_capability=(8, 0))
+
+
 # Oldest GPU each CUDA kernel of SDPA runs on (torch's own hardware checks in its SDPA dispatch).
 _MIN_CAPABILITY = {"cudnn": (8, 0), "flash": (8, 0), "efficient": (5, 0)}
 
@@ -137,41 +151,19 @@ def _cuda_kernel_unavailable(pinned: str) -> Optional[str]:
 class SdpaBackend(AttentionBackend):
     """Serves every site on every device and dtype (its math kernel is the universal fallback)."""
 
-    supports_varlen = True
+    varlen_limits = _VARLEN_LIMITS
 
     def __init__(self, pinned: Optional[str] = None):
         if pinned is not None and pinned not in _PINNABLE:
             raise ValueError(f"unknown SDPA kernel {pinned!r}; choose from {sorted(_PINNABLE)}")
         self.pinned = pinned
         self.name = "sdpa" if pinned is None else f"sdpa:{pinned}"
+        self.limits = _PINNED_LIMITS[pinned]
 
     def status(self) -> BackendStatus:
         """``sdpa`` and ``sdpa:math`` run anywhere; the pinned CUDA kernels only where torch can launch them."""
         reason = _cuda_kernel_unavailable(self.pinned) if self.pinned in _MIN_CAPABILITY else None
         return BackendStatus(self.name, reason is None, reason, version=torch.__version__)
-
-    def unsupported_reasons(self, needs: AttentionNeeds) -> List[str]:
-        reasons: List[str] = []
-        if needs.varlen:
-            if _torch_varlen_attn is None:
-                reasons.append("this torch has no torch.nn.attention.varlen.varlen_attn")
-            if needs.device_type != "cuda":
-                reasons.append("variable-length attention needs CUDA")
-            if needs.dtype not in _HALF_DTYPES:
-                reasons.append(f"variable-length attention needs fp16/bf16, got {needs.dtype}")
-            if needs.capability is not None and needs.capability < (8, 0):
-                reasons.append("variable-length attention needs compute capability >= 8.0")
-        if self.pinned in ("cudnn", "flash", "efficient"):
-            if needs.device_type != "cuda":
-                reasons.append(f"SDPA {self.pinned} kernel needs CUDA")
-        if self.pinned in ("cudnn", "flash"):
-            if needs.dtype not in _HALF_DTYPES:
-                reasons.append(f"SDPA {self.pinned} kernel needs fp16/bf16, got {needs.dtype}")
-            if needs.explicit_mask:
-                reasons.append(f"SDPA {self.pinned} kernel takes no explicit mask")
-        if self.pinned == "flash" and (needs.head_dim % 8 or needs.head_dim > 256):
-            reasons.append(f"SDPA flash kernel needs head dim a multiple of 8 and <= 256, got {needs.head_dim}")
-        return reasons
 
     def _context(self):
         return _flags_held(self.pinned)

@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+from .image_pipelines import format_image_pipelines
 from .runner import ModelResult, ShapeResult
 
 PUBLISHED_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -101,7 +102,7 @@ def write_microbenchmark(json_path: Optional[Path], markdown_path: Optional[Path
     if markdown_path:
         env = record["clip_flash_environment"]
         markdown_path.write_text(
-            f"<!-- command: {command} -->\n<!-- git: {record['git_revision']} -->\n{title} On `{record['device_name']}` "
+            f"<!-- command: {command} -->\n<!-- git: {record['git_revision']} -->\n{title} On `{record['device_name']}` "  # noqa: E501
             f"(torch {env.get('torch')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}).\n\n"
             + "\n".join(table_lines) + "\n")
 
@@ -256,7 +257,13 @@ def format_zero_shot(zero_shot: Dict[str, Any]) -> str:
         _small(zero_shot["max_abs_diff"]),
         zero_shot["backend"],
     )
-    return title + "\n\n" + markdown_table(ZERO_SHOT_COLUMNS, [row])
+    text = title + "\n\n" + markdown_table(ZERO_SHOT_COLUMNS, [row])
+    if "stock_tokenize_median_s" in zero_shot:
+        text += (f"\n\nTimed from strings: tokenizing is included (median "
+                 f"{zero_shot['stock_tokenize_median_s']:.3f} s stock, {zero_shot['patched_tokenize_median_s']:.3f} s "
+                 f"patched). Stock side: {zero_shot['stock_tokenizer']}; patched side: "
+                 f"{zero_shot['patched_tokenizer']}.")
+    return text
 
 
 def format_latency(latency: Dict[str, Any]) -> str:
@@ -298,6 +305,11 @@ def format_after_published(result: ModelResult, settings_note: str) -> str:
         parts.append(format_zero_shot(result.zero_shot))
     if result.latency:
         parts.append(format_latency(result.latency))
+    if result.image_pipelines:
+        parts.append(format_image_pipelines(result.image_pipelines))
+    if result.skipped_images:
+        parts.append(f"Skipped {len(result.skipped_images)} unreadable file(s) of --images:\n"
+                     + "\n".join(f"- {reason}" for reason in result.skipped_images[:20]))
     return "\n\n".join(parts)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import gc
 import itertools
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -20,8 +21,10 @@ from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TE
 import clip_flash
 
 from . import timing
+from .image_pipelines import measure_bench_pipelines
 from .model_spec import LoadedModel, ModelSpec, fp32_reference, load_model
 from .workloads import (
+    caption_prompts,
     caption_token_ids,
     load_image_folder,
     random_images,
@@ -65,6 +68,14 @@ class BenchSettings:
     cuda_graphs: bool = False  # the patched side runs through clip_flash.GraphedEncoder
     graph_batch_sizes: Optional[Tuple[int, ...]] = None  # GraphedEncoder's buckets (None: its defaults)
     baseline: str = "stock"  # or "compile:<mode>": the stock side runs under torch.compile in that mode
+    pipelines: Sequence[str] = ()  # end-to-end image pipelines over images_dir (image_pipelines.PIPELINES)
+    pipeline_batch: int = 256
+    pipeline_batches: int = 24  # timed batches per pipeline, after its warm-up
+    pipeline_workers: Optional[int] = None  # CPU workers feeding each pipeline (None: every core)
+    pipeline_executor: str = "thread"  # ImagePreprocessor's pool: "thread" or "process"
+    # Captions and the zero-shot classifier are timed from strings: the stock side tokenizes with OpenCLIP's
+    # tokenizer, the patched side with this one: "clip_flash" (same ids, faster) or "openclip".
+    text_tokenizer: str = "clip_flash"
 
 
 @dataclass
@@ -122,6 +133,8 @@ class ModelResult:
     rows: List[ShapeResult] = field(default_factory=list)
     zero_shot: Optional[Dict[str, Any]] = None
     latency: Optional[Dict[str, Any]] = None
+    image_pipelines: Optional[Dict[str, Any]] = None
+    skipped_images: List[str] = field(default_factory=list)  # unreadable files of --images, skipped
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain data for JSON."""
@@ -171,7 +184,9 @@ class ModelBench:
             self.graphed = clip_flash.GraphedEncoder(self.patched, **buckets)
             self.graphed.capture_all(image_shape=(3, *self.loaded.image_size), image_dtype=self.loaded.dtype)
         self._image_pool: Optional[torch.Tensor] = None
+        self.skipped_images: List[str] = []
         self._tokenizer = None
+        self._patched_tokenizer = None
 
     # ----- inputs -------------------------------------------------------------------------
     def tokenizer(self) -> Callable:
@@ -179,6 +194,21 @@ class ModelBench:
         if self._tokenizer is None:
             self._tokenizer = self.loaded.tokenizer()
         return self._tokenizer
+
+    def patched_tokenizer(self) -> Callable:
+        """The patched side's tokenizer (``settings.text_tokenizer``), built once."""
+        if self._patched_tokenizer is None:
+            if self.settings.text_tokenizer == "openclip":
+                self._patched_tokenizer = self.tokenizer()
+            else:
+                self._patched_tokenizer = clip_flash.get_tokenizer(self.loaded.spec.name)
+        return self._patched_tokenizer
+
+    def tokenizer_names(self) -> Dict[str, str]:
+        """What tokenizes on each side, for the results."""
+        from clip_flash.inputs.tokenizer import describe_tokenizer
+        return {"stock_tokenizer": describe_tokenizer(self.tokenizer()),
+                "patched_tokenizer": describe_tokenizer(self.patched_tokenizer()).split("; texts so far")[0]}
 
     def text_inputs(self, batch: int, seed_offset: int = 0) -> torch.Tensor:
         """Token ids of ``batch`` rows on the device, per ``--text-input``."""
@@ -194,7 +224,8 @@ class ModelBench:
         if self.settings.images_dir is not None:
             if self._image_pool is None:
                 limit = max(max(self.settings.batch_sizes, default=1), LATENCY_INPUT_POOL)
-                self._image_pool = load_image_folder(self.settings.images_dir, self.loaded.preprocess, limit)
+                self._image_pool, self.skipped_images = load_image_folder(
+                    self.settings.images_dir, self.loaded.preprocess, limit)
             pool = self._image_pool
             if seed_offset:
                 pool = pool.roll(-seed_offset, dims=0)
@@ -206,6 +237,15 @@ class ModelBench:
         if tower == "text":
             tokens = self.text_inputs(batch, seed_offset)
             patched_text = self.graphed.encode_text if self.graphed is not None else self.patched.encode_text
+            if self.settings.text_input == "captions":
+                # Strings to embeddings: each side tokenizes with its own tokenizer, then encodes.
+                captions = caption_prompts(batch, self.settings.seed + seed_offset)
+                stock_tokenizer, patched_tokenizer = self.tokenizer(), self.patched_tokenizer()
+                return (
+                    lambda: self.stock_text(stock_tokenizer(captions).to(self.device)),
+                    lambda: patched_text(patched_tokenizer(captions).to(self.device)),
+                    lambda: self.reference.encode_text(tokens),
+                )
             return (
                 lambda: self.stock_text(tokens),
                 lambda: patched_text(tokens),
@@ -276,15 +316,22 @@ class ModelBench:
     def zero_shot_classifier(self) -> Dict[str, Any]:
         """Time building an ImageNet zero-shot classifier (classes x templates prompts) both ways.
 
-        Tokenizing is done once up front and not timed: it is the same CPU work either way.
+        From strings: each build tokenizes the prompts with its side's tokenizer (OpenCLIP's for stock,
+        ``settings.text_tokenizer`` for patched), then encodes them batch by batch.
         """
         settings = self.settings
         classes = list(IMAGENET_CLASSNAMES[: settings.zero_shot_classes])
         templates = list(OPENAI_IMAGENET_TEMPLATES[: settings.zero_shot_templates])
-        tokens = self.tokenizer()(zero_shot_prompts(classes, templates)).to(self.device)
-        chunks = tokens.split(settings.zero_shot_batch)
+        prompts = zero_shot_prompts(classes, templates)
+        tokenizers = {"stock": self.tokenizer(), "patched": self.patched_tokenizer()}
+        tokenize_seconds: Dict[str, List[float]] = {"stock": [], "patched": []}
+        first = tokenizers["stock"](prompts[: settings.zero_shot_batch]).to(self.device)
 
-        def build(model: torch.nn.Module) -> torch.Tensor:
+        def build(model: torch.nn.Module, side: str) -> torch.Tensor:
+            started = time.perf_counter()  # tokenizing is CPU work that ends before any GPU work is queued
+            tokens = tokenizers[side](prompts)
+            tokenize_seconds[side].append(time.perf_counter() - started)
+            chunks = tokens.to(self.device).split(settings.zero_shot_batch)
             embeddings = torch.cat([model.encode_text(chunk) for chunk in chunks]).float()
             per_class = F.normalize(embeddings, dim=-1).view(len(classes), len(templates), -1).mean(dim=1)
             return F.normalize(per_class, dim=-1)
@@ -293,23 +340,24 @@ class ModelBench:
         seconds: Dict[str, List[float]] = {"stock": [], "patched": []}
         classifiers: Dict[str, torch.Tensor] = {}
         with torch.inference_mode():
-            first = chunks[0]
             timing.warm_up(lambda: self.stock.encode_text(first), lambda: self.patched.encode_text(first),
                            settings.warmup, self.device)
+            for side in tokenizers:  # one untimed call each: a tokenizer's first call fills its caches
+                tokenizers[side](prompts[: settings.zero_shot_batch])
             for repeat in range(settings.zero_shot_repeats):
                 for side in ("stock", "patched") if repeat % 2 == 0 else ("patched", "stock"):
-                    classifiers[side], elapsed = timing.timed_call(lambda: build(models[side]), self.device)
+                    classifiers[side], elapsed = timing.timed_call(lambda: build(models[side], side), self.device)
                     seconds[side].append(elapsed)
-            reference = classifiers["stock"] if self.reference is self.stock else build(self.reference)
+            reference = classifiers["stock"] if self.reference is self.stock else build(self.reference, "stock")
         stock_classifier, patched_classifier = classifiers["stock"], classifiers["patched"]
         stock_seconds, patched_seconds = seconds["stock"], seconds["patched"]
         stock_s = timing.percentile(stock_seconds, 50)
         patched_s = timing.percentile(patched_seconds, 50)
-        prompts = tokens.shape[0]
+        prompt_count = len(prompts)
         return {
             "classes": len(classes),
             "templates": len(templates),
-            "prompts": prompts,
+            "prompts": prompt_count,
             "batch": settings.zero_shot_batch,
             "repeats": settings.zero_shot_repeats,
             "stock_seconds": stock_seconds,
@@ -317,8 +365,11 @@ class ModelBench:
             "stock_median_s": stock_s,
             "patched_median_s": patched_s,
             "speedup": stock_s / patched_s,
-            "stock_prompts_per_s": prompts / stock_s,
-            "patched_prompts_per_s": prompts / patched_s,
+            "stock_prompts_per_s": prompt_count / stock_s,
+            "patched_prompts_per_s": prompt_count / patched_s,
+            "stock_tokenize_median_s": timing.percentile(tokenize_seconds["stock"][:len(stock_seconds)], 50),
+            "patched_tokenize_median_s": timing.percentile(tokenize_seconds["patched"], 50),
+            **self.tokenizer_names(),
             "stock_cos_fp32": _cosine_stats(stock_classifier, reference)[0],
             "patched_cos_fp32": _cosine_stats(patched_classifier, reference)[0],
             "max_abs_diff": (stock_classifier - patched_classifier).abs().max().item(),
@@ -399,6 +450,7 @@ def units_per_model(settings: BenchSettings) -> int:
         len(planned_shapes(settings))
         + (1 if settings.zero_shot_classes else 0)
         + (1 if settings.latency_requests else 0)
+        + (1 if settings.pipelines else 0)
     )
 
 
@@ -437,6 +489,11 @@ def run_model(spec: ModelSpec, settings: BenchSettings, observer: Optional[RunOb
             observer.step(f"{spec.name} latency")
             result.latency = bench.latency()
             observer.unit_done()
+        if settings.pipelines:
+            observer.step(f"{spec.name} image pipelines {' '.join(settings.pipelines)}")
+            result.image_pipelines = measure_bench_pipelines(bench.patched, loaded, settings)
+            observer.unit_done()
+        result.skipped_images = bench.skipped_images
         return result
     finally:
         bench.close()

@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 
@@ -179,3 +179,31 @@ def percentile(values: List[float], q: float) -> float:
     low = math.floor(position)
     high = math.ceil(position)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+# -- microbenchmarks of single kernels (scripts/bench_*.py) -------------------------------------------------------
+
+def median_cuda_ms(function: Callable[[], object], repeats: int = 10) -> float:
+    """Median CUDA-event milliseconds of ``function()`` over ``repeats`` calls, after one untimed call."""
+    function()  # compile / autotune / warm caches outside the timing
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def alternating_median_ms(paths: Dict[str, Callable[[], object]], repeats: int, blocks: int = 3) -> Dict[str, float]:
+    """Per path, the median over ``blocks`` of ``median_cuda_ms(path, repeats)``, the paths alternating block by
+    block so clock and cache drift treat every path alike (the microbenchmark scripts' timing rule; the
+    library's own one-time calibrations use ``median_cuda_ms``)."""
+    timed: Dict[str, list] = {path: [] for path in paths}
+    for _ in range(blocks):
+        for path, function in paths.items():
+            timed[path].append(median_cuda_ms(function, repeats))
+    return {path: sorted(values)[len(values) // 2] for path, values in timed.items()}

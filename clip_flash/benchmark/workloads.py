@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Callable, List, Sequence
+from typing import Callable, List, Sequence, Tuple
 
 import torch
 from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
@@ -84,22 +84,29 @@ def check_image_folder(directory: Path) -> List[Path]:
     return paths
 
 
-def load_image_folder(directory: Path, preprocess: Callable, limit: int) -> torch.Tensor:
-    """Up to ``limit`` images from ``directory`` through Pillow and ``preprocess``, stacked.
+def load_image_folder(directory: Path, preprocess: Callable, limit: int) -> Tuple[torch.Tensor, List[str]]:
+    """Up to ``limit`` readable images from ``directory`` as ``preprocess(Image.open(p))`` computes them
+    (through ``clip_flash.ImagePreprocessor`` on the CPU, which is exactly that), stacked; and the
+    unreadable files skipped on the way, with the reason.
 
-    Raises :class:`ImageFolderError` when the folder is missing, empty, or holds an unreadable image.
+    Raises :class:`ImageFolderError` when the folder is missing or holds no readable image.
     """
-    from PIL import Image, UnidentifiedImageError
+    import clip_flash
 
     paths = check_image_folder(directory)
-    tensors = []
-    for path in paths[:limit]:
-        try:
-            with Image.open(path) as image:
-                tensors.append(preprocess(image.convert("RGB")))
-        except (UnidentifiedImageError, OSError) as error:
-            raise ImageFolderError(f"error: --images: cannot read {path}: {error}") from None
-    return torch.stack(tensors)
+    rows: List[torch.Tensor] = []
+    skipped: List[str] = []
+    with clip_flash.ImagePreprocessor(preprocess, device="cpu", dtype=torch.float32) as prep:
+        for start in range(0, len(paths), limit):
+            chunk = paths[start:start + limit]
+            prepared = prep(chunk)
+            skipped += [f"{chunk[index]}: {reason}" for index, reason in prepared.failures]
+            rows += list(prepared.pixels[: limit - len(rows)])
+            if len(rows) >= limit:
+                break
+    if not rows:
+        raise ImageFolderError(f"error: --images {directory}: no readable image ({'; '.join(skipped[:3])})")
+    return torch.stack(rows), skipped
 
 
 def take_rows(pool: torch.Tensor, batch: int) -> torch.Tensor:

@@ -6,6 +6,8 @@ EXTENSION_SOURCES = (
     "csrc/bindings.cpp",
     "csrc/layer_norm_kernels.cu",
     "csrc/elementwise_kernels.cu",
+    "csrc/image_resample_binding.cpp",
+    "csrc/image_resample.cu",
 )
 # Every file of these kinds under csrc/ (headers included) keys the build on first use.
 SOURCE_SUFFIXES = (".cpp", ".cu", ".cuh", ".h")

@@ -11,13 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clip_flash.ops import jit_build
+from clip_flash.ops import _extension, jit_build
 from clip_flash.ops.extension_spec import EXTENSION_SOURCES
-
-try:
-    from clip_flash.ops import _extension
-except ImportError:  # the flat layout, before the package's wings
-    from clip_flash import _extension
 
 READY = jit_build.Toolchain(True, "2.11.0+cu130", "13.0", "/usr/local/cuda", "/usr/local/cuda/bin/nvcc", True,
                             ((9, 0),))

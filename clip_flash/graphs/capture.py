@@ -1,0 +1,178 @@
+"""CUDA-graph capture machinery: the graph key, the stream and memory pool graphs are captured into, replay,
+and recovery from a failed capture.
+
+Memory. All graphs share one memory pool (``torch.cuda.graph_pool_handle()``). Every graph keeps its static
+input and output alive for its lifetime and only its intermediates are freed back to the pool, and replays
+are serialized on one stream, so the graphs may replay in any order. ``capture_all()`` captures the largest
+graphs first (images, then text, largest batch and length first), so the pool is sized by the largest
+graph's intermediates and smaller captures reuse it. ``max_graphs`` bounds how many graphs an encoder holds
+(new input shapes or dtypes past it run eager). ``stats()`` reports capture time per graph, the pool's
+segments (exact, from the allocator's snapshot of that pool) plus the static inputs, and the
+``memory_allocated``/``memory_reserved`` deltas measured around each capture.
+
+A capture that fails (a tower or backend that syncs the host, for instance) is cleaned up in PyTorch's device
+allocator (``_cuda_endAllocateToPool``/``_cuda_releasePool``); the pinned-host allocator's bookkeeping cannot be
+from Python, so later captures go to a new pool while earlier graphs keep replaying from theirs.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+# CUDA allows one capture at a time per process in practice (torch.cuda.graph shares one default capture
+# stream, and capture_begin/end drive shared allocator state); encoders of different models share this lock.
+_CAPTURE_LOCK = threading.Lock()
+
+Pool = Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """What one graph was captured for: a tower, a batch bucket, the per-row input shape and dtype, and for text
+    the sequence length the graph computes (a length bucket, or the token width when padding is not skipped)."""
+
+    tower: str  # "image" or "text"
+    batch: int
+    row_shape: Tuple[int, ...]  # image: (3, H, W); text: (token width,)
+    dtype: torch.dtype
+    length: Optional[int] = None  # text only
+
+    @property
+    def input_shape(self) -> Tuple[int, ...]:
+        """The static input buffer's shape."""
+        return (self.batch, *self.row_shape)
+
+    def describe(self) -> str:
+        dtype = str(self.dtype).replace("torch.", "")
+        if self.tower == "image":
+            return f"image b{self.batch} {'x'.join(map(str, self.row_shape))} {dtype}"
+        return f"text b{self.batch} L{self.length}/{self.row_shape[0]} {dtype}"
+
+
+@dataclass
+class CapturedGraph:
+    graph: "torch.cuda.CUDAGraph"
+    static_input: torch.Tensor
+    static_output: torch.Tensor
+    seconds: float  # warm-up and capture
+    allocated_delta: int  # torch.cuda.memory_allocated delta around the capture
+    reserved_delta: int  # torch.cuda.memory_reserved delta around the capture
+
+
+@dataclass
+class CaptureSpace:
+    """The stream graphs are captured and replayed on, and the memory pool(s) they live in."""
+
+    device: torch.device
+    stream: "torch.cuda.Stream"
+    pool: Pool = field(default_factory=torch.cuda.graph_pool_handle)  # where the next capture goes
+    retired_pools: List[Pool] = field(default_factory=list)  # pools a failed capture left unusable
+    reserved_delta: int = 0  # torch.cuda.memory_reserved delta summed over the captures
+
+    def pools(self) -> List[Pool]:
+        """Every pool the graphs live in: the current one and any retired by a failed capture."""
+        return self.retired_pools + [self.pool]
+
+    def capture(self, key: GraphKey, function: Callable[[torch.Tensor], torch.Tensor],
+                warmup_iters: int) -> Union[CapturedGraph, str]:
+        """Warm up, then capture ``function`` of a zero static input into the pool (call in inference mode).
+
+        Errors from the warm-up are the model's own (eager would raise them too) and propagate; an error in the
+        capture itself is returned as the reason the key must run eager.
+        """
+        device, stream = self.device, self.stream
+        with _CAPTURE_LOCK, torch.cuda.device(device), torch.autocast("cuda", enabled=False):
+            started = time.perf_counter()
+            static_input = torch.zeros(key.input_shape, dtype=key.dtype, device=device)
+            caller = torch.cuda.current_stream(device)
+            stream.wait_stream(caller)
+            with torch.cuda.stream(stream):
+                for _ in range(warmup_iters):
+                    function(static_input)
+            allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                # The outer stream context restores the caller's stream even when capture_end raises, which
+                # torch.cuda.graph's own __exit__ then skips.
+                with torch.cuda.stream(stream):
+                    with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
+                        static_output = function(static_input)
+                if not isinstance(static_output, torch.Tensor):
+                    raise TypeError(f"the captured function returned {type(static_output).__name__}, not a tensor")
+            except Exception as error:  # noqa: BLE001 - any capture failure means: run this key eager
+                if not _recover_failed_capture(graph, device, self.pool):
+                    # Graphs already captured keep replaying from the old pool; later captures use a new one.
+                    self.retired_pools.append(self.pool)
+                    self.pool = torch.cuda.graph_pool_handle()
+                message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                return f"CUDA-graph capture of {key.describe()} failed ({type(error).__name__}: {message[:200]})"
+            caller.wait_stream(stream)
+            grown = torch.cuda.memory_reserved(device) - reserved
+            self.reserved_delta += grown
+            return CapturedGraph(graph, static_input, static_output, time.perf_counter() - started,
+                                 torch.cuda.memory_allocated(device) - allocated, grown)
+
+    def replay(self, captured: CapturedGraph, x: torch.Tensor, n: int, normalize: bool) -> torch.Tensor:
+        """Copy in, replay, copy out on this stream (caller holds the encoder's lock, in inference mode)."""
+        stream = self.stream
+        caller = torch.cuda.current_stream(self.device)
+        static_output = captured.static_output
+        # Allocated on the caller's stream, which waits for the copy-out below before any later use or reuse.
+        out = torch.empty((n, *static_output.shape[1:]), dtype=static_output.dtype, device=static_output.device)
+        # Pageable host memory is staged by cudaMemcpyAsync before it returns, so the caller may reuse it at once;
+        # pinned memory is read asynchronously, so copy it synchronously rather than race the caller's next write.
+        non_blocking = x.device.type != "cpu" or not x.is_pinned()
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
+            captured.static_input[:n].copy_(x, non_blocking=non_blocking)
+            captured.graph.replay()
+            if normalize:
+                F.normalize(static_output[:n], dim=-1, out=out)
+            else:
+                out.copy_(static_output[:n])
+        caller.wait_stream(stream)
+        return out
+
+    def pool_bytes(self, fallback: int) -> int:
+        """Bytes of the pools' segments, from the allocator's snapshot of each pool alone."""
+        return sum(_pool_bytes(pool, fallback) for pool in self.pools())
+
+
+def _pool_bytes(pool: Optional[Pool], fallback: int) -> int:
+    """Bytes of the private pool's segments, from the allocator's snapshot of that pool alone."""
+    if pool is None:
+        return 0
+    try:
+        segments = torch.cuda.memory_snapshot(mempool_id=pool, include_traces=False)
+    except (RuntimeError, TypeError):  # an older PyTorch without per-pool snapshots
+        return max(fallback, 0)
+    return sum(segment["total_size"] for segment in segments)
+
+
+def _recover_failed_capture(graph: "torch.cuda.CUDAGraph", device: torch.device, pool: Pool) -> bool:
+    """Undo what a failed capture left in PyTorch's allocators; True when ``pool`` can take further captures.
+
+    capture_begin routes the capture stream's device and pinned-host allocations to ``pool`` and takes a use of
+    it; when the capture is invalidated (a host sync, say), capture_end raises before ending either routing and
+    the graph never gives its use back. Left alone, the device allocator believes a capture is still underway
+    (it then defers freeing memory used across streams) and the pool can never be freed. The device side can be
+    undone from Python; the pinned-host allocator's routing cannot, and it refuses any later capture into the
+    same pool ("beginAllocateToPool: already recording to mempool_id"), so such a pool is retired.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        torch._C._cuda_endAllocateToPool(index, pool)
+    except RuntimeError:  # capture_end ended the routing itself
+        try:
+            graph.pool()
+            return True  # the capture ended cleanly: dropping the graph object gives its use of the pool back
+        except RuntimeError:  # ended the routing, then failed: the graph will not give its use back
+            torch._C._cuda_releasePool(index, pool)
+            return True
+    torch._C._cuda_releasePool(index, pool)
+    return False

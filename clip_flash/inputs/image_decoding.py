@@ -1,0 +1,243 @@
+"""One input (path, bytes, PIL image, uint8 array) to the pixels OpenCLIP's ``preprocess`` would resize.
+
+Each input takes one route, chosen from what Pillow's ``Image.open`` reports (format and mode; no
+EXIF transpose, as ``Image.open`` applies none):
+
+``jpeg``
+    A JPEG that Pillow opens in mode RGB or L: decoded by torchvision's CPU ``decode_jpeg``
+    (libjpeg-turbo, the pixels Pillow's decoder gives; it releases the GIL). Any error there falls
+    back to ``pillow-pixels``, so a file Pillow loads is never lost and one it cannot is a failure.
+``png``
+    An 8-bit RGB or L PNG without a transparency chunk: torchvision's ``decode_png`` (lossless, so the
+    same pixels), with the same fallback.
+``pillow-pixels``
+    Any other image that Pillow opens in mode RGB or L (WebP, BMP, TIFF, 16-bit-per-sample RGB PNG,
+    JPEGs torchvision refused, PIL images passed in): Pillow decodes, we keep its pixels.
+``pillow-preprocess``
+    Everything Pillow resizes in its own special way (RGBA/LA premultiplied, P and 1 with NEAREST,
+    CMYK, I;16, I, F, YCbCr, ...): ``preprocess`` itself runs on the CPU and its output is kept. Exact
+    by definition, slower.
+``gpu-jpeg``
+    With ``decode="gpu"``: the JPEG's bytes are kept for nvJPEG (not exact; opt-in).
+
+The first three routes end in uint8 ``(H, W, C)`` pixels, C = 3 (RGB) or 1 (L), that the exact resize
+turns into the model's input. A uint8 array or tensor passed in is taken as those pixels (the reference
+being ``preprocess(Image.fromarray(array))``).
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from PIL import Image, JpegImagePlugin, UnidentifiedImageError
+
+from .resample_plan import plan_image
+from .transform_spec import ImageTransformSpec
+
+logger = logging.getLogger(__name__)
+
+EXACT_MODES = {"RGB": 3, "L": 1}
+ROUTES = ("jpeg", "png", "pillow-pixels", "pillow-preprocess", "gpu-jpeg", "tensor")
+
+
+@dataclass
+class DecodeOptions:
+    """What a decoding worker needs; picklable, so process workers can receive it once."""
+
+    preprocess: Callable[[Image.Image], torch.Tensor]
+    use_torchvision_jpeg: bool = True  # False when torchvision's decoder disagreed with Pillow here
+    use_torchvision_png: bool = True
+    keep_jpeg_bytes: bool = False  # decode="gpu": JPEGs stay encoded for nvJPEG
+    spec: Optional[ImageTransformSpec] = None  # when given, sizes the transform cannot take fail here
+
+
+@dataclass
+class DecodedItem:
+    """One input after the CPU step: exactly one of ``pixels``, ``prepared``, ``encoded``, ``reason``."""
+
+    index: int
+    route: str = ""
+    pixels: Optional[torch.Tensor] = None  # uint8 (H, W, C), C in {1, 3}
+    prepared: Optional[torch.Tensor] = None  # float32 (3, S, S): preprocess's own output
+    encoded: Optional[torch.Tensor] = None  # uint8 1-D JPEG bytes, for nvJPEG
+    image_size: Tuple[int, int] = (0, 0)  # (height, width) as decoded
+    channels: int = 0
+    jpeg_sampling: int = -1  # for nvJPEG: Pillow's get_sampling (0: 4:4:4, 1: 4:2:2, 2: 4:2:0, -1: other)
+    reason: Optional[str] = None  # why the input could not be read
+    notes: List[str] = field(default_factory=list)  # why a slower route was taken
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message`` for a failure reason."""
+    message = str(error).strip()
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def input_kind(item: Any) -> str:
+    """A short name of the input's type, for failure reasons."""
+    if isinstance(item, (str, os.PathLike)):
+        return f"path {os.fspath(item)!r}"
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return f"{len(item)} bytes"
+    return type(item).__name__
+
+
+def decode_item(index: int, item: Any, options: DecodeOptions) -> DecodedItem:
+    """The CPU step for one input. Never raises for a bad input: the reason goes in ``reason``."""
+    result = DecodedItem(index)
+    try:
+        if isinstance(item, (str, os.PathLike)):
+            with open(item, "rb") as handle:
+                data = handle.read()
+            _decode_encoded(data, options, result)
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            _decode_encoded(bytes(item), options, result)
+        elif isinstance(item, Image.Image):
+            _decode_pil(item, options, result)
+        elif isinstance(item, (torch.Tensor, np.ndarray)):
+            _take_array(item, result)
+        else:
+            result.reason = (f"unsupported input type {type(item).__name__}: pass a path, bytes, "
+                             "a PIL image or a uint8 (H, W, C) array")
+        if result.reason is None and result.prepared is None and options.spec is not None:
+            # An image the transform cannot resize (as OpenCLIP's fails on it) is a failure now, not
+            # in the middle of a batch; this also caches its tap tables for the batch plan.
+            plan_image(options.spec, *result.image_size)
+    except UnidentifiedImageError:
+        result.reason = "UnidentifiedImageError: Pillow cannot identify an image format in it"
+    except Exception as error:  # noqa: BLE001 - a bad input is reported, never raised
+        result.reason = describe_error(error)
+    if result.reason is not None:
+        result.pixels = result.prepared = result.encoded = None
+        logger.debug("input %d (%s) failed: %s", index, input_kind(item), result.reason)
+    return result
+
+
+def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) -> None:
+    """Encoded bytes: Pillow reads the header, then the route by format and mode."""
+    image = Image.open(io.BytesIO(data))
+    mode, form = image.mode, image.format
+    channels = EXACT_MODES.get(mode)
+    if channels is not None and form == "JPEG":
+        if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9"):
+            # Only complete-looking files go to nvJPEG; the CPU decode decides about the others, as Pillow would.
+            result.route, result.encoded = "gpu-jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            result.image_size, result.channels = (image.height, image.width), channels
+            result.jpeg_sampling = JpegImagePlugin.get_sampling(image)
+            return
+        if options.use_torchvision_jpeg and _try_torchvision(data, image, channels, result, "jpeg"):
+            return
+    elif channels is not None and form == "PNG" and options.use_torchvision_png and _plain_png(image):
+        if _try_torchvision(data, image, channels, result, "png"):
+            return
+    _decode_pil(image, options, result)
+
+
+def _plain_png(image: Image.Image) -> bool:
+    """An 8-bit-per-sample PNG whose stored samples are its mode's (no expansion, no transparency)."""
+    tiles = getattr(image, "tile", None) or []
+    if len(tiles) != 1 or "transparency" in image.info:
+        return False
+    rawmode = tiles[0].args[0] if isinstance(tiles[0].args, tuple) else tiles[0].args
+    return rawmode == image.mode
+
+
+def _try_torchvision(data: bytes, image: Image.Image, channels: int, result: DecodedItem, route: str) -> bool:
+    """torchvision's CPU decoder; False (and a note) when it refuses or disagrees on the shape."""
+    from torchvision.io import decode_jpeg, decode_png
+
+    decoder = decode_jpeg if route == "jpeg" else decode_png
+    try:
+        decoded = decoder(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    except Exception as error:  # noqa: BLE001 - Pillow decides what this file is
+        result.notes.append(f"torchvision {route} decoder refused ({describe_error(error)}); Pillow decodes")
+        return False
+    if decoded.dtype != torch.uint8 or tuple(decoded.shape) != (channels, image.height, image.width):
+        result.notes.append(f"torchvision {route} decoder gave {tuple(decoded.shape)} {decoded.dtype}; "
+                            "Pillow decodes")
+        return False
+    # decode_* return a (C, H, W) view of (H, W, C) memory: the permute back is free.
+    result.pixels = decoded.permute(1, 2, 0)
+    result.route, result.image_size, result.channels = route, (image.height, image.width), channels
+    return True
+
+
+def _decode_pil(image: Image.Image, options: DecodeOptions, result: DecodedItem) -> None:
+    """A PIL image (opened lazily or not): its pixels when its mode is RGB/L, else preprocess itself."""
+    channels = EXACT_MODES.get(image.mode)
+    if channels is not None:
+        image.load()
+        array = np.array(image, dtype=np.uint8)  # a writable copy
+        if array.ndim == 2:
+            array = array[:, :, None]
+        result.pixels = torch.from_numpy(array)
+        result.route, result.image_size, result.channels = "pillow-pixels", array.shape[:2], channels
+        return
+    # Pillow treats this mode specially (premultiplied alpha, NEAREST for P/1, conversions): run the
+    # user's own transform, which is exact by definition.
+    result.prepared = options.preprocess(image)
+    result.route = "pillow-preprocess"
+    result.notes.append(f"mode {image.mode} ({image.format or 'in-memory'}): preprocess ran on the CPU")
+    logger.debug("input %d: mode %s runs OpenCLIP's preprocess on the CPU", result.index, image.mode)
+
+
+def _take_array(array: Any, result: DecodedItem) -> None:
+    """A uint8 (H, W), (H, W, 1) or (H, W, 3) array or tensor: the pixels of an L or RGB image."""
+    if isinstance(array, np.ndarray):
+        array = np.ascontiguousarray(array)
+        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+    else:
+        tensor = array
+    if tensor.dtype != torch.uint8:
+        raise ValueError(f"pixel arrays must be uint8, got {tensor.dtype}")
+    if tensor.dim() == 2:
+        tensor = tensor.unsqueeze(-1)
+    if tensor.dim() != 3 or tensor.shape[-1] not in (1, 3) or tensor.shape[0] == 0 or tensor.shape[1] == 0:
+        raise ValueError(f"pixel arrays must be (H, W), (H, W, 1) or (H, W, 3); got shape {tuple(tensor.shape)}")
+    result.pixels = tensor.contiguous()
+    result.route, result.image_size, result.channels = "tensor", tuple(tensor.shape[:2]), tensor.shape[-1]
+
+
+def decode_items(pairs: List[Tuple[int, Any]], options: DecodeOptions, pack: bool = False
+                 ) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
+    """Decode several inputs; with ``pack``, move their pixels into one flat shared-memory buffer (a
+    process pool hands it back as one block), leaving each item's ``pixels`` a view of it."""
+    decoded = [decode_item(index, item, options) for index, item in pairs]
+    movable = [item for item in decoded if item.pixels is not None and item.pixels.device.type == "cpu"]
+    if not pack or not movable:
+        return None, decoded
+    buffer = shared_buffer(sum(item.pixels.numel() for item in movable))
+    offset = 0
+    for item in movable:
+        size = item.pixels.numel()
+        view = buffer[offset:offset + size].view(item.pixels.shape)
+        np.copyto(view.numpy(), item.pixels.numpy())
+        item.pixels = view
+        offset += size
+    return buffer, decoded
+
+
+def shared_buffer(size: int) -> torch.Tensor:
+    """A flat uint8 tensor in shared memory: a process pool hands it back without copying it again."""
+    try:
+        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
+    except (AttributeError, RuntimeError):  # private API moved: share after the fact (one more copy)
+        return torch.empty(size, dtype=torch.uint8).share_memory_()
+
+
+def route_counts(items: List[DecodedItem]) -> Dict[str, int]:
+    """How many inputs took each route (failures under ``failed``)."""
+    counts: Dict[str, int] = {}
+    for item in items:
+        key = item.route if item.ok else "failed"
+        counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -1,0 +1,279 @@
+"""Files, bytes, PIL images or uint8 arrays in; OpenCLIP's model-ready batch out, on the device.
+
+    prep = clip_flash.ImagePreprocessor(preprocess, device="cuda", dtype=torch.float16)
+    out = prep(["a.jpg", jpeg_bytes, pil_image, uint8_hwc_tensor])
+    model.encode_image(out.pixels)        # rows come from inputs out.indices
+    out.failures                          # [(index, reason)]: unreadable inputs, never raised
+
+The exact path (default) gives, bit for bit, ``torch.stack([preprocess(Image.open(p)) for p in
+paths])`` cast to ``dtype`` (fp32: identical; fp16/bf16: the reference cast). It decodes on the CPU
+and resamples on the device; see :mod:`clip_flash.inputs.image_decoding` for the routes, and what runs
+``preprocess`` itself on the CPU (images Pillow resizes specially: RGBA, LA, P, 1, CMYK, I;16, ...).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .decode_pool import EXECUTORS, DecodePool, default_workers
+from .decoder_check import decoder_agreement
+from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
+from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
+from .image_resize import ExactResize
+
+logger = logging.getLogger(__name__)
+
+ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
+DECODERS = ("cpu", "gpu")
+
+
+@dataclass
+class PackedPixels:
+    """Decoded pixels of ``indices``, in one page-locked buffer laid out by ``plan`` for the kernel."""
+
+    plan: Any
+    buffer: torch.Tensor
+    indices: List[int]
+
+
+@dataclass
+class DecodedImages:
+    """The CPU step's result for one call of :meth:`ImagePreprocessor.decode`.
+
+    ``items`` holds each readable input's pixels (uint8 ``(H, W, C)``; with the GPU kernel, views of the
+    one page-locked buffer ``packed`` laid out for it), the output of ``preprocess`` for inputs that ran
+    it on the CPU, or JPEG bytes for nvJPEG; ``failures`` the unreadable ones.
+    """
+
+    count: int
+    items: List[DecodedItem]
+    failures: List[Tuple[int, str]]
+    packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
+
+    @property
+    def indices(self) -> List[int]:
+        """The inputs that will become rows, in order."""
+        return [item.index for item in self.items]
+
+    @property
+    def routes(self) -> Dict[str, int]:
+        """How many inputs took each route (``jpeg``, ``png``, ``pillow-pixels``, ...)."""
+        counts = route_counts(self.items)
+        if self.failures:
+            counts["failed"] = len(self.failures)
+        return counts
+
+
+@dataclass
+class PreparedImages:
+    """The model-ready batch: ``pixels[k]`` is input ``indices[k]``; ``failures`` lists the others."""
+
+    pixels: torch.Tensor
+    indices: List[int]
+    failures: List[Tuple[int, str]]
+    routes: Dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class ImagePreprocessor:
+    """OpenCLIP's eval ``preprocess``, exactly, for a batch of images, onto ``device`` in ``dtype``.
+
+    Args:
+        preprocess: the transform ``open_clip.create_model_and_transforms`` returned (Resize /
+            CenterCrop or OpenCLIP's ResizeKeepRatio / CenterCropOrPad, ToTensor, Normalize). One it
+            does not understand is refused (``UnsupportedTransformError``), never approximated.
+        device: where the batch goes (``"cuda"`` or ``"cpu"``; the same exact arithmetic on both).
+        dtype: of the batch; fp32 is the reference bit for bit, fp16/bf16 the reference cast.
+        decode: ``"cpu"`` (exact: libjpeg-turbo, Pillow's own pixels) or ``"gpu"``: nvJPEG decodes
+            the JPEGs, which is faster and NOT exact (nvJPEG repeats chroma samples where libjpeg-turbo
+            interpolates: up to tens of levels apart; see ``gpu_chroma``;
+            ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
+        workers: CPU workers decoding (default: the cores this process may use).
+        executor: ``"thread"`` (default; the decoders release the GIL) or ``"process"`` (no GIL
+            cap; spawned workers start on first use, a few seconds, so a script using it needs the
+            usual ``if __name__ == "__main__":`` guard).
+        resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
+            (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
+        gpu_chroma: with ``decode="gpu"``: ``"libjpeg"`` recovers the chroma from nvJPEG's output and
+            upsamples and converts it the libjpeg-turbo way (closer to Pillow, still not exact);
+            ``"nvjpeg"`` keeps nvJPEG's own (repeated) chroma.
+
+    Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
+    and resampled by clip_flash's Pillow-exact resize on the device. Inputs Pillow treats specially
+    (RGBA and LA are resized premultiplied, P and 1 resize NEAREST, CMYK, I;16, I, F, animated GIFs'
+    first frame in P) run ``preprocess`` itself on the CPU, logged at debug level; the rows are the
+    same either way. ``Image.open`` applies no EXIF orientation, so neither does this.
+
+    Bad inputs (missing, empty, truncated or corrupt files, non-images, decompression bombs past
+    Pillow's limit) never raise: they are listed in ``failures`` with the reason, as Pillow gave it.
+    Memory: a call holds its inputs' decoded pixels once (3 bytes per pixel), so pass batches.
+
+    ``prep(items)`` equals ``prep.prepare(prep.decode(items))``; :meth:`decode` is CPU work and
+    thread-safe, so a pipeline can decode the next batch while the device works on this one.
+    """
+
+    def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
+                 dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
+                 executor: str = "thread", resize: str = "auto", gpu_chroma: str = "libjpeg") -> None:
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if decode not in DECODERS:
+            raise ValueError(f"decode must be one of {DECODERS}, got {decode!r}")
+        if decode == "gpu" and self.device.type != "cuda":
+            raise ValueError("decode='gpu' (nvJPEG) needs a CUDA device")
+        if gpu_chroma not in CHROMA:
+            raise ValueError(f"gpu_chroma must be one of {CHROMA}, got {gpu_chroma!r}")
+        self.gpu_chroma = gpu_chroma
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        self.preprocess = preprocess
+        self.dtype = dtype
+        self.decoder = decode
+        self.resize = ExactResize(preprocess, self.device, dtype, resize)  # refuses unsupported transforms
+        agreement = decoder_agreement()
+        self.decoder_agreement = agreement
+        self.options = DecodeOptions(preprocess, use_torchvision_jpeg=agreement.jpeg,
+                                     use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu",
+                                     spec=self.resize.spec)
+        self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False,
+                                          spec=self.resize.spec)
+        self.workers = workers or default_workers()
+        self.pool = DecodePool(self.options, self.workers, executor)
+
+    @property
+    def output_size(self) -> Tuple[int, int]:
+        """(height, width) of each row."""
+        return self.resize.output_size
+
+    # ----- the two steps ------------------------------------------------------------------
+    def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
+        """The CPU step: read and decode every input (in the worker pool). Never raises for a bad input."""
+        if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
+            raise TypeError("pass a sequence of images (a list), not a single image")
+        items = list(items)
+        decoded = self.pool.decode(items)
+        failures = [(item.index, item.reason) for item in decoded if not item.ok]
+        good = [item for item in decoded if item.ok]
+        for item in good:
+            for note in item.notes:
+                logger.debug("input %d: %s", item.index, note)
+        packed = None
+        # Pixels on the CPU go into the kernel's buffer; a tensor passed in on the GPU is packed there later.
+        pixel_items = [item for item in good if item.pixels is not None and item.pixels.device.type == "cpu"]
+        if self.resize.packs and pixel_items:
+            # One page-locked buffer for the whole batch, filled by the pool's threads: the device step
+            # is then one upload and one kernel launch.
+            plan, buffer, slots = self.resize.pack_on_host([item.pixels for item in pixel_items],
+                                                           self.pool.copy_many)
+            for item, slot in zip(pixel_items, slots):
+                item.pixels = slot
+            packed = PackedPixels(plan, buffer, [item.index for item in pixel_items])
+        return DecodedImages(len(items), good, failures, packed)
+
+    def prepare(self, decoded: DecodedImages) -> PreparedImages:
+        """The device step: resample the decoded pixels exactly and assemble the batch in input order."""
+        failures = list(decoded.failures)
+        route_of = {item.index: item.route for item in decoded.items}
+        pixel_items = [item for item in decoded.items if item.pixels is not None]
+        jpeg_items = [item for item in decoded.items if item.encoded is not None]
+        prepared_items = [item for item in decoded.items if item.prepared is not None]
+        groups: List[Tuple[List[int], torch.Tensor]] = []
+        if decoded.packed is not None:
+            packed = decoded.packed
+            groups.append((packed.indices, self.resize.run_packed(packed.plan, packed.buffer)))
+            in_buffer = set(packed.indices)
+            pixel_items = [item for item in pixel_items if item.index not in in_buffer]
+        device_pixels = [item.pixels for item in pixel_items]
+        if jpeg_items:
+            on_gpu, refused = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma)
+            for item, pixels in on_gpu:
+                pixel_items.append(item)
+                device_pixels.append(pixels)
+            for item, reason in refused:
+                # nvJPEG could not: the exact CPU decode decides (and may still fail, like Pillow).
+                logger.debug("input %d: nvJPEG refused (%s); decoding on the CPU", item.index, reason)
+                fallback = decode_item(item.index, bytes(item.encoded.numpy()), self._cpu_options)
+                route_of[item.index] = fallback.route
+                if not fallback.ok:
+                    failures.append((item.index, fallback.reason))
+                elif fallback.prepared is not None:
+                    prepared_items.append(fallback)
+                else:
+                    pixel_items.append(fallback)
+                    device_pixels.append(fallback.pixels.to(self.device))  # beside nvJPEG's, on the GPU
+        if pixel_items:
+            groups.append(self._resize_group(pixel_items, device_pixels, failures))
+        if prepared_items:
+            stacked = torch.stack([item.prepared for item in prepared_items])
+            groups.append(([item.index for item in prepared_items], stacked.to(self.device, self.dtype)))
+        failures.sort()
+        pixels, indices = self._assemble([group for group in groups if group[0]])
+        routes: Dict[str, int] = {}
+        for index in indices:
+            routes[route_of[index]] = routes.get(route_of[index], 0) + 1
+        if failures:
+            routes["failed"] = len(failures)
+        return PreparedImages(pixels, indices, failures, routes)
+
+    def __call__(self, items: Sequence[ImageInput]) -> PreparedImages:
+        """``prepare(decode(items))``."""
+        return self.prepare(self.decode(items))
+
+    # ----- helpers ------------------------------------------------------------------------
+    def _resize_group(self, items: List[DecodedItem], pixels: List[torch.Tensor],
+                      failures: List[Tuple[int, str]]) -> Tuple[List[int], torch.Tensor]:
+        """The batch through the exact resize; if it refuses, image by image, so that only the images
+        the transform cannot handle (as OpenCLIP's own fails on them) become failures."""
+        try:
+            return [item.index for item in items], self.resize(pixels)
+        except Exception as error:  # noqa: BLE001 - find the image(s) at fault, keep the others
+            logger.debug("batch resize refused (%s); resizing image by image", describe_error(error))
+        indices, rows = [], []
+        for item, image in zip(items, pixels):
+            try:
+                rows.append(self.resize([image]))
+                indices.append(item.index)
+            except Exception as error:  # noqa: BLE001
+                failures.append((item.index, describe_error(error)))
+        height, width = self.output_size
+        if not rows:
+            return [], torch.empty((0, 3, height, width), device=self.device, dtype=self.dtype)
+        return indices, torch.cat(rows)
+
+    def _assemble(self, groups: List[Tuple[List[int], torch.Tensor]]) -> Tuple[torch.Tensor, List[int]]:
+        """Rows of all groups in input order."""
+        height, width = self.output_size
+        if not groups:
+            return torch.empty((0, 3, height, width), device=self.device, dtype=self.dtype), []
+        if len(groups) == 1 and groups[0][0] == sorted(groups[0][0]):
+            return groups[0][1], groups[0][0]
+        indices = sorted(index for group_indices, _ in groups for index in group_indices)
+        row_of = {index: row for row, index in enumerate(indices)}
+        out = torch.empty((len(indices), 3, height, width), device=self.device, dtype=self.dtype)
+        for group_indices, rows in groups:
+            positions = torch.tensor([row_of[index] for index in group_indices], device=self.device)
+            out.index_copy_(0, positions, rows)
+        return out, indices
+
+    def close(self) -> None:
+        """Stop the decoding workers."""
+        self.pool.close()
+
+    def __enter__(self) -> "ImagePreprocessor":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()

@@ -1,0 +1,199 @@
+"""``get_tokenizer(model_name)``: OpenCLIP's tokenizer, with OpenCLIP's exact ids, computed faster.
+
+For OpenCLIP's ``SimpleTokenizer`` in its default setting (OpenAI BPE, ``clean='lower'``, truncation, no
+extra special tokens: the ViT-* CLIP models) the result is a ``FastCLIPTokenizer``. Each text takes the
+cheapest route that still gives OpenCLIP's ids:
+
+- ``plain``: printable ASCII without ``&`` (most captions). OpenCLIP's cleaning reduces to whitespace
+  collapsing and lower-casing there, and its split pattern to an ASCII one that Python's ``re`` runs
+  over the whole batch at once (proofs in ``text_cleaning``).
+- ``cleaned``: any other text. OpenCLIP's own cleaning and own compiled split pattern run in Python
+  (the same functions, so exact by construction).
+- ``openclip``: a text whose cleaned form spells ``<start_of_text>``/``<end_of_text>``, or that is not a
+  ``str``: OpenCLIP's own tokenizer, which turns such spellings into special ids (or raises for you).
+
+On the first two routes the words' ids come from ``fast_bpe.WordIds``: OpenCLIP's vocabulary and merges
+in Hugging Face ``tokenizers`` (Rust; a batch's new words encoded together over all cores), remembered
+per word; SOT/EOT, truncation and padding are numpy array operations.
+
+Any other tokenizer (``reduction_mask`` variants, ``clean='whitespace'``/``'canonicalize'``, SigLIP's and
+other Hugging Face tokenizers, extra special tokens) is returned unchanged: OpenCLIP's own object.
+``describe_tokenizer`` says which one you got and why; ``get_tokenizer`` logs it.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .cleaning_pool import CleaningPool, clean_and_split
+from .fast_bpe import (BOUNDARY_WORD, WordIds, as_long_tensor, causal_merge_violations, fill_rows, new_result,
+                       ordered_merges)
+from .text_cleaning import (SPECIAL_TOKEN_TEXTS, all_plain_ascii, clean_plain_ascii, plain_ascii_mask,
+                            spells_special_token, split_plain_texts)
+
+logger = logging.getLogger(__name__)
+
+
+def fast_path_refusal(tokenizer: Any) -> Optional[str]:
+    """Why ``tokenizer`` cannot get the fast path, or None when it can."""
+    from open_clip.tokenizer import SimpleTokenizer, _clean_lower
+    if type(tokenizer) is not SimpleTokenizer:
+        return f"{type(tokenizer).__name__} is not OpenCLIP's SimpleTokenizer"
+    if tokenizer.clean_fn is not _clean_lower:
+        return f"text cleaning {getattr(tokenizer.clean_fn, '__name__', tokenizer.clean_fn)} is not 'lower'"
+    if tokenizer.reduction_fn is not None:
+        return "a reduction_mask (random, shuffle, simple or syntax) is set"
+    specials = [tokenizer.decoder[token_id] for token_id in tokenizer.all_special_ids]
+    if tuple(specials) != SPECIAL_TOKEN_TEXTS:
+        return f"special tokens {specials} are not OpenCLIP's two defaults"
+    return None
+
+
+class FastCLIPTokenizer:
+    """Drop-in for an OpenCLIP ``SimpleTokenizer`` (clean='lower'): same call, same LongTensor.
+
+    Every other attribute (``encode``, ``decode``, ``encoder``, ``sot_token_id`` ...) is the wrapped
+    tokenizer's own. ``parallel=False`` keeps the Rust BPE of new words on the calling thread.
+    ``clean_workers=N`` cleans non-plain texts (OpenCLIP's own functions) in N worker processes while
+    the calling thread does the plain ones: worth it on many-core hosts for captions with much non-ASCII
+    text. Workers start from a fork server, so, as with a DataLoader's, a script using them needs the
+    ``if __name__ == "__main__":`` guard. 0 (the default) keeps everything in this process.
+    """
+
+    def __init__(self, openclip_tokenizer: Any, parallel: bool = True, clean_workers: int = 0) -> None:
+        refusal = fast_path_refusal(openclip_tokenizer)
+        if refusal is not None:
+            raise ValueError(f"no fast path for this tokenizer: {refusal}")
+        base_symbols = [symbol for symbol in openclip_tokenizer.encoder if len(symbol) == 1]
+        base_symbols += [symbol + "</w>" for symbol in base_symbols]
+        violations = causal_merge_violations(ordered_merges(openclip_tokenizer.bpe_ranks), base_symbols)
+        if violations:
+            raise ValueError(f"{violations} BPE merges use symbols no earlier merge makes; the Rust BPE "
+                             "could merge in a different order than OpenCLIP's")
+        self.openclip_tokenizer = openclip_tokenizer
+        self.word_ids = WordIds(openclip_tokenizer.encoder, openclip_tokenizer.bpe_ranks, parallel=parallel)
+        self.cleaning_pool = CleaningPool(openclip_tokenizer.clean_fn, openclip_tokenizer.pat, BOUNDARY_WORD,
+                                          clean_workers)
+        # Counts of texts per route since construction, for reports and tests.
+        self.route_counts = {"plain": 0, "cleaned": 0, "openclip": 0}
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this class lacks: everything else is OpenCLIP's tokenizer's.
+        if name == "openclip_tokenizer":
+            raise AttributeError(name)
+        return getattr(self.openclip_tokenizer, name)
+
+    def describe(self) -> str:
+        """One line: what runs, and how many texts took each route so far."""
+        counts = ", ".join(f"{route} {count}" for route, count in self.route_counts.items())
+        return ("clip_flash FastCLIPTokenizer over OpenCLIP's SimpleTokenizer (Rust BPE with OpenCLIP's "
+                f"vocabulary; OpenCLIP's own cleaning for non-plain text); texts so far: {counts}")
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
+    def __call__(self, texts: Union[str, Sequence[str]],
+                 context_length: Optional[int] = None) -> torch.LongTensor:
+        """Token ids of ``texts``, shape [len(texts), context_length]: exactly OpenCLIP's."""
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        context_length = context_length or self.openclip_tokenizer.context_length
+        assert context_length, "Please set a valid context length"
+        if context_length < 2:
+            self.route_counts["openclip"] += len(texts)
+            return self.openclip_tokenizer(texts, context_length=context_length)
+        result = new_result(len(texts), context_length)
+        sot, eot = self.openclip_tokenizer.sot_token_id, self.openclip_tokenizer.eot_token_id
+        if all_plain_ascii(texts):
+            plain_rows, other_rows = list(range(len(texts))), []
+        else:
+            mask = plain_ascii_mask(texts)
+            plain_rows = [row for row, plain in enumerate(mask) if plain]
+            other_rows = [row for row, plain in enumerate(mask) if not plain]
+
+        openclip_rows = [row for row in other_rows if not isinstance(texts[row], str)]
+        other_rows = [row for row in other_rows if isinstance(texts[row], str)]
+        other_texts = [texts[row] for row in other_rows]
+        # Non-plain texts start cleaning in the worker processes (if any) while this thread does the rest.
+        pending = self.cleaning_pool.submit(other_texts) if self.cleaning_pool.usable_for(len(other_texts)) \
+            else None
+
+        cleaned = clean_plain_ascii(texts[row] for row in plain_rows)
+        if spells_special_token("\n".join(cleaned)):
+            special = [spells_special_token(text) for text in cleaned]
+            openclip_rows += [row for row, is_special in zip(plain_rows, special) if is_special]
+            plain_rows = [row for row, is_special in zip(plain_rows, special) if not is_special]
+            cleaned = [text for text, is_special in zip(cleaned, special) if not is_special]
+        if plain_rows:
+            words = split_plain_texts(cleaned, BOUNDARY_WORD)
+            fill_rows(result, plain_rows, self.word_ids.flat_ids(words), sot, eot)
+        self.route_counts["plain"] += len(plain_rows)
+
+        if other_rows:
+            if pending is not None:
+                words_per_text = self.cleaning_pool.collect(pending, other_texts)
+            else:
+                words_per_text = clean_and_split(other_texts, self.openclip_tokenizer.clean_fn,
+                                                 self.openclip_tokenizer.pat, BOUNDARY_WORD)
+            cleaned_rows, words = self._flatten_words(other_rows, words_per_text, openclip_rows)
+            if cleaned_rows:
+                fill_rows(result, cleaned_rows, self.word_ids.flat_ids(words), sot, eot)
+            self.route_counts["cleaned"] += len(cleaned_rows)
+        self.route_counts["openclip"] += len(openclip_rows)
+        output = as_long_tensor(result)
+        if openclip_rows:
+            openclip_rows.sort()
+            output[openclip_rows] = self.openclip_tokenizer([texts[row] for row in openclip_rows],
+                                                            context_length=context_length)
+        return output
+
+    @staticmethod
+    def _flatten_words(rows: Sequence[int], words_per_text: Sequence[Optional[List[str]]],
+                       openclip_rows: List[int]) -> Tuple[List[int], List[str]]:
+        """The words of OpenCLIP's cleaning and split (see ``cleaning_pool.clean_and_split``) as one flat
+        list with boundaries; rows only OpenCLIP's tokenizer may do are appended to ``openclip_rows``."""
+        kept_rows: List[int] = []
+        words: List[str] = []
+        for row, text_words in zip(rows, words_per_text):
+            # None: the cleaned text held the boundary character (OpenCLIP's cleaning removes it, but
+            # that is ftfy's business, not ours). A special token's spelling becomes its id in OpenCLIP.
+            if text_words is None or any(word in SPECIAL_TOKEN_TEXTS for word in text_words):
+                openclip_rows.append(row)
+                continue
+            kept_rows.append(row)
+            words += text_words
+            words.append(BOUNDARY_WORD)
+        return kept_rows, words
+
+
+def describe_tokenizer(tokenizer: Any) -> str:
+    """Which tokenizer this is: clip_flash's fast one, or OpenCLIP's own and why it was kept."""
+    if isinstance(tokenizer, FastCLIPTokenizer):
+        return tokenizer.describe()
+    refusal = fast_path_refusal(tokenizer)
+    if refusal is None:
+        return f"OpenCLIP's own {type(tokenizer).__name__} (clip_flash.get_tokenizer would speed it up)"
+    return f"OpenCLIP's own {type(tokenizer).__name__}, unchanged ({refusal})"
+
+
+def get_tokenizer(model_name: str = "", context_length: Optional[int] = None, *,
+                  fast: bool = True, clean_workers: int = 0, **kwargs: Any) -> Any:
+    """``open_clip.get_tokenizer(model_name, context_length, **kwargs)``, sped up where exact.
+
+    Returns a ``FastCLIPTokenizer`` for OpenCLIP's default SimpleTokenizer, otherwise OpenCLIP's own
+    tokenizer object unchanged (``fast=False`` forces that). Either way the call and the ids are OpenCLIP's.
+    ``clean_workers``: see ``FastCLIPTokenizer``.
+    """
+    import open_clip
+    openclip_tokenizer = open_clip.get_tokenizer(model_name, context_length=context_length, **kwargs)
+    refusal = fast_path_refusal(openclip_tokenizer) if fast else "fast=False"
+    if refusal is None:
+        tokenizer = FastCLIPTokenizer(openclip_tokenizer, clean_workers=clean_workers)
+        logger.info("tokenizer for %r: %s", model_name, tokenizer.describe())
+        return tokenizer
+    logger.info("tokenizer for %r: OpenCLIP's own %s (%s)", model_name,
+                type(openclip_tokenizer).__name__, refusal)
+    return openclip_tokenizer

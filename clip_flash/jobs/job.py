@@ -1,0 +1,251 @@
+"""``clip_flash.embed``: one call from a folder, tar shards or a caption file to clip-retrieval's layout.
+
+    import clip_flash
+    summary = clip_flash.embed("photos/", "out/", model="ViT-L-14::laion2b_s32b_b82k")
+    print(summary.format())
+
+The job plans its shards, checks the output folder (refusing one made with other settings), skips the
+shards an earlier run finished, loads and patches the model, runs the pipeline, and writes
+``failures.parquet`` and a JSON record of the run. ``scripts/embed.py`` is its command line.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from .pipeline import EmbeddingPipeline, PipelineStats
+from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
+from .sources import Shard, Source, open_source
+from .writer import OutputFolder
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHARD_SIZE = 10240          # 40 batches of 256: at most this many inputs are redone after a kill
+DEFAULT_IMAGE_BATCH = 256
+DEFAULT_TEXT_BATCH = 1024
+OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
+PIPELINES = ("clip_flash", "stock")
+DECODES = ("cpu", "gpu")
+SETTINGS_VERSION = 1
+
+
+def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def job_settings(source: Source, plan: List[Shard], model: str, precision: str,
+                 patch: bool, pipeline: str, decode: str, normalize: bool, out_dtype: str) -> Dict[str, Any]:
+    """Everything the embeddings depend on; a resumed job must match it exactly."""
+    from clip_flash.benchmark.model_spec import parse_model_spec
+
+    spec = parse_model_spec(model)
+    weights: Dict[str, Any] = {"kind": spec.kind, "weights": spec.weights}
+    if spec.kind == "checkpoint" and os.path.isfile(spec.weights):
+        weights["checkpoint_bytes"] = os.path.getsize(spec.weights)
+    return {
+        "settings_version": SETTINGS_VERSION,
+        "model": spec.name,
+        "weights": weights,
+        "precision": precision,
+        "patched": patch,
+        "image_inputs": pipeline if source.has_images else None,
+        "decode": decode if source.has_images else None,
+        "normalize": normalize,
+        "out_dtype": out_dtype,
+        "source": source.settings(),
+        "shards": len(plan),
+    }
+
+
+def shards_to_do(plan: List[Shard], output: OutputFolder) -> List[Shard]:
+    """The shards no earlier run finished; clears whatever those left behind."""
+    todo = [shard for shard in plan if not output.finished(shard.index, shard.fingerprint)]
+    for shard in todo:
+        output.clear(shard.index)
+    return todo
+
+
+def _progress(total: Optional[int], enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="item", dynamic_ncols=True, file=sys.stderr,
+                disable=not enabled, desc="embedding", smoothing=0.1)
+
+
+def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
+                 executor: str = "thread") -> Tuple[Any, Any]:
+    """clip_flash's image preparer and tokenizer for this model (None for what the source lacks)."""
+    from clip_flash.inputs.images import ImagePreprocessor
+    from clip_flash.inputs.tokenizer import get_tokenizer
+
+    preparer = tokenizer = None
+    if source.has_images:
+        preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
+                                     workers=workers, executor=executor)
+    if source.has_captions:
+        base = get_tokenizer(loaded.spec.name)
+        context = loaded.context_length
+        tokenizer = lambda texts: base(texts, context_length=context)  # noqa: E731
+    return preparer, tokenizer
+
+
+def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
+                normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread") -> Any:
+    """The pipeline that runs the job: clip_flash's, or the stock baseline."""
+    if pipeline == "stock":
+        from .stock import StockPipeline
+
+        return StockPipeline(loaded, device, source, batch_size=batch_size, normalize=normalize,
+                             out_dtype=OUTPUT_DTYPES[out_dtype], workers=workers)
+    preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor)
+    return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
+                             out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset")
+
+
+def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32", *,
+          device: Union[str, torch.device, None] = None, precision: Optional[str] = None, patch: bool = True,
+          pipeline: str = "clip_flash", decode: str = "cpu", batch_size: Optional[int] = None,
+          shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
+          captions: Optional[bool] = None, caption_column: Optional[str] = None, workers: Optional[int] = None,
+          executor: str = "thread", repeat: int = 1, progress: bool = True,
+          command: Optional[str] = None) -> JobSummary:
+    """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
+
+    Args:
+        input: a folder of images (recursive; ``x.txt`` beside ``x.jpg`` is its caption), WebDataset tar
+            file(s) (a folder of them, or ``shards/{00000..00099}.tar``), or a ``.txt``/``.csv``/``.tsv``/
+            ``.parquet`` file of captions (a text-only job).
+        out: the output folder (created; an earlier run's folder is resumed, one with other settings refused).
+        model: ``NAME`` (random init, labelled so), ``NAME::TAG`` (OpenCLIP pretrained tag) or
+            ``NAME::/path/to/checkpoint``.
+        device: default CUDA when available, else CPU. precision: ``fp16``/``bf16``/``fp32``; default fp16
+            on CUDA, fp32 on CPU (never changed silently: it is recorded in the settings).
+        patch: run the model through ``clip_flash.patch`` (False: the stock model).
+        pipeline: ``clip_flash`` (threaded decode + device preparation, fast tokenizer) or ``stock``
+            (OpenCLIP's PIL preprocess in a DataLoader and its tokenizer: the baseline speed figure).
+        decode: ``cpu`` (exact: Pillow's pixels) or ``gpu`` (nvJPEG; faster, not bit-exact).
+        batch_size: default 256 for image jobs, 1024 for text-only. shard_size: inputs per output shard
+            (folders and caption files; a WebDataset tar is one shard).
+        normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
+        captions: None reads captions when the input has them; False ignores them. caption_column: for CSV/parquet.
+        workers: decoding workers (default: the cores this process may use; stock: DataLoader workers = cores - 1).
+        executor: ``thread`` or ``process`` decoding workers (processes are not capped by the GIL; a script
+            using them needs the ``if __name__ == "__main__":`` guard).
+        repeat: embed the input list this many times over (benchmarks on a small folder).
+        progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
+
+    Returns:
+        A :class:`~clip_flash.jobs.record.JobSummary` (``.format()`` for the printed summary).
+
+    Raises:
+        SourceError, OutputError (including SettingsMismatchError), ModelLoadError: with one clear message.
+    """
+    device = resolve_device(device)
+    job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
+                   decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
+                   caption_column=caption_column, repeat=repeat)
+    try:
+        batch_size = batch_size or (DEFAULT_IMAGE_BATCH if job.source.has_images else DEFAULT_TEXT_BATCH)
+        stats = PipelineStats()
+        if job.todo:  # nothing left to embed: no model to load
+            loaded = load_job_model(job, device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
+                                 workers, executor)
+            known = [shard.size for shard in job.todo]
+            total = sum(known) if all(size is not None for size in known) else None
+            try:
+                with _progress(total, progress) as bar:
+                    stats = runner.run(job.todo, job.output.write, bar)
+            finally:
+                runner.close()
+        options = {"batch_size": batch_size, "workers": workers, "executor": executor, "device": str(device)}
+        return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
+                          command=command, options=options, environment_device=device)
+    finally:
+        job.output.close()
+
+
+@dataclass
+class PlannedJob:
+    """A job checked against its output folder: what it reads, its settings, and the shards left to do."""
+
+    source: Source
+    plan: List[Shard]
+    todo: List[Shard]
+    settings: Dict[str, Any]
+    output: OutputFolder
+    spec: Any
+    precision: str
+    patch: bool
+    decode: str
+
+
+def plan_job(input: Union[str, Path], out: Union[str, Path], model: str, *, device_type: str,
+             precision: Optional[str], patch: bool, pipeline: str, decode: str, shard_size: int, normalize: bool,
+             out_dtype: str, captions: Optional[bool], caption_column: Optional[str], repeat: int) -> PlannedJob:
+    """Check the options, plan the shards, open (or refuse) the output folder, find the shards left."""
+    from clip_flash.benchmark.model_spec import parse_model_spec
+
+    if pipeline not in PIPELINES:
+        raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
+    if decode not in DECODES:
+        raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
+    if out_dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {tuple(OUTPUT_DTYPES)}, got {out_dtype!r}")
+    if pipeline == "stock" and patch:
+        raise ValueError("pipeline='stock' is the unpatched baseline: pass patch=False with it")
+    precision = precision or ("fp16" if device_type == "cuda" else "fp32")
+    spec = parse_model_spec(model)
+    source = open_source(input, shard_size, captions, caption_column, repeat)
+    plan = source.shards()
+    settings = job_settings(source, plan, model, precision, patch, pipeline, decode, normalize, out_dtype)
+    output = OutputFolder(Path(out), len(plan))
+    output.open(settings)
+    try:
+        todo = shards_to_do(plan, output)
+    except BaseException:
+        output.close()
+        raise
+    logger.info("%d of %d shards to embed into %s", len(todo), len(plan), out)
+    return PlannedJob(source, plan, todo, settings, output, spec, precision, patch, decode)
+
+
+def load_job_model(job: PlannedJob, device: torch.device) -> Any:
+    """The job's model on ``device`` in its precision, patched unless the job is stock."""
+    from clip_flash.benchmark import model_spec
+
+    loaded = model_spec.load_model(job.spec, device, job.precision)
+    if job.patch:
+        import clip_flash
+
+        clip_flash.patch(loaded.model)
+    return loaded
+
+
+def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: str, gpu_peak: Optional[float],
+               command: Optional[str], options: Dict[str, Any], environment_device: torch.device) -> JobSummary:
+    """Write failures.parquet and the run record; return the summary."""
+    failures_total = job.output.collect_failures([shard.index for shard in job.plan])
+    summary = JobSummary(
+        out=str(job.output.root), model=job.spec.text, weights=job.spec.weights_note, device=device,
+        precision=job.precision, patched=job.patch, pipeline=pipeline,
+        decode=job.decode if job.source.has_images else "n/a", shards_planned=len(job.plan),
+        shards_skipped=len(job.plan) - len(job.todo), shards_written=stats.shards, rows=stats.rows,
+        failures=stats.failures, failures_total=failures_total, seconds=stats.seconds, cpu_cores=cpu_cores(),
+        gpu_peak_mib=gpu_peak, steady_items_per_s=steady_rate(stats.marks), shard_marks=stats.marks)
+    command = command or "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
+    record = run_record(summary, job.settings, environment_device, command, options)
+    summary.record_path = str(job.output.write_run_record(record_name(), record))
+    return summary

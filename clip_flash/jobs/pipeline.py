@@ -1,0 +1,358 @@
+"""The single-device embedding pipeline: files in, one finished shard at a time out.
+
+Four stages, each in its own thread, joined by bounded queues so memory stays bounded:
+
+    reader thread   walks the shards, cuts them into batches, hands each batch to the decoders
+    decoder threads the CPU half of image preparation (``ImagePreprocessor.decode``: file reads and
+                    JPEG decoding in threads that release the GIL) and tokenization
+    main thread     the device half (``ImagePreprocessor.prepare``: copy + resize kernel) on a side
+                    CUDA stream, both encoders on the compute stream, normalisation, and an
+                    asynchronous copy of the embeddings into pinned host memory
+    writer thread   assembles nothing itself: it commits each finished shard (``OutputFolder.write``)
+
+The main thread launches batch i and only then waits for batch i-2's embeddings (a CUDA event), so
+the GPU always has queued work while Python prepares the next launch: with decoded batches queued,
+the GPU never waits on Python, not even at a shard boundary (the next shard's batches launch while
+the last ones of the previous shard are still in flight). Batches never span shards, so a shard is
+handed to the writer as soon as its last batch lands.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .sources import Item, Shard
+from .writer import ShardResult
+
+logger = logging.getLogger(__name__)
+
+_DONE = object()
+
+
+@dataclass
+class _Batch:
+    shard: Shard
+    items: List[Item]                 # the items that go to the preparers (no known errors)
+    decoded: "Future"                 # -> (decoded images or None, tokens or None)
+
+
+@dataclass
+class _ShardStart:
+    shard: Shard
+
+
+@dataclass
+class _ShardEnd:
+    shard: Shard
+    failures: List[Tuple[str, str]]   # items known bad before decoding (missing caption, bad tar...)
+
+
+@dataclass
+class _Accumulator:
+    """A shard's rows as they arrive, in input order."""
+
+    shard: Shard
+    image: List[np.ndarray] = field(default_factory=list)
+    text: List[np.ndarray] = field(default_factory=list)
+    metadata: Dict[str, List[Any]] = field(default_factory=dict)
+    failures: List[Tuple[str, str]] = field(default_factory=list)
+    outstanding: int = 0                        # batches launched and not collected yet
+
+
+@dataclass
+class _Launched:
+    """A batch whose embeddings are on their way to pinned host memory."""
+
+    items: List[Item]
+    host_image: Optional[torch.Tensor]
+    host_text: Optional[torch.Tensor]
+    ready: Optional["torch.cuda.Event"]
+    failures: List[Tuple[str, str]]
+    shard: Optional[_Accumulator] = None
+
+
+@dataclass
+class PipelineStats:
+    """What a run of the pipeline did."""
+
+    rows: int = 0
+    failures: int = 0
+    shards: int = 0
+    seconds: float = 0.0
+    marks: List[Tuple[int, float]] = field(default_factory=list)  # (inputs so far, seconds) per shard
+
+
+def finish_features(features: torch.Tensor, normalize: bool, out_dtype: np.dtype) -> torch.Tensor:
+    """What is written: L2-normalised in fp32 (when asked), then cast to the output dtype."""
+    features = features.float()
+    if normalize:
+        features = F.normalize(features, dim=-1)
+    return features.to(getattr(torch, np.dtype(out_dtype).name))
+
+
+class EmbeddingPipeline:
+    """Embed shards of items with one model on one device; see the module docstring for the stages.
+
+    ``image_preparer`` has ``decode(items)`` (CPU, thread-safe) and ``prepare(decoded)`` returning
+    ``pixels``, ``indices`` and ``failures`` (clip_flash's ImagePreprocessor); ``tokenizer`` is called on
+    a list of strings and returns a LongTensor of token ids. Either may be None when the job has no
+    images / no captions.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, image_preparer: Any = None,
+                 tokenizer: Optional[Callable] = None, batch_size: int = 256, normalize: bool = True,
+                 out_dtype: np.dtype = np.float16, decode_threads: int = 2, prefetch_batches: int = 6,
+                 batches_in_flight: int = 2, wds_key_column: bool = False) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.image_preparer = image_preparer
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.normalize = normalize
+        self.out_dtype = np.dtype(out_dtype)
+        self.decode_threads = decode_threads
+        self.prefetch_batches = prefetch_batches
+        self.batches_in_flight = max(1, batches_in_flight)
+        self.wds_key_column = wds_key_column
+        self.cuda = self.device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+
+    # ----- reader and decoders (CPU threads) ------------------------------------------------------
+    def _decode(self, items: List[Item]) -> Tuple[Any, Optional[torch.Tensor]]:
+        decoded = self.image_preparer.decode([item.image for item in items]) if self.image_preparer else None
+        tokens = None
+        if self.tokenizer is not None:
+            tokens = self.tokenizer([item.caption for item in items])
+            if self.cuda:
+                tokens = tokens.pin_memory()
+        return decoded, tokens
+
+    def _read(self, shards: Iterable[Shard], work: "queue.Queue", pool: ThreadPoolExecutor,
+              stop: threading.Event) -> None:
+        def put(entry: Any) -> None:
+            while not stop.is_set():
+                try:
+                    work.put(entry, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+
+        try:
+            for shard in shards:
+                put(_ShardStart(shard))
+                known_failures: List[Tuple[str, str]] = []
+                batch: List[Item] = []
+                for item in shard.load():
+                    if stop.is_set():
+                        return
+                    if item.error is not None:
+                        known_failures.append((item.path, item.error))
+                        continue
+                    batch.append(item)
+                    if len(batch) == self.batch_size:
+                        put(_Batch(shard, batch, pool.submit(self._decode, batch)))
+                        batch = []
+                if batch:
+                    put(_Batch(shard, batch, pool.submit(self._decode, batch)))
+                put(_ShardEnd(shard, known_failures))
+            put(_DONE)
+        except BaseException as error:  # noqa: BLE001 - handed to the main thread, which re-raises it
+            put(error)
+
+    # ----- device stage (main thread) -------------------------------------------------------------
+    def _finish(self, features: torch.Tensor) -> torch.Tensor:
+        return finish_features(features, self.normalize, self.out_dtype)
+
+    def _to_host(self, features: torch.Tensor) -> torch.Tensor:
+        if not self.cuda:
+            return features
+        host = torch.empty(features.shape, dtype=features.dtype, pin_memory=True)
+        host.copy_(features, non_blocking=True)
+        return host
+
+    def _launch(self, batch: _Batch) -> _Launched:
+        decoded, tokens = batch.decoded.result()
+        items, failures = batch.items, []
+        pixels = None
+        compute = torch.cuda.current_stream(self.device) if self.cuda else None
+        with torch.inference_mode():
+            if self.cuda:
+                with torch.cuda.stream(self.copy_stream):
+                    pixels, keep, failures = self._prepare(decoded, items)
+                    if tokens is not None:
+                        tokens = self._select(tokens, keep, len(items))
+                        tokens = tokens.to(self.device, non_blocking=True) if tokens is not None else None
+                compute.wait_stream(self.copy_stream)
+                for tensor in (pixels, tokens):
+                    if tensor is not None:
+                        tensor.record_stream(compute)
+            else:
+                pixels, keep, failures = self._prepare(decoded, items)
+                if tokens is not None:
+                    tokens = self._select(tokens, keep, len(items))
+            kept = [items[index] for index in keep]
+            if not kept:
+                return _Launched([], None, None, None, failures)
+            host_image = self._to_host(self._finish(self.model.encode_image(pixels))) if pixels is not None else None
+            host_text = self._to_host(self._finish(self.model.encode_text(tokens))) if tokens is not None else None
+        ready = None
+        if self.cuda:
+            ready = torch.cuda.Event()
+            ready.record(compute)
+        return _Launched(kept, host_image, host_text, ready, failures)
+
+    @staticmethod
+    def _select(tokens: torch.Tensor, keep: List[int], count: int) -> Optional[torch.Tensor]:
+        """The token rows of the items whose image was prepared (all of them, usually: no copy then)."""
+        if not keep:
+            return None
+        return tokens if len(keep) == count else tokens[keep]
+
+    def _prepare(self, decoded: Any, items: List[Item]):
+        """Pixels on the device, the kept item indices, and (path, reason) of those that failed."""
+        if decoded is None:
+            return None, list(range(len(items))), []
+        prepared = self.image_preparer.prepare(decoded)
+        indices = prepared.indices
+        keep = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        failures = [(items[index].path, str(reason)) for index, reason in prepared.failures]
+        pixels = prepared.pixels if keep else None
+        return pixels, keep, failures
+
+    def _collect(self, launched: _Launched, progress: Any) -> None:
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        shard = launched.shard
+        shard.outstanding -= 1
+        shard.failures.extend(launched.failures)
+        if launched.items:
+            if launched.host_image is not None:
+                shard.image.append(launched.host_image.numpy().copy() if self.cuda else launched.host_image.numpy())
+            if launched.host_text is not None:
+                shard.text.append(launched.host_text.numpy().copy() if self.cuda else launched.host_text.numpy())
+            columns = self._metadata_columns(launched.items)
+            for name, values in columns.items():
+                shard.metadata.setdefault(name, []).extend(values)
+        if progress is not None:
+            progress.update(len(launched.items) + len(launched.failures))
+
+    def _metadata_columns(self, items: Sequence[Item]) -> Dict[str, List[Any]]:
+        columns: Dict[str, List[Any]] = {}
+        if self.image_preparer is not None:
+            columns["image_path"] = [item.path for item in items]
+        if self.tokenizer is not None:
+            columns["caption"] = [item.caption for item in items]
+        if self.wds_key_column:
+            columns["key"] = [item.key for item in items]
+        return columns
+
+    def _result(self, shard: _Accumulator) -> ShardResult:
+        def stack(parts: List[np.ndarray], present: bool) -> Optional[np.ndarray]:
+            if not present:
+                return None
+            return np.concatenate(parts) if parts else None
+
+        return ShardResult(index=shard.shard.index, fingerprint=shard.shard.fingerprint,
+                           image_embeddings=stack(shard.image, self.image_preparer is not None),
+                           text_embeddings=stack(shard.text, self.tokenizer is not None),
+                           metadata=shard.metadata, failures=shard.failures)
+
+    def close(self) -> None:
+        """Stop the image preparer's decoding workers."""
+        close = getattr(self.image_preparer, "close", None)
+        if close is not None:
+            close()
+
+    # ----- the whole run --------------------------------------------------------------------------
+    def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
+            progress: Any = None) -> PipelineStats:
+        """Embed every shard and ``commit`` each finished one (from a writer thread, in shard order)."""
+        stats = PipelineStats()
+        started = time.perf_counter()
+        stop = threading.Event()
+        work: "queue.Queue" = queue.Queue(maxsize=self.prefetch_batches)
+        finished: "queue.Queue" = queue.Queue(maxsize=2)
+        writer_error: List[BaseException] = []
+
+        def write_loop() -> None:
+            while True:
+                result = finished.get()
+                if result is _DONE:
+                    return
+                if writer_error:
+                    continue  # drain: the main thread stops at its next hand-over
+                try:
+                    commit(result)
+                except BaseException as error:  # noqa: BLE001 - re-raised in the main thread
+                    writer_error.append(error)
+
+        pool = ThreadPoolExecutor(max(1, self.decode_threads), thread_name_prefix="clip_flash-decode")
+        reader = threading.Thread(target=self._read, args=(shards, work, pool, stop), daemon=True,
+                                  name="clip_flash-reader")
+        writer = threading.Thread(target=write_loop, daemon=True, name="clip_flash-writer")
+        reader.start()
+        writer.start()
+        current: Optional[_Accumulator] = None
+        in_flight: "deque[_Launched]" = deque()
+        closing: "deque[_Accumulator]" = deque()  # shards fully read, waiting for their last batches
+
+        def hand_over_finished() -> None:
+            while closing and closing[0].outstanding == 0:
+                shard = closing.popleft()
+                result = self._result(shard)
+                stats.rows += result.rows
+                stats.failures += len(result.failures)
+                stats.shards += 1
+                stats.marks.append((stats.rows + stats.failures, time.perf_counter() - started))
+                if writer_error:
+                    raise writer_error[0]
+                finished.put(result)
+
+        try:
+            while True:
+                entry = work.get()
+                if entry is _DONE:
+                    break
+                if isinstance(entry, BaseException):
+                    raise entry
+                if isinstance(entry, _ShardStart):
+                    current = _Accumulator(entry.shard)
+                elif isinstance(entry, _Batch):
+                    # the next shard's batches launch before the last ones of this shard are collected
+                    launched = self._launch(entry)
+                    launched.shard = current
+                    current.outstanding += 1
+                    in_flight.append(launched)
+                    while len(in_flight) > self.batches_in_flight:
+                        self._collect(in_flight.popleft(), progress)
+                    hand_over_finished()
+                elif isinstance(entry, _ShardEnd):
+                    current.failures.extend(entry.failures)
+                    if progress is not None:
+                        progress.update(len(entry.failures))
+                    closing.append(current)
+                    current = None
+                    hand_over_finished()
+            while in_flight:
+                self._collect(in_flight.popleft(), progress)
+            hand_over_finished()
+        finally:
+            stop.set()
+            finished.put(_DONE)
+            writer.join()
+            pool.shutdown(wait=True, cancel_futures=True)
+            reader.join(timeout=5)
+        if writer_error:
+            raise writer_error[0]
+        stats.seconds = time.perf_counter() - started
+        return stats

@@ -1,0 +1,129 @@
+"""What a finished embedding job reports: the summary it prints and the JSON record it keeps.
+
+Rates count inputs (embedded + failed) from files or strings to committed ``.npy`` files, over the
+pipeline's wall time (model loading excluded, warm-up included); ``steady_items_per_s`` leaves the
+first written shard out, which is the rate a long job runs at.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+
+@dataclass
+class JobSummary:
+    """One run of an embedding job (``clip_flash.embed`` returns it)."""
+
+    out: str
+    model: str
+    weights: str
+    device: str
+    precision: str
+    patched: bool
+    pipeline: str
+    decode: str
+    shards_planned: int
+    shards_skipped: int                      # finished by an earlier run
+    shards_written: int
+    rows: int                                # embedded in this run
+    failures: int                            # inputs that failed in this run
+    failures_total: int                      # in failures.parquet (every finished shard)
+    seconds: float
+    cpu_cores: int
+    gpu_peak_mib: Optional[float] = None
+    steady_items_per_s: Optional[float] = None
+    record_path: Optional[str] = None
+    shard_marks: List[Tuple[int, float]] = field(default_factory=list, repr=False)  # (inputs so far, seconds)
+
+    @property
+    def items(self) -> int:
+        """Inputs this run went through: embedded plus failed."""
+        return self.rows + self.failures
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        record = asdict(self)
+        record.update(items=self.items, items_per_s=self.items_per_s)
+        return record
+
+    def format(self) -> str:
+        """The few lines printed at the end of a job."""
+        lines = [
+            f"clip_flash embed: {self.model} {self.weights}".rstrip() + f" on {self.device} ({self.precision}, "
+            f"{'patched' if self.patched else 'stock model'}, {self.pipeline} inputs, decode {self.decode})",
+            f"  shards: {self.shards_written} written, {self.shards_skipped} already done, "
+            f"{self.shards_planned} planned",
+            f"  items: {self.items} ({self.rows} embedded, {self.failures} failed; "
+            f"{self.failures_total} failures listed in failures.parquet)",
+            f"  rate: {self.items_per_s:,.1f} items/s over {self.seconds:.2f} s"
+            + (f", {self.steady_items_per_s:,.1f} items/s after the first shard" if self.steady_items_per_s else "")
+            + f", fed by {self.cpu_cores} CPU cores",
+        ]
+        if self.gpu_peak_mib is not None:
+            lines.append(f"  GPU memory: {self.gpu_peak_mib:,.0f} MiB peak allocated")
+        lines.append(f"  output: {self.out}" + (f"; run record {self.record_path}" if self.record_path else ""))
+        return "\n".join(lines)
+
+
+def steady_rate(marks: List[Tuple[int, float]]) -> Optional[float]:
+    """Inputs per second after the first shard was handed to the writer (None with fewer than 2 shards)."""
+    if len(marks) < 2:
+        return None
+    (first_items, first_time), (last_items, last_time) = marks[0], marks[-1]
+    elapsed = last_time - first_time
+    return (last_items - first_items) / elapsed if elapsed > 0 else None
+
+
+def gpu_peak_mib(device: torch.device) -> Optional[float]:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def cpu_cores() -> int:
+    """Cores this process may use (its affinity mask, which containers set), not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def run_record(summary: JobSummary, settings: Dict[str, Any], device: torch.device, command: str,
+               options: Dict[str, Any]) -> Dict[str, Any]:
+    """The JSON record of a run: environment (versions, git revision, GPU, command), settings, summary."""
+    from clip_flash.benchmark.results import environment_record
+
+    return {
+        "kind": "clip_flash embedding job",
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "environment": environment_record(device, command),
+        "libraries": library_versions(),
+        "settings": settings,
+        "options": options,  # what does not change the output (batch size, threads, device index)
+        "summary": summary.to_dict(),
+    }
+
+
+def library_versions() -> Dict[str, Optional[str]]:
+    """Versions of what the job's inputs and outputs go through (None: not installed)."""
+    from importlib import metadata
+
+    versions: Dict[str, Optional[str]] = {}
+    for name in ("pillow", "torchvision", "tokenizers", "ftfy", "pyarrow", "numpy", "ray"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def record_name() -> str:
+    """A file name for this run's record, unique per run: UTC time and process id."""
+    return time.strftime("run_%Y%m%dT%H%M%SZ", time.gmtime()) + f"_{os.getpid()}.json"

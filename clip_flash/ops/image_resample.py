@@ -1,0 +1,191 @@
+"""OpenCLIP's eval image transform for a batch of decoded images, on the GPU with one kernel launch.
+
+``resample_batch(images, spec, device, dtype)`` gives the (n, 3, H, W) model input, equal to stacking
+OpenCLIP's ``preprocess(pil_image)`` for every image and casting to ``dtype`` (bit-identical in float32).
+On CUDA with the compiled extension it packs the batch into one pinned host buffer (per-image meta rows,
+Pillow's fixed-point tap tables, the pixels), uploads it with one non-blocking copy and runs
+``clip_flash._C.image_resample``; otherwise it runs the same arithmetic in plain PyTorch on the CPU.
+
+Decoders that want to skip a copy can build the layout from the image sizes first (``plan_batch``),
+write each image straight into its slot of the pinned buffer (``BatchPlan.pixel_slot``) and then call
+``resample_packed``.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from clip_flash.ops._extension import load_extension
+from clip_flash.inputs.pillow_resample import (
+    check_image, preprocess_batch_cpu, require_pillow_agreement, to_model_input,
+)
+from clip_flash.inputs.resample_plan import AxisTable, plan_image
+from clip_flash.inputs.transform_spec import ImageTransformSpec
+
+logger = logging.getLogger(__name__)
+
+# Must match ImageMetaField in csrc/image_resample.h.
+META_FIELDS = (
+    "pixel_offset", "height", "width", "channels", "cols_table", "rows_table", "col_taps", "row_taps",
+    "vertical_first", "fill", "col_first", "col_last",
+)
+MAX_OUTPUT_WIDTH = 1024  # kImageResampleMaxWidth
+MAX_IMAGES_PER_LAUNCH = 65535
+OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ALIGN = 16
+Device = Union[str, torch.device]
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Byte layout of one packed batch: [meta int64 | tap tables int32 | pixels uint8]."""
+
+    spec: ImageTransformSpec
+    shapes: Tuple[Tuple[int, int, int], ...]  # (H, W, C) per image
+    meta: np.ndarray                          # (n, len(META_FIELDS)) int64
+    tables: np.ndarray                        # int32
+    tables_at: int                            # byte offsets in the buffer
+    pixels_at: int
+    total_bytes: int
+
+    def allocate_host(self, pin: bool = True) -> torch.Tensor:
+        """A uint8 host buffer of the batch with meta and tables filled in; pixels left to the caller."""
+        buffer = torch.empty(self.total_bytes, dtype=torch.uint8, pin_memory=pin and torch.cuda.is_available())
+        buffer[: self.meta.nbytes].view(torch.int64).copy_(torch.from_numpy(self.meta.reshape(-1)))
+        buffer[self.tables_at: self.tables_at + self.tables.nbytes].view(torch.int32).copy_(torch.from_numpy(self.tables))
+        return buffer
+
+    def pixel_slot(self, buffer: torch.Tensor, index: int) -> torch.Tensor:
+        """The (H, W, C) uint8 view of ``buffer`` where image ``index`` goes."""
+        height, width, channels = self.shapes[index]
+        start = self.pixels_at + int(self.meta[index, 0])
+        return buffer[start: start + height * width * channels].view(height, width, channels)
+
+
+def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec) -> BatchPlan:
+    """Meta rows and tap tables for images of these (H, W, C) shapes. Images of the same size share
+    their tables. Raises ``ImageTooSmallError`` (naming the image) where OpenCLIP's transform fails,
+    and ``PillowMismatchError`` if the installed Pillow does not compute what the kernel reproduces."""
+    require_pillow_agreement()
+    meta = np.zeros((len(shapes), len(META_FIELDS)), dtype=np.int64)
+    pieces: List[np.ndarray] = []
+    offsets: Dict[int, int] = {}
+    keep_alive: List[AxisTable] = []
+    table_size = 0
+
+    def place(table: AxisTable) -> int:
+        nonlocal table_size
+        if id(table) not in offsets:
+            keep_alive.append(table)
+            offsets[id(table)] = table_size
+            flat = np.concatenate([table.start, table.count, table.weights.reshape(-1)]).astype(np.int32)
+            pieces.append(flat)
+            table_size += flat.size
+        return offsets[id(table)]
+
+    pixel_offset = 0
+    for index, (height, width, channels) in enumerate(shapes):
+        if channels not in (1, 3):
+            raise ValueError(f"image {index}: {channels} channels; decoded images must have 1 (L) or 3 (RGB)")
+        try:
+            plan = plan_image(spec, height, width)
+        except ValueError as error:
+            raise type(error)(f"image {index}: {error}") from error
+        col_first, col_last = plan.cols.source_span
+        meta[index] = (
+            pixel_offset, height, width, channels, place(plan.cols), place(plan.rows), plan.cols.taps,
+            plan.rows.taps, int(plan.vertical_first), plan.fill, col_first, col_last,
+        )
+        pixel_offset += height * width * channels
+    tables = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    tables_at = _aligned(meta.nbytes)
+    pixels_at = _aligned(tables_at + tables.nbytes)
+    return BatchPlan(spec, tuple(tuple(s) for s in shapes), meta, tables, tables_at, pixels_at, pixels_at + pixel_offset)
+
+
+@functools.lru_cache(maxsize=64)
+def _value_table_host(mean: Tuple[float, ...], std: Tuple[float, ...], dtype: torch.dtype) -> torch.Tensor:
+    """(3, 256): torchvision's ToTensor + Normalize of every uint8 value per channel, cast to dtype, by the
+    same torch operations as the CPU path (so the kernel needs no floating point)."""
+    spec = ImageTransformSpec((1, 1), "squash", "bilinear", mean, std)
+    values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256)
+    return to_model_input(values, spec, dtype).reshape(3, 256).contiguous()
+
+
+_device_tables: Dict[Tuple[str, torch.dtype, Tuple[float, ...], Tuple[float, ...]], torch.Tensor] = {}
+
+
+def _value_table(spec: ImageTransformSpec, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    key = (str(device), dtype, spec.mean, spec.std)
+    if key not in _device_tables:
+        _device_tables[key] = _value_table_host(spec.mean, spec.std, dtype).to(device)
+    return _device_tables[key]
+
+
+def kernel_usable(spec: ImageTransformSpec, device: Device) -> bool:
+    """Whether ``resample_batch`` runs the CUDA kernel for this spec and device."""
+    device = torch.device(device)
+    return device.type == "cuda" and spec.size[1] <= MAX_OUTPUT_WIDTH and load_extension() is not None
+
+
+def resample_packed(
+    buffer: torch.Tensor, plan: BatchPlan, device: Device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Run the kernel on a host buffer laid out by ``plan`` (pixels written); one upload, one launch."""
+    if dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
+    device = torch.device(device)
+    extension = load_extension()
+    if extension is None:
+        raise RuntimeError("clip_flash._C is not available; use resample_batch, which falls back to the CPU")
+    n = len(plan.shapes)
+    target_h, target_w = plan.spec.size
+    out = torch.empty((n, 3, target_h, target_w), dtype=dtype, device=device)
+    if n == 0:
+        return out
+    if n > MAX_IMAGES_PER_LAUNCH:
+        raise ValueError(f"at most {MAX_IMAGES_PER_LAUNCH} images per launch, got {n}")
+    on_device = buffer.to(device, non_blocking=True)
+    meta = on_device[: plan.meta.nbytes].view(torch.int64).view(n, len(META_FIELDS))
+    tables = on_device[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(torch.int32)
+    pixels = on_device[plan.pixels_at:]
+    extension.image_resample(pixels, meta, tables, _value_table(plan.spec, dtype, device), out)
+    return out
+
+
+def resample_batch(
+    images: Sequence[torch.Tensor], spec: ImageTransformSpec, device: Device = "cuda",
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """(n, 3, H, W) model input on ``device`` for decoded uint8 (H, W, C) images (C = 1 for "L", 3 for
+    "RGB"): bit-identical to ``torch.stack([preprocess(pil) for pil in ...]).to(dtype)``.
+
+    Uses the CUDA kernel when ``device`` is a GPU and the extension is built, the CPU implementation
+    otherwise (same results by contract). Raises ``ImageTooSmallError`` for an image OpenCLIP's transform
+    cannot resize (``longest`` mode, extreme aspect ratios); callers filter those out first.
+    """
+    if dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
+    device = torch.device(device)
+    for image in images:
+        check_image(image)
+    if not kernel_usable(spec, device):
+        return preprocess_batch_cpu([image.cpu() for image in images], spec, dtype).to(device)
+    results = []
+    for first in range(0, max(len(images), 1), MAX_IMAGES_PER_LAUNCH):
+        chunk = images[first: first + MAX_IMAGES_PER_LAUNCH]
+        plan = plan_batch([tuple(int(d) for d in image.shape) for image in chunk], spec)
+        buffer = plan.allocate_host()
+        for index, image in enumerate(chunk):
+            plan.pixel_slot(buffer, index).copy_(image)
+        results.append(resample_packed(buffer, plan, device, dtype))
+    return results[0] if len(results) == 1 else torch.cat(results)

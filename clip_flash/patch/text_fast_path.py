@@ -1,0 +1,200 @@
+"""Text towers that compute only real tokens.
+
+In a causal text tower pooled at one token per row (OpenCLIP's ``argmax`` / ``eos`` / ``first`` pooling), no
+position after a row's pooled token can change that row's output: causal attention never looks forward and
+every other op is per token. So the tower may stop each row at its pooled token. Two ways, chosen per call:
+- packed: only each row's real tokens, concatenated, with variable-length causal attention over cumulative
+  offsets; every other op runs on the packed (tokens, width) matrix;
+- cut: the padded batch truncated after the batch's longest pooled position, with a causal flag.
+Both need the pooled positions' maximum (and sum) on the host: one small device-to-host copy per call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import FrozenSet, List, Optional
+
+import torch
+import torch.nn.functional as F
+from open_clip.model import CLIP
+from open_clip.transformer import TextTransformer
+from torch import nn
+
+from ..backends import AttentionBackend, AttentionNeeds
+from ..backends.base import dtype_names
+from .context import PlanContext, Site
+from .residual_block import is_standard_causal_mask, run_blocks
+
+SKIPPABLE_POOLING = ("argmax", "eos", "first")
+# Pack only when padding would be a real share of the cut batch; near-uniform lengths run faster cut.
+PACK_WHEN_REAL_FRACTION_BELOW = 0.9
+
+
+@dataclass
+class TextPlan:
+    """Per text tower: how to pool, and where packed (variable-length) attention can serve it."""
+
+    pool_type: str
+    eos_id: Optional[int]
+    pack_devices: Optional[FrozenSet[str]] = frozenset()  # device types packed attention serves; None: any
+    pack_dtypes: Optional[FrozenSet[torch.dtype]] = None  # dtypes it serves; None: any
+
+    def packs(self, device_type: str, dtype: torch.dtype) -> bool:
+        """Whether packed attention serves activations of this device and dtype (dtype-limited kernels
+        not under autocast, which changes the dtypes the blocks compute in)."""
+        if self.pack_devices is not None and device_type not in self.pack_devices:
+            return False
+        return self.pack_dtypes is None or (dtype in self.pack_dtypes and not torch.is_autocast_enabled(device_type))
+
+
+def pooled_positions(text: torch.Tensor, pool_type: str, eos_id: Optional[int]) -> torch.Tensor:
+    """The position OpenCLIP's ``text_global_pool`` reads for each row, computed the same way."""
+    if pool_type == "argmax":
+        return text.argmax(dim=-1)
+    if pool_type == "eos":
+        return (text == eos_id).int().argmax(dim=-1)
+    if pool_type == "first":
+        return torch.zeros(text.shape[0], dtype=torch.long, device=text.device)
+    raise ValueError(f"pooling {pool_type!r} reads more than one position")
+
+
+def _can_skip(tower: nn.Module, text: torch.Tensor) -> bool:
+    if torch.jit.is_scripting() or torch.compiler.is_compiling():
+        return False  # data-dependent shapes; the full-length causal path compiles cleanly instead
+    if text.dim() != 2 or text.shape[1] != tower.positional_embedding.shape[0]:
+        return False  # let the stock path handle (or reject) unusual shapes exactly as it would
+    return not (tower.transformer.grad_checkpointing and torch.is_grad_enabled())
+
+
+def encode_pooled_text(tower: nn.Module, text: torch.Tensor, plan: TextPlan,
+                       cut_length: Optional[int] = None) -> torch.Tensor:
+    """Pooled, projected text features of ``text`` computed on real tokens only.
+
+    ``tower`` is a CLIP model or a TextTransformer (they name their parts alike). ``cut_length``, when given,
+    must be at least the longest pooled position + 1; it skips the host sync and forces the cut path (used by
+    CUDA-graph capture, which cannot read device values).
+    """
+    transformer = tower.transformer
+    cast_dtype = transformer.get_cast_dtype()
+    batch = text.shape[0]
+    pool_at = pooled_positions(text, plan.pool_type, plan.eos_id)
+    lengths = pool_at + 1
+
+    packed = False
+    if cut_length is None:
+        longest, total = torch.stack([lengths.max(), lengths.sum()]).tolist()  # the one host sync
+        cut_length = longest
+        can_pack = plan.packs(text.device.type, cast_dtype)
+        packed = can_pack and total < PACK_WHEN_REAL_FRACTION_BELOW * batch * longest
+
+    if packed:
+        cu_seqlens = F.pad(lengths.cumsum(0), (1, 0))
+        row = torch.repeat_interleave(torch.arange(batch, device=text.device), lengths, output_size=total)
+        position = torch.arange(total, device=text.device) - cu_seqlens[row]
+        x = tower.token_embedding(text[row, position]).to(cast_dtype)
+        x = x + tower.positional_embedding[position].to(cast_dtype)
+        packing = (cu_seqlens.to(torch.int32), cut_length)
+        x = run_blocks(transformer.resblocks, x, causal=True, packing=packing)
+        pooled = x[cu_seqlens[1:] - 1]
+    else:
+        x = tower.token_embedding(text[:, :cut_length]).to(cast_dtype)
+        x = x + tower.positional_embedding[:cut_length].to(cast_dtype)
+        x = run_blocks(transformer.resblocks, x, causal=True)
+        pooled = x[torch.arange(batch, device=x.device), pool_at]
+
+    # ln_final is per token, so normalizing only the pooled rows equals stock's normalize-then-pool.
+    pooled = tower.ln_final(pooled)
+    projection = tower.text_projection
+    if projection is not None:
+        pooled = projection(pooled) if isinstance(projection, nn.Linear) else pooled @ projection
+    return pooled
+
+
+class FlashTextCLIP(CLIP):
+    """``CLIP`` whose ``encode_text`` skips padding (patch() swaps an existing model's class to this)."""
+
+    _clip_flash_text: TextPlan
+
+    def encode_text(self, text: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+        if not _can_skip(self, text):
+            return super().encode_text(text, normalize)
+        pooled = encode_pooled_text(self, text, self._clip_flash_text)
+        return F.normalize(pooled, dim=-1) if normalize else pooled
+
+
+class FlashTextTransformer(TextTransformer):
+    """``TextTransformer`` (CustomTextCLIP's text tower) whose forward skips padding."""
+
+    _clip_flash_text: TextPlan
+
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        if not _can_skip(self, text):
+            return super().forward(text)
+        return encode_pooled_text(self, text, self._clip_flash_text)
+
+
+def _intersection(sets: List[Optional[FrozenSet]]) -> Optional[FrozenSet]:
+    known = [s for s in sets if s is not None]
+    return frozenset.intersection(*known) if known else None
+
+
+def packing_limits(backend: AttentionBackend, needs: AttentionNeeds) -> TextPlan:
+    """Where ``backend`` serves the tower's packed attention (a TextPlan's ``pack_devices``/``pack_dtypes``):
+    the devices and dtypes both its limits allow, when it serves ``needs`` (a packed call on one of them)."""
+    if not backend.supports_varlen:
+        return TextPlan("", None)
+    limits = [backend.limits] + ([backend.varlen_limits] if backend.varlen_limits is not None else [])
+    devices = _intersection([limit.device_types for limit in limits])
+    dtypes = _intersection([limit.dtypes for limit in limits])
+    probe = AttentionNeeds(
+        device_type=min(devices) if devices else needs.device_type,
+        dtype=min(dtypes, key=str) if dtypes else needs.dtype,
+        head_dim=needs.head_dim, causal=True, varlen=True, capability=needs.capability,
+    )
+    if devices == frozenset() or dtypes == frozenset() or backend.unsupported_reasons(probe):
+        return TextPlan("", None)
+    return TextPlan("", None, pack_devices=devices, pack_dtypes=dtypes)
+
+
+def plan_text_tower(tower: nn.Module, site: Site, context: PlanContext) -> None:
+    """Skip padding where it is exact; say why not elsewhere (after every block of the tower was planned)."""
+    if not hasattr(tower, "transformer"):
+        return
+    if isinstance(tower, CLIP):
+        pool_type, eos_id, new_class = tower.text_pool_type, getattr(tower, "text_eos_id", None), FlashTextCLIP
+        blockers = [] if type(tower) is CLIP else [f"{type(tower).__name__} is not plain CLIP"]
+    else:
+        pool_type, eos_id, new_class = tower.pool_type, tower.eos_id, FlashTextTransformer
+        blockers = [] if type(tower) is TextTransformer else [f"{type(tower).__name__} is not TextTransformer"]
+        if tower.cls_emb is not None:
+            blockers.append("class token appended after all positions (CoCa)")
+        if tower.output_tokens:
+            blockers.append("output_tokens=True needs every position")
+    if not context.options.skip_padding:
+        blockers.insert(0, "padding skipping turned off")
+    if pool_type not in SKIPPABLE_POOLING:
+        blockers.append(f"pooling {pool_type!r} reads more than one position")
+    if tower.attn_mask is None:
+        blockers.append("bidirectional (no causal mask)")
+    elif not is_standard_causal_mask(tower.attn_mask):
+        blockers.append("non-standard attention mask")
+    plans = [context.patched_blocks.get(id(block)) for block in tower.transformer.resblocks]
+    if not all(plan is not None and plan.causal_mask_owner is tower for plan in plans):
+        blockers.append("not every text block runs a patched causal kernel")
+    if blockers:
+        context.report.towers["text"] = "full length (" + "; ".join(blockers) + ")"
+        return
+    backend = plans[0].backend
+    weight = tower.transformer.resblocks[0].attn.in_proj_weight
+    packing = packing_limits(backend, context.needs(weight, head_dim=plans[0].head_dim, causal=True, varlen=True))
+    text_plan = TextPlan(pool_type, eos_id, pack_devices=packing.pack_devices, pack_dtypes=packing.pack_dtypes)
+    context.swap(tower, new_class, {"_clip_flash_text": text_plan})
+    where = []
+    if packing.pack_devices is not None:
+        where.append("/".join(sorted(device.upper() for device in packing.pack_devices)))
+    if packing.pack_dtypes is not None:
+        where.append(dtype_names(packing.pack_dtypes))
+    where = f" on {' '.join(where)}" if where else ""
+    how = f"packed variable-length attention ({backend.name}){where}, else " if packing.pack_devices != frozenset() \
+        else ""
+    context.report.towers["text"] = (f"skips padding: {how}cut at the batch's longest pooled token "
+                                     f"(exact: causal tower pooled at one token, {pool_type!r})")

@@ -1,0 +1,184 @@
+#!/usr/bin/env python
+"""Captions to embeddings, end to end: strings in, fp16 embeddings in host memory out, captions/s.
+
+    PYTHONPATH=. python scripts/bench_caption_embedding.py --model ViT-L-14 \
+        --json $OUT/captions-e2e.json --markdown $OUT/captions-e2e.md
+
+Pipelines, each over the same caption list (ImageNet prompts and web-style captions, see
+``clip_flash.benchmark.captions``):
+- ``stock``: OpenCLIP's tokenizer + the stock model (what a user has today);
+- ``patched``: OpenCLIP's tokenizer + the clip_flash-patched model;
+- ``clip_flash``: clip_flash.get_tokenizer + the patched model.
+A producer thread tokenizes batch i+1 (and pins it) while the GPU encodes batch i; embeddings are copied
+back to pinned host memory. The clock runs from the first string to the last embedding on the host. Each
+pipeline first runs ``--warmup-batches`` untimed batches (CUDA, cuBLAS, the tokenizers' word caches).
+Also reported: the encoder alone on pre-tokenized batches, and each tokenizer alone, on this host's cores.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def tokenized_batches(tokenizer: Callable, captions: Sequence[str], batch: int, pin: bool):
+    """Yields pinned token batches, produced by a background thread two batches ahead."""
+    out: "queue.Queue" = queue.Queue(maxsize=2)
+    error: List[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for start in range(0, len(captions), batch):
+                tokens = tokenizer(list(captions[start:start + batch]))
+                out.put(tokens.pin_memory() if pin else tokens)
+        except BaseException as caught:  # re-raised in the consumer
+            error.append(caught)
+        finally:
+            out.put(None)
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    while True:
+        tokens = out.get()
+        if tokens is None:
+            break
+        yield tokens
+    thread.join()
+    if error:
+        raise error[0]
+
+
+def embed_captions(tokenizer: Callable, encode: Callable, captions: Sequence[str], batch: int,
+                   device: torch.device, width: int) -> torch.Tensor:
+    """All captions' embeddings in (pinned) host memory, fp16."""
+    pin = device.type == "cuda"
+    result = torch.empty((len(captions), width), dtype=torch.float16, pin_memory=pin)
+    start = 0
+    with torch.inference_mode():
+        for tokens in tokenized_batches(tokenizer, captions, batch, pin):
+            embeddings = encode(tokens.to(device, non_blocking=True))
+            result[start:start + len(tokens)].copy_(embeddings, non_blocking=True)
+            start += len(tokens)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="ViT-L-14")
+    parser.add_argument("--captions", type=int, default=65536, help="captions per caption set and pipeline")
+    parser.add_argument("--stock-captions", type=int, default=8192,
+                        help="captions for the two pipelines with OpenCLIP's tokenizer (slower)")
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--warmup-batches", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--cuda-graphs", action="store_true", help="patched model through clip_flash.GraphedEncoder")
+    parser.add_argument("--clean-workers", type=int, default=None,
+                        help="clip_flash tokenizer's cleaning processes [default: usable cores - 1 from 3 up]")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    import copy
+
+    import open_clip
+
+    import clip_flash
+    from clip_flash.benchmark.captions import CAPTION_SETS
+    from clip_flash.benchmark.model_spec import load_model, parse_model_spec
+    from clip_flash.benchmark.results import markdown_table, write_microbenchmark
+
+    device = torch.device(args.device)
+    loaded = load_model(parse_model_spec(args.model), device, args.dtype)
+    stock_model = loaded.model
+    patched_model = copy.deepcopy(stock_model)
+    clip_flash.patch(patched_model)
+    patched_encode = patched_model.encode_text
+    if args.cuda_graphs:
+        patched_encode = clip_flash.GraphedEncoder(patched_model, batch_sizes=[args.batch]).encode_text
+    openclip_tok = open_clip.get_tokenizer(args.model)
+    from clip_flash.inputs.cleaning_pool import default_workers
+    clean_workers = default_workers() if args.clean_workers is None else args.clean_workers
+    fast_tok = clip_flash.get_tokenizer(args.model, clean_workers=clean_workers)
+    width = patched_model.encode_text(openclip_tok(["a"]).to(device)).shape[-1]
+    pipelines: Dict[str, tuple] = {
+        "stock": (openclip_tok, stock_model.encode_text, args.stock_captions),
+        "patched": (openclip_tok, patched_encode, args.stock_captions),
+        "clip_flash": (fast_tok, patched_encode, args.captions),
+    }
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    rows = []
+    for set_name, make in CAPTION_SETS.items():
+        captions = make(max(args.captions, args.stock_captions), 0)
+        embeddings = {}
+        for name, (tokenizer, encode, count) in pipelines.items():
+            texts = captions[:count]
+            embed_captions(tokenizer, encode, texts[:args.warmup_batches * args.batch], args.batch, device, width)
+            seconds = []
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                embeddings[name] = embed_captions(tokenizer, encode, texts, args.batch, device, width)
+                seconds.append(time.perf_counter() - started)
+            rows.append({"caption_set": set_name, "pipeline": name, "captions": count,
+                         "captions_per_s": count / statistics.median(seconds), "seconds": seconds})
+        # Same ids on both tokenizers, so the patched pipelines agree on the captions both embedded.
+        shared = min(args.captions, args.stock_captions)
+        same = torch.equal(embeddings["patched"][:shared], embeddings["clip_flash"][:shared])
+        for row in rows[-3:]:
+            row["clip_flash_equals_patched_embeddings"] = same
+        # Components alone: encoder on pre-tokenized batches; each tokenizer.
+        tokens = fast_tok(captions[:args.batch]).to(device)
+        with torch.inference_mode():
+            for _ in range(3):
+                patched_encode(tokens)
+            torch.cuda.synchronize(device) if device.type == "cuda" else None
+            started = time.perf_counter()
+            for _ in range(20):
+                patched_encode(tokens)
+            torch.cuda.synchronize(device) if device.type == "cuda" else None
+        encoder_rate = 20 * args.batch / (time.perf_counter() - started)
+        tokenizer_rates = {}
+        for name, tokenizer in (("openclip", openclip_tok), ("clip_flash", fast_tok)):
+            texts = captions[:args.stock_captions]
+            started = time.perf_counter()
+            tokenizer(texts)
+            tokenizer_rates[name] = len(texts) / (time.perf_counter() - started)
+        rows.append({"caption_set": set_name, "pipeline": "patched encoder alone (pre-tokenized)",
+                     "captions": 20 * args.batch, "captions_per_s": encoder_rate})
+        for name, rate in tokenizer_rates.items():
+            rows.append({"caption_set": set_name, "pipeline": f"{name} tokenizer alone (warm)",
+                         "captions": args.stock_captions, "captions_per_s": rate})
+
+    table = markdown_table(("captions", "pipeline", "captions timed", "captions/s", "same embeddings"), [
+        (row["caption_set"], row["pipeline"], str(row["captions"]), f"{row['captions_per_s']:,.0f}",
+         str(row.get("clip_flash_equals_patched_embeddings", "")))
+        for row in rows])
+    print(table)
+    title = (f"Captions to embeddings end to end, `{args.model}` {args.dtype} random-init weights, batches of "
+             f"{args.batch}{' through CUDA graphs' if args.cuda_graphs else ''}: strings in, fp16 embeddings in "
+             f"pinned host memory out, tokenizing overlapped with encoding (one producer thread), median of "
+             f"{args.repeats} passes after {args.warmup_batches} warm-up batches; clip_flash tokenizer with "
+             f"clean_workers={clean_workers}; host: {cores} usable cores.")
+    for path in (args.json, args.markdown):
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    write_microbenchmark(args.json, args.markdown, title, table.splitlines(), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""Images/s of ImagePreprocessor alone (no model): the CPU step, and files -> device-ready batch.
+
+    python scripts/image_decode_throughput.py --photos .device/photos --configs thread:8 thread:16 process:16
+
+For each ``executor:workers`` configuration: ``decode`` alone (read, Pillow header, libjpeg-turbo into
+page-locked buffers) streamed in batches, and the whole preparation (the next batches decoding while
+the device resamples this one), in steady state after warm-up batches. Says whether threads are
+enough on this host or a process pool is needed.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, List
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import open_clip  # noqa: E402
+import torch  # noqa: E402
+
+import clip_flash  # noqa: E402
+from clip_flash.benchmark import results  # noqa: E402
+
+IN_FLIGHT = 2
+
+
+def stream(prep: clip_flash.ImagePreprocessor, batches: List[List[Path]], warmup: int, prepare: bool) -> float:
+    """Images/s over the batches after ``warmup``, decoding IN_FLIGHT batches ahead."""
+    with ThreadPoolExecutor(IN_FLIGHT) as producers:
+        pending = collections.deque(producers.submit(prep.decode, batch) for batch in batches[:IN_FLIGHT])
+        images, start = 0, None
+        for number in range(len(batches)):
+            if number == warmup:
+                torch.cuda.synchronize() if prep.device.type == "cuda" else None
+                start = time.perf_counter()
+            decoded = pending.popleft().result()
+            if number + IN_FLIGHT < len(batches):
+                pending.append(producers.submit(prep.decode, batches[number + IN_FLIGHT]))
+            count = len(decoded.items)
+            if prepare:
+                count = len(prep.prepare(decoded))
+            if number >= warmup:
+                images += count
+        if prep.device.type == "cuda":
+            torch.cuda.synchronize()
+    return images / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--photos", type=Path, required=True)
+    parser.add_argument("--configs", nargs="+", default=["thread:8", "thread:16", "process:16"],
+                        metavar="EXECUTOR:WORKERS")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--batches", type=int, default=16, help="timed batches per measurement")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    preprocess = open_clip.image_transform(args.image_size, is_train=False)
+    paths = sorted(path for path in args.photos.iterdir() if path.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    total = args.warmup + args.batches
+    batches = [[paths[(number * args.batch + row) % len(paths)] for row in range(args.batch)]
+               for number in range(total)]
+    rows: List[Dict[str, Any]] = []
+    for config in args.configs:
+        executor, _, workers = config.partition(":")
+        workers = int(workers) if workers else None
+        with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16 if device.type == "cuda"
+                                          else torch.float32, workers=workers, executor=executor) as prep:
+            decode_rate = stream(prep, batches, args.warmup, prepare=False)
+            prepared_rate = stream(prep, batches, args.warmup, prepare=True)
+            rows.append({"executor": executor, "workers": prep.workers, "decode_images_per_s": decode_rate,
+                         "prepared_images_per_s": prepared_rate})
+        print(f"{config}: decode {decode_rate:.0f} img/s, files -> device batch {prepared_rate:.0f} img/s",
+              flush=True)
+    title = (f"ImagePreprocessor alone (exact path, {args.image_size}px) on {len(paths)} files of {args.photos}, "
+             f"batches of {args.batch}, {args.batches} timed after {args.warmup} warm-up, {IN_FLIGHT} decoding "
+             f"ahead; host has {os.cpu_count()} logical CPUs; device {device}.")
+    lines = ["| executor | workers | decode images/s | files -> device batch images/s |", "|---|---|---|---|"]
+    lines += [f"| {row['executor']} | {row['workers']} | {row['decode_images_per_s']:.0f} | "
+              f"{row['prepared_images_per_s']:.0f} |" for row in rows]
+    print(title + "\n\n" + "\n".join(lines))
+    results.write_microbenchmark(args.json, args.markdown, title, lines, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Corpora for the image-resample exactness tests: every OpenCLIP eval transform shape, and images of
+awkward sizes with random content (hides no rounding bug) and real photos (scikit-image's samples)."""
+from __future__ import annotations
+
+import functools
+import types
+from typing import List, NamedTuple, Tuple
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+RESIZE_MODES = ("shortest", "longest", "squash")
+INTERPOLATIONS = ("bicubic", "bilinear")
+# Square sizes of OpenCLIP's configs, plus (h, w) sizes (force_image_size=(h, w)) both ways round.
+TARGET_SIZES = (224, 256, 336, 384, (224, 320), (320, 224))
+TRANSFORM_CASES = [(m, i, s) for m in RESIZE_MODES for i in INTERPOLATIONS for s in TARGET_SIZES]
+
+# Sizes (height, width) independent of the target: single pixels, thin strips, upscales, web sizes.
+ABSOLUTE_SIZES = (
+    (1, 1), (2, 3), (3, 2), (1, 9), (7, 1), (1, 300), (300, 1), (2, 500), (16, 16), (17, 23), (50, 80),
+    (80, 50), (123, 457), (457, 123), (240, 320), (480, 640), (640, 480), (333, 517), (768, 1024),
+    (1001, 999),
+)
+LARGE_SIZES = ((3000, 4000), (4000, 3000))
+Named = Tuple[str, np.ndarray]
+
+
+def case_id(case) -> str:
+    mode, interpolation, size = case
+    size_text = f"{size[0]}x{size[1]}" if isinstance(size, tuple) else str(size)
+    return f"{mode}-{interpolation}-{size_text}"
+
+
+def pair(size) -> Tuple[int, int]:
+    return tuple(size) if isinstance(size, tuple) else (size, size)
+
+
+def sizes_around(target: Tuple[int, int]) -> List[Tuple[int, int]]:
+    """The target itself, one pixel over and under on either side, and a near-2x downscale."""
+    h, w = target
+    return [(h, w), (h + 1, w + 1), (h - 1, w - 1), (h + 1, w), (h, w - 1), (h - 1, w + 1), (2 * h + 1, 2 * w - 1)]
+
+
+def random_image(height: int, width: int, channels: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
+
+
+def random_corpus(target: Tuple[int, int]) -> List[Named]:
+    """Uniform random pixels at every awkward size, RGB and L, plus a 0/255 checkerboard (maximal
+    overshoot: bicubic clips at both ends)."""
+    corpus = []
+    for index, (h, w) in enumerate(list(ABSOLUTE_SIZES) + sizes_around(target)):
+        for channels in (3, 1):
+            corpus.append((f"random{h}x{w}x{channels}", random_image(h, w, channels, seed=index * 2 + channels)))
+    board = (np.indices((301, 403)).sum(axis=0) % 2 * 255).astype(np.uint8)
+    corpus.append(("checkerboard301x403x1", board[:, :, None]))
+    corpus.append(("checkerboard301x403x3", np.repeat(board[:, :, None], 3, axis=2)))
+    return corpus
+
+
+@functools.lru_cache(maxsize=None)
+def _photo_sources() -> Tuple[Named, ...]:
+    skimage_data = pytest.importorskip("skimage.data")
+    colour = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
+    grey = ("camera", "moon", "coins", "text", "page")
+    photos = [(name, getattr(skimage_data, name)()) for name in colour]
+    photos += [(name, getattr(skimage_data, name)()[:, :, None]) for name in grey]
+    return tuple((name, np.ascontiguousarray(array, dtype=np.uint8)) for name, array in photos)
+
+
+def _pil_resized(array: np.ndarray, height: int, width: int) -> np.ndarray:
+    image = to_pil(array).resize((width, height), Image.LANCZOS)
+    resized = np.asarray(image)
+    return resized[:, :, None] if resized.ndim == 2 else resized
+
+
+def photo_corpus(target: Tuple[int, int], share: Tuple[int, int] = (0, 1)) -> List[Named]:
+    """Real photos as they are, at web sizes, as thin strips, and cropped to the target size and one
+    pixel around it. ``share=(k, m)`` keeps every m-th variant from the k-th: spread over the transform
+    cases, the CPU tests see every variant while each case costs 1/m."""
+    corpus: List[Named] = []
+    th, tw = target
+    for index, (name, photo) in enumerate(_photo_sources()):
+        corpus.append((name, photo))
+        corpus.append((f"{name}-strip", photo[: 3 + index % 4]))
+        corpus.append((f"{name}-column", photo[:, : 2 + index % 5]))
+        if index % 3 == 0:
+            corpus.append((f"{name}-240x320", _pil_resized(photo, 240, 320)))
+        if index % 3 == 1:
+            corpus.append((f"{name}-768x1024", _pil_resized(photo, 768, 1024)))
+        h, w = photo.shape[:2]
+        for dh, dw in ((0, 0), (1, -1), (-1, 1)):
+            ch, cw = min(h, th + dh), min(w, tw + dw)
+            corpus.append((f"{name}-crop{ch}x{cw}", np.ascontiguousarray(photo[:ch, :cw])))
+    k, m = share
+    return corpus[k::m]
+
+
+def to_pil(array: np.ndarray) -> Image.Image:
+    """The PIL image a decoder would give for these pixels: mode "L" for one channel, "RGB" for three."""
+    if array.shape[2] == 1:
+        return Image.fromarray(np.ascontiguousarray(array[:, :, 0]), mode="L")
+    return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
+
+
+def reference_or_error(preprocess, array: np.ndarray):
+    """OpenCLIP's ``preprocess(pil_image)``, or the exception it raises."""
+    try:
+        return preprocess(to_pil(array))
+    except Exception as error:  # the contract covers failures too: both must refuse the same images
+        return error
+
+
+@pytest.fixture
+def single_thread_torch():
+    """The corpora are many small images: one intra-op thread is faster than several on a busy host."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+class TransformCase(NamedTuple):
+    preprocess: object        # OpenCLIP's eval Compose
+    target: Tuple[int, int]   # its (h, w)
+    index: int                # position in TRANSFORM_CASES (to spread a corpus over the cases)
+
+
+@pytest.fixture(params=range(len(TRANSFORM_CASES)), ids=[case_id(c) for c in TRANSFORM_CASES])
+def transform_case(request) -> TransformCase:
+    """One resize mode x interpolation x size, as OpenCLIP builds it."""
+    from open_clip.transform import image_transform
+
+    mode, interpolation, size = TRANSFORM_CASES[request.param]
+    preprocess = image_transform(size, is_train=False, resize_mode=mode, interpolation=interpolation)
+    return TransformCase(preprocess, pair(size), request.param)
+
+
+@pytest.fixture(scope="session")
+def corpora():
+    """The corpus builders and reference helpers above, for the test modules of this folder."""
+    return types.SimpleNamespace(
+        random=random_corpus, photos=photo_corpus, to_pil=to_pil, reference=reference_or_error,
+        random_image=random_image, large_sizes=LARGE_SIZES,
+    )
+
+
+# ----- ImagePreprocessor tests: files on disk ---------------------------------------------------
+@pytest.fixture(scope="session")
+def photo_files(tmp_path_factory):
+    """~80 files: real photos at several sizes, JPEG settings and PNG/WebP/BMP/TIFF modes."""
+    from image_corpus import build_photo_corpus
+
+    return build_photo_corpus(tmp_path_factory.mktemp("photos"))
+
+
+@pytest.fixture(scope="session")
+def vit_b32_preprocess():
+    """ViT-B-32's eval transform (shortest side 224, bicubic, center crop, OpenAI mean/std)."""
+    from open_clip.transform import image_transform
+
+    return image_transform(224, is_train=False)

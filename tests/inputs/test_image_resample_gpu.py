@@ -1,0 +1,127 @@
+"""The CUDA image-resample kernel is bit-identical to OpenCLIP's ``preprocess(pil_image)`` and to the CPU
+implementation: every resize mode x interpolation x size, random images and real photos, RGB and L,
+float32 and the float16/bfloat16 casts, mixed batches, huge images with bounded memory."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clip_flash.ops._extension import load_extension
+from clip_flash.inputs.pillow_resample import preprocess_batch_cpu
+from clip_flash.inputs.transform_spec import spec_from_preprocess
+from clip_flash.ops.image_resample import plan_batch, resample_batch, resample_packed
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(load_extension() is None, reason="needs the compiled extension clip_flash._C"),
+]
+
+
+def _accepted(corpora, preprocess, corpus):
+    """(names, uint8 tensors, stacked float32 references) of the images the reference accepts."""
+    names, images, references = [], [], []
+    for name, array in corpus:
+        expected = corpora.reference(preprocess, array)
+        if isinstance(expected, Exception):
+            continue
+        names.append(name)
+        images.append(torch.tensor(array))
+        references.append(expected)
+    return names, images, torch.stack(references)
+
+
+def assert_kernel_exact(corpora, preprocess, corpus, dtypes=(torch.float32,), against_cpu=False):
+    """The kernel's output equals ``preprocess(pil)`` (fp32) and its cast (fp16/bf16) for every image
+    the reference accepts; with ``against_cpu`` also the CPU implementation's output."""
+    spec = spec_from_preprocess(preprocess)
+    names, images, reference = _accepted(corpora, preprocess, corpus)
+    for dtype in dtypes:
+        got = resample_batch(images, spec, device="cuda", dtype=dtype)
+        assert got.dtype == dtype and got.device.type == "cuda"
+        got, expected = got.cpu(), reference.to(dtype)
+        bad = [f"{n} {tuple(i.shape)}: {(r != g).sum().item()} values differ"
+               for n, i, r, g in zip(names, images, expected, got) if not torch.equal(r, g)]
+        assert not bad, f"{dtype}: {len(bad)} of {len(names)} images differ from preprocess(pil):\n" + "\n".join(bad[:20])
+        if against_cpu:
+            assert torch.equal(got, preprocess_batch_cpu(images, spec, dtype))
+    return len(names)
+
+
+def test_kernel_random_images_bit_exact(transform_case, corpora):
+    case = transform_case
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    assert assert_kernel_exact(corpora, case.preprocess, corpora.random(case.target), dtypes, against_cpu=True) >= 40
+
+
+def test_kernel_real_photos_bit_exact(transform_case, corpora):
+    case = transform_case
+    assert assert_kernel_exact(corpora, case.preprocess, corpora.photos(case.target)) >= 50
+
+
+@pytest.mark.parametrize("mode", ["shortest", "longest", "squash"])
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+def test_kernel_large_images_bit_exact(mode, interpolation, corpora):
+    from open_clip.transform import image_transform
+
+    preprocess = image_transform(224, is_train=False, resize_mode=mode, interpolation=interpolation)
+    corpus = [(f"{h}x{w}x{c}", corpora.random_image(h, w, c, seed=h + c))
+              for h, w in corpora.large_sizes for c in (1, 3)]
+    assert_kernel_exact(corpora, preprocess, corpus)
+
+
+def test_kernel_huge_image_memory_bounded(corpora):
+    """10000x8000 RGB (240 MB of pixels): device memory is the packed upload plus the output, nothing
+    proportional to intermediate images."""
+    from open_clip.transform import image_transform
+
+    preprocess = image_transform(224, is_train=False)
+    array = corpora.random_image(8000, 10000, 3, seed=11)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    assert_kernel_exact(corpora, preprocess, [("huge", array)])
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak < array.nbytes + (64 << 20), f"peak {peak / 2**20:.0f} MiB for {array.nbytes / 2**20:.0f} MiB of pixels"
+
+
+def test_kernel_pass_order_and_mixed_batch(corpora):
+    """One launch with both pass orders, RGB and L, padding, tiny and thin images together."""
+    from open_clip.transform import image_transform
+
+    from clip_flash.inputs.resample_plan import plan_image
+
+    for mode in ("squash", "longest", "shortest"):
+        preprocess = image_transform((224, 320), is_train=False, resize_mode=mode, fill_color=99)
+        spec = spec_from_preprocess(preprocess)
+        sizes = [(1000, 500), (640, 480), (480, 640), (3, 2), (1, 1), (2000, 300), (300, 2000), (224, 320), (225, 319),
+                 (1500, 40)]
+        corpus = [(f"{h}x{w}x{c}", corpora.random_image(h, w, c, seed=h * 7 + w + c)) for h, w in sizes for c in (1, 3)]
+        orders = set()
+        for _, array in corpus:
+            try:
+                orders.add(plan_image(spec, *array.shape[:2]).vertical_first)
+            except ValueError:
+                pass
+        assert_kernel_exact(corpora, preprocess, corpus)
+        if mode == "squash":
+            from clip_flash.inputs.resample_plan import PILLOW_MAJOR
+
+            assert orders == ({True, False} if PILLOW_MAJOR >= 13 else {False})
+
+
+def test_kernel_many_images_and_zero_copy_layout(corpora):
+    """300 images through the layout API: decoders write straight into the pinned buffer's slots."""
+    from open_clip.transform import image_transform
+
+    preprocess = image_transform(224, is_train=False)
+    spec = spec_from_preprocess(preprocess)
+    arrays = [corpora.random_image(100 + i % 37, 90 + (i * 13) % 71, 3 if i % 5 else 1, seed=i) for i in range(300)]
+    plan = plan_batch([a.shape for a in arrays], spec)
+    buffer = plan.allocate_host()
+    for index, array in enumerate(arrays):
+        plan.pixel_slot(buffer, index).copy_(torch.from_numpy(array))
+    got = resample_packed(buffer, plan, "cuda", torch.float16).cpu()
+    reference = torch.stack([preprocess(corpora.to_pil(a)) for a in arrays]).to(torch.float16)
+    assert torch.equal(got, reference)
+    empty = resample_batch([], spec, device="cuda")
+    assert empty.shape == (0, 3, 224, 224)

@@ -1,0 +1,105 @@
+"""libjpeg-turbo's fancy upsampling and colour conversion, redone in torch for nvJPEG's output.
+
+The upsampling and conversion are checked exactly against libjpeg-turbo itself (through Pillow) on JPEGs
+whose chroma planes are known; the recovery of the planes from nearest-upsampled RGB (what torchvision's
+nvJPEG path returns) is checked on real photos with nvJPEG's upsampling simulated.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from clip_flash.inputs.gpu_jpeg import _refine_chroma
+from clip_flash.inputs.image_decoding import DecodedItem
+from clip_flash.inputs.jpeg_chroma import fancy_upsample, refine_nearest_chroma, ycc_to_rgb
+from image_corpus import skimage_photo
+
+SAMPLINGS = {2: (2, 2), 1: (2, 1)}  # Pillow's subsampling= / get_sampling -> (horizontal, vertical)
+
+
+def libjpeg_planes(data: bytes) -> np.ndarray:
+    """libjpeg-turbo's own Y, upsampled Cb, upsampled Cr (Pillow's draft to YCbCr skips the colour step)."""
+    image = Image.open(io.BytesIO(data))
+    image.draft("YCbCr", image.size)
+    return np.asarray(image).astype(np.int64)
+
+
+@pytest.mark.parametrize("size", [(160, 96), (150, 90), (147, 85)])
+@pytest.mark.parametrize("sampling", [2, 1])
+def test_upsampling_and_colour_match_libjpeg_turbo(size, sampling):
+    """Colours constant over each chroma block: the decoded chroma planes are those constants (quality 100),
+    so libjpeg-turbo's interpolation across block edges and its YCbCr -> RGB can be compared exactly."""
+    width, height = size
+    horizontal, vertical = SAMPLINGS[sampling]
+    block_w, block_h = 8 * horizontal, 8 * vertical
+    rng = np.random.default_rng(sampling)
+    colours = rng.integers(0, 256, (-(-height // block_h), -(-width // block_w), 3), dtype=np.uint8)
+    pixels = np.repeat(np.repeat(colours, block_h, 0), block_w, 1)[:height, :width]
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=100, subsampling=sampling)
+    data = buffer.getvalue()
+    planes = libjpeg_planes(data)
+    chroma_h, chroma_w = -(-height // vertical), -(-width // horizontal)
+    for channel in (1, 2):
+        # Each chroma block's value, read at its block's centre, spread over the block.
+        centres = planes[np.minimum(np.arange(colours.shape[0]) * block_h + block_h // 2, height - 1)][
+            :, np.minimum(np.arange(colours.shape[1]) * block_w + block_w // 2, width - 1), channel]
+        raw = torch.from_numpy(np.repeat(np.repeat(centres, 8, 0), 8, 1)[:chroma_h, :chroma_w].copy())
+        upsampled = fancy_upsample(raw, horizontal, vertical)[:height, :width]
+        assert torch.equal(upsampled, torch.from_numpy(planes[:, :, channel]))
+    rgb = ycc_to_rgb(*(torch.from_numpy(planes[:, :, channel].copy()) for channel in range(3)))
+    assert np.array_equal(rgb.numpy(), np.asarray(Image.open(io.BytesIO(data))))
+
+
+def simulated_nvjpeg(planes: torch.Tensor, horizontal: int, vertical: int):
+    """Chroma planes from libjpeg's upsampled ones (block means), then the libjpeg result and nvJPEG's
+    (chroma repeated per block) of the very same planes."""
+    height, width = planes.shape[:2]
+    raw = []
+    for channel in (1, 2):
+        plane = planes[:, :, channel].float()[None, None]
+        plane = F.pad(plane, (0, -width % horizontal, 0, -height % vertical), mode="replicate")
+        raw.append(F.avg_pool2d(plane, (vertical, horizontal))[0, 0].round().long())
+    truth = ycc_to_rgb(planes[:, :, 0], *[fancy_upsample(r, horizontal, vertical)[:height, :width] for r in raw])
+    nearest = [r.repeat_interleave(vertical, 0).repeat_interleave(horizontal, 1)[:height, :width] for r in raw]
+    return truth, ycc_to_rgb(planes[:, :, 0], *nearest)
+
+
+@pytest.mark.parametrize("sampling", [2, 1])
+def test_recovered_chroma_is_close_to_libjpeg_on_real_photos(sampling):
+    horizontal, vertical = SAMPLINGS[sampling]
+    for name, size in (("astronaut.png", (320, 240)), ("coffee.png", (301, 199)), ("chelsea.png", (450, 300))):
+        buffer = io.BytesIO()
+        skimage_photo(name).convert("RGB").resize(size).save(buffer, "JPEG", quality=90, subsampling=sampling)
+        truth, nearest = simulated_nvjpeg(torch.from_numpy(libjpeg_planes(buffer.getvalue())), horizontal, vertical)
+        before = (nearest.int() - truth.int()).abs()
+        after = (refine_nearest_chroma(nearest, sampling).int() - truth.int()).abs()
+        print(f"{name} {size} sampling {sampling}: pixels differing {100 * (before > 0).float().mean():.1f}% "
+              f"-> {100 * (after > 0).float().mean():.2f}%, max {before.max()} -> {after.max()}")
+        assert (before > 0).float().mean() > 0.05  # nearest upsampling is far off...
+        assert (after > 0).float().mean() < 0.02 and after.float().mean() < 0.05  # ...the recovery is close
+
+
+def test_batched_refinement_equals_one_by_one():
+    images = torch.randint(0, 256, (3, 37, 51, 3), dtype=torch.uint8)
+    batched = refine_nearest_chroma(images, 2)
+    assert all(torch.equal(batched[index], refine_nearest_chroma(images[index], 2)) for index in range(3))
+    assert torch.equal(refine_nearest_chroma(images[0], 0), images[0])  # 4:4:4 is left alone
+
+
+def test_refinement_groups_images_by_size_and_sampling():
+    shapes = [(40, 30), (40, 30), (20, 30), (40, 30)]
+    samplings = [2, 1, 2, 0]
+    pairs = []
+    for index, ((height, width), sampling) in enumerate(zip(shapes, samplings)):
+        item = DecodedItem(index, image_size=(height, width), channels=3, jpeg_sampling=sampling)
+        pairs.append((item, torch.randint(0, 256, (height, width, 3), dtype=torch.uint8)))
+    refined = _refine_chroma(pairs)
+    for (item, original), (same_item, result) in zip(pairs, refined):
+        assert same_item is item
+        assert torch.equal(result, refine_nearest_chroma(original, item.jpeg_sampling))
