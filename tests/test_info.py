@@ -40,13 +40,15 @@ def test_cpu_machine_lists_only_what_runs_here(monkeypatch, capsys):
     record = json.loads(_run(monkeypatch, capsys, "--json"))
     assert record["extension"] is None
     for name in CUDA_ONLY_SDPA:
-        assert record["backends"][name]["available"] is False and "needs a CUDA GPU" in record["backends"][name]["reason"]
+        status = record["backends"][name]
+        assert status["available"] is False and "needs a CUDA GPU" in status["reason"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_machine_says_where_the_kernels_came_from(monkeypatch, capsys):
     record = json.loads(_run(monkeypatch, capsys, "--json"))
     if record["fused_ops"].startswith("CUDA kernels"):
-        assert record["extension"] and ("installed" in record["extension"] or "compiled on first use" in record["extension"])
+        origin = record["extension"]
+        assert origin and ("installed" in origin or "compiled on first use" in origin)
     else:
         assert record["extension"] is None and "clip_flash._C" in record["fused_ops"]

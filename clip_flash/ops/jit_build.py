@@ -94,7 +94,8 @@ def _source_files(source_root: Path) -> Tuple[Path, ...]:
 def cache_key(toolchain: Toolchain, source_root: Path, environ: Mapping[str, str] = os.environ) -> str:
     """A short hash of everything the compiled module depends on."""
     digest = hashlib.sha256()
-    arch = environ.get("TORCH_CUDA_ARCH_LIST") or ";".join(f"{major}.{minor}" for major, minor in toolchain.capabilities)
+    visible = ";".join(f"{major}.{minor}" for major, minor in toolchain.capabilities)
+    arch = environ.get("TORCH_CUDA_ARCH_LIST") or visible
     for part in (toolchain.torch_version, toolchain.torch_cuda or "", toolchain.cuda_home or "", arch,
                  sys.implementation.cache_tag, " ".join(CXX_FLAGS), " ".join(NVCC_FLAGS)):
         digest.update(part.encode() + b"\0")

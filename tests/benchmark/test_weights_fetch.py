@@ -52,7 +52,8 @@ def test_offline_without_cache_fails_at_once(monkeypatch, no_download):
 
 def test_unreachable_hub_fails_fast_and_says_it_was_fetching(monkeypatch, caplog, no_download):
     monkeypatch.setattr(weights_fetch, "hub_offline", lambda: False)
-    monkeypatch.setattr(weights_fetch, "probe_host", lambda host, *a, **k: "gaierror: [Errno -2] Name or service not known")
+    no_dns = "gaierror: [Errno -2] Name or service not known"
+    monkeypatch.setattr(weights_fetch, "probe_host", lambda host, *a, **k: no_dns)
     started = time.perf_counter()
     with caplog.at_level(logging.INFO, logger="clip_flash.benchmark"), pytest.raises(ModelLoadError) as raised:
         load_model(parse_model_spec(TAGGED), torch.device("cpu"), "fp32")

@@ -57,7 +57,8 @@ def test_cpu_machine_never_compiles_nor_warns(no_compiler, fresh_state, caplog):
     (jit_build.Toolchain(False, "2.11.0+cu130", "13.0"), {}, "no CUDA device"),
     (jit_build.Toolchain(True, "2.11.0+cpu", None), {}, "is not a CUDA build"),
     (jit_build.Toolchain(True, "2.11.0+cu130", "13.0", None, None, True, ((9, 0),)), {}, "no CUDA toolkit found"),
-    (jit_build.Toolchain(True, "2.11.0+cu130", "13.0", "/opt/cuda", None, True, ((9, 0),)), {}, "/opt/cuda has no bin/nvcc"),
+    (jit_build.Toolchain(True, "2.11.0+cu130", "13.0", "/opt/cuda", None, True, ((9, 0),)), {},
+     "/opt/cuda has no bin/nvcc"),
     (jit_build.Toolchain(True, "2.11.0+cu130", "13.0", "/usr/local/cuda", "/usr/local/cuda/bin/nvcc", False,
                          ((9, 0),)), {}, "ninja is not installed"),
 ])
@@ -169,7 +170,8 @@ def test_failed_compile_warns_once(gpu_without_extension, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=_extension.__name__):
         assert not _extension.extension_available()
         assert not _extension.extension_available()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "could not" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "could not" in r.getMessage()]
     assert len(warnings) == 1 and "build.log" in warnings[0] and "plain PyTorch" in warnings[0]
 
 
