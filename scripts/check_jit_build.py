@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Check, on a CUDA machine, that clip_flash compiles its kernels on first use when they were not installed.
 
-    python scripts/check_jit_build.py --out DIR
+    python scripts/check_jit_build.py --out DIR [--cache CACHE]
 
-Runs three fresh processes from this tree (which must hold no compiled ``clip_flash/_C*.so``) with an empty
-per-user cache in DIR/cache: the first uses a fused op on CUDA (the extension is compiled: its log line says
-how long it took), the second does the same (the compiled module is loaded from the cache, no compiling),
-the third runs ``python -m clip_flash.info``. Each checks the op against PyTorch's own LayerNorm. Writes
+Runs three fresh processes from this tree, which must hold no compiled ``clip_flash/_C*.so``, with an
+empty per-user cache (``--cache``, emptied first; by default a new temporary directory, so DIR gets no
+binaries). The first uses a fused op on CUDA: the extension is compiled, and its log line says how long that
+took. The second does the same: the compiled module is loaded from the cache, nothing is compiled. The third
+runs ``python -m clip_flash.info``. Each checks the op against PyTorch's own LayerNorm. Writes
 DIR/jit_build.log (everything the processes printed) and DIR/jit_build.json (timings, origins, errors,
 environment); exits non-zero when a step did not do what it should.
 """
@@ -19,6 +20,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,10 +71,12 @@ def run(command, environment, log) -> subprocess.CompletedProcess:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="where the log, the JSON and the cache go")
+    parser.add_argument("--out", type=Path, required=True, help="where the log and the JSON go")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="the per-user cache to compile into (emptied first) [default: a new temporary directory]")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    cache = args.out / "cache"
+    cache = args.cache or Path(tempfile.mkdtemp(prefix="clip_flash_jit_"))
     shutil.rmtree(cache, ignore_errors=True)
     environment = {**os.environ, "CLIP_FLASH_CACHE": str(cache), "PYTHONPATH": str(REPO_ROOT)}
     environment.pop("CLIP_FLASH_JIT", None)
