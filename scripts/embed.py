@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # A first fetch of a tag's weights can take minutes: say so when it starts.
+    logging.getLogger("clip_flash.benchmark.weights_fetch").setLevel(logging.INFO)
     arguments = list(sys.argv[1:] if argv is None else argv)
     command = "python scripts/embed.py " + " ".join(shlex.quote(arg) for arg in arguments)
     patch = args.patch and args.pipeline != "stock"
