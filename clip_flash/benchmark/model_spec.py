@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 
-from .weights_fetch import WeightsUnreachableError, prepared_fetch
+from .weights_fetch import HF_HUB_PREFIX, WeightsUnreachableError, prepared_fetch
 
 SEPARATOR = "::"
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
@@ -236,16 +236,17 @@ def load_model(spec: ModelSpec, device: torch.device, precision: str, seed: int 
 
     _check_spec(spec)
     torch.manual_seed(seed)
-    fetch = prepared_fetch(spec.name, spec.weights) if spec.kind == "tag" else contextlib.nullcontext()
+    from_hub = spec.kind == "tag" or (spec.kind == "random" and spec.name.startswith(HF_HUB_PREFIX))
+    fetch = prepared_fetch(spec.name, spec.weights) if from_hub else contextlib.nullcontext()
     try:
         with fetch, _quiet_open_clip_logging():
             model, _, preprocess = open_clip.create_model_and_transforms(
                 spec.name, pretrained=spec.weights, precision=precision, device=device
             )
     except WeightsUnreachableError as error:
+        what = f"tag {spec.weights!r} of {spec.name}" if spec.weights else spec.name
         raise ModelLoadError(
-            f"error: cannot fetch pretrained weights for tag {spec.weights!r} of {spec.name}: {error}\n"
-            + _alternatives(spec.name)
+            f"error: cannot fetch pretrained weights for {what}: {error}\n" + _alternatives(spec.name)
         ) from None
     except Exception as error:  # OpenCLIP raises RuntimeError, the hub OSError subclasses
         cause = _one_line(_root_cause(error))

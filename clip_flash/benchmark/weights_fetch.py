@@ -81,11 +81,20 @@ def _cached_hub_file(repo_id: str, filename: Optional[str]) -> Optional[str]:
     return None
 
 
-def weights_source(name: str, tag: str) -> Optional[WeightsSource]:
-    """Where OpenCLIP would read ``name``'s weights for ``tag`` (None when it has no such tag)."""
+HF_HUB_PREFIX = "hf-hub:"
+
+
+def weights_source(name: str, tag: Optional[str]) -> Optional[WeightsSource]:
+    """Where OpenCLIP would read ``name``'s weights for ``tag`` (None when it has no such tag). An
+    ``hf-hub:ORG/REPO`` name brings its config and weights from that hub repository."""
     import open_clip
     from open_clip.pretrained import has_hf_hub
 
+    if name.startswith(HF_HUB_PREFIX) and tag is None:
+        from open_clip.constants import HF_CONFIG_NAME
+
+        repo_id = name[len(HF_HUB_PREFIX):]
+        return WeightsSource("hub", repo_id, _hub_host(), _cached_hub_file(repo_id, HF_CONFIG_NAME))
     cfg = open_clip.get_pretrained_cfg(name, tag)
     if not cfg:
         return None
@@ -153,7 +162,7 @@ def _hub_offline_for_this_load() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def prepared_fetch(name: str, tag: str) -> Iterator[Optional[WeightsSource]]:
+def prepared_fetch(name: str, tag: Optional[str]) -> Iterator[Optional[WeightsSource]]:
     """Announce the fetch, then let the load inside the with-block run; raise ``WeightsUnreachableError``
     at once (before any download is attempted) when the weights are not cached and cannot be fetched."""
     source = weights_source(name, tag)
@@ -161,8 +170,8 @@ def prepared_fetch(name: str, tag: str) -> Iterator[Optional[WeightsSource]]:
         yield source
         return
     if source.cached_path is not None:
-        logger.info("loading pretrained weights for %s tag %s from the local cache (%s)", name, tag,
-                    source.cached_path)
+        logger.info("loading pretrained weights for %s from the local cache (%s)",
+                    f"{name} tag {tag}" if tag else name, source.cached_path)
         reachable = hub_offline() or source.host is None or probe_host(source.host) is None
         with contextlib.nullcontext() if reachable or source.kind != "hub" else _hub_offline_for_this_load():
             yield source
@@ -172,8 +181,9 @@ def prepared_fetch(name: str, tag: str) -> Iterator[Optional[WeightsSource]]:
             f"{OFFLINE_SWITCH} is set and the weights (hub repo {source.location}) are not in the local "
             f"cache; unset {OFFLINE_SWITCH} to fetch them"
         )
-    logger.info("fetching pretrained weights for %s tag %s from %s; later runs read them from the local cache",
-                name, tag, source.description)
+    what = f"{name} tag {tag}" if tag else name
+    logger.info("fetching pretrained weights for %s from %s; later runs read them from the local cache",
+                what, source.description)
     reason = probe_host(source.host) if source.host else None
     if reason is not None:
         raise WeightsUnreachableError(f"cannot reach {source.host} ({reason}): no network?")

@@ -123,3 +123,13 @@ def test_random_init_and_checkpoints_never_touch_the_hub(monkeypatch):
     monkeypatch.setattr(model_spec, "prepared_fetch", lambda *a, **k: pytest.fail("no fetch for random init"))
     loaded = load_model(parse_model_spec("RN50"), torch.device("cpu"), "fp32")
     assert loaded.spec.kind == "random"
+
+
+def test_hf_hub_model_names_fail_fast_too(monkeypatch, no_download):
+    """``hf-hub:ORG/REPO`` brings config and weights from the hub: the same fast failure without a network."""
+    monkeypatch.setattr(weights_fetch, "hub_offline", lambda: False)
+    monkeypatch.setattr(weights_fetch, "probe_host", lambda host, *a, **k: "gaierror: no network")
+    started = time.perf_counter()
+    with pytest.raises(ModelLoadError, match="cannot reach huggingface.co"):
+        load_model(parse_model_spec("hf-hub:timm/ViT-B-16-SigLIP"), torch.device("cpu"), "fp32")
+    assert time.perf_counter() - started < 5.0
