@@ -78,7 +78,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     cache = args.cache or Path(tempfile.mkdtemp(prefix="clip_flash_jit_"))
     shutil.rmtree(cache, ignore_errors=True)
-    environment = {**os.environ, "CLIP_FLASH_CACHE": str(cache), "PYTHONPATH": str(REPO_ROOT)}
+    path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
+    environment = {**os.environ, "CLIP_FLASH_CACHE": str(cache), "PYTHONPATH": path}
     environment.pop("CLIP_FLASH_JIT", None)
     summary = {"command": shlex.join([sys.executable, *sys.argv]), "cache": str(cache), "steps": {}}
     ok = True
