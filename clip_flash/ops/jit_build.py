@@ -28,6 +28,7 @@ JIT_SWITCH = "CLIP_FLASH_JIT"
 CACHE_ENV = "CLIP_FLASH_CACHE"
 FAILED_MARKER = "FAILED"
 BUILD_LOG = "build.log"
+STALE_LOCK_S = 3600.0  # a build takes minutes; a lock this old was left by a process that died building
 # Where an editable install or a source checkout keeps csrc/: beside the package directory.
 DEFAULT_SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,6 +154,17 @@ def import_compiled(plan: BuildPlan) -> Optional[ModuleType]:
     return module
 
 
+def _drop_abandoned_lock(directory: Path, older_than_s: float = STALE_LOCK_S) -> None:
+    """torch's builder waits for as long as its ``lock`` file exists; one left by a killed build would make
+    every later process wait forever. A lock older than any build takes is removed."""
+    lock = directory / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > older_than_s:
+            lock.unlink()
+    except FileNotFoundError:
+        pass
+
+
 def compile_extension(plan: BuildPlan) -> Tuple[ModuleType, float]:
     """Compile and import the extension per ``plan``; (module, seconds). Raises :class:`JitBuildError`."""
     failed = plan.directory / FAILED_MARKER
@@ -162,6 +174,7 @@ def compile_extension(plan: BuildPlan) -> Tuple[ModuleType, float]:
     from torch.utils.cpp_extension import load
 
     plan.directory.mkdir(parents=True, exist_ok=True)
+    _drop_abandoned_lock(plan.directory)
     started = time.perf_counter()
     try:
         module = load(name=plan.module_name, sources=[str(path) for path in plan.sources],

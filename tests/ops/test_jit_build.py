@@ -184,3 +184,19 @@ def test_gpu_without_toolchain_warns_once_with_the_way_out(monkeypatch, fresh_st
         assert not _extension.extension_available() and not _extension.extension_available()
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "pip install ninja" in warning and "CLIP_FLASH_BUILD_EXT=1" in warning
+
+
+def test_a_lock_left_by_a_killed_build_is_removed(tmp_path):
+    import os
+    import time
+
+    directory = tmp_path / "build"
+    directory.mkdir()
+    lock = directory / "lock"
+    lock.write_text("")
+    jit_build._drop_abandoned_lock(directory)
+    assert lock.exists()  # a build may be running right now: wait for it
+    old = time.time() - 2 * jit_build.STALE_LOCK_S
+    os.utime(lock, (old, old))
+    jit_build._drop_abandoned_lock(directory)
+    assert not lock.exists()
