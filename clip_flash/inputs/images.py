@@ -104,9 +104,11 @@ class ImagePreprocessor:
             interpolates: up to tens of levels apart; see ``gpu_chroma``;
             ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
         workers: CPU workers decoding (default: the cores this process may use).
-        executor: ``"thread"`` (default; the decoders release the GIL) or ``"process"`` (no GIL
-            cap; spawned workers start on first use, a few seconds, so a script using it needs the
-            usual ``if __name__ == "__main__":`` guard).
+        executor: ``"auto"`` (default: ``"process"`` where decoded pixels go to the GPU kernel through
+            shared arenas, i.e. a CUDA device on Linux; ``"thread"`` otherwise), ``"thread"`` (the
+            decoders release the GIL, but Pillow's header parsing and the bookkeeping do not: a cap on
+            many cores) or ``"process"`` (no GIL cap; spawned workers start on first use, a few seconds,
+            so a script using it needs the usual ``if __name__ == "__main__":`` guard).
         resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
             (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
         gpu_chroma: with ``decode="gpu"``: ``"libjpeg"`` recovers the chroma from nvJPEG's output and
@@ -129,7 +131,7 @@ class ImagePreprocessor:
 
     def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
                  dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
-                 executor: str = "thread", resize: str = "auto", gpu_chroma: str = "libjpeg") -> None:
+                 executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg") -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -142,8 +144,8 @@ class ImagePreprocessor:
         if gpu_chroma not in CHROMA:
             raise ValueError(f"gpu_chroma must be one of {CHROMA}, got {gpu_chroma!r}")
         self.gpu_chroma = gpu_chroma
-        if executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        if executor not in EXECUTORS + ("auto",):
+            raise ValueError(f"executor must be 'auto' or one of {EXECUTORS}, got {executor!r}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
         self.preprocess = preprocess
@@ -158,6 +160,10 @@ class ImagePreprocessor:
         self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False,
                                           spec=self.resize.spec)
         self.workers = workers or default_workers()
+        if executor == "auto":
+            # Processes decode straight into the kernel's arenas: no GIL, and no pixel copy in this process.
+            executor = "process" if decode == "cpu" and self.resize.packs and arenas_supported() else "thread"
+        self.executor = executor
         self.pool = DecodePool(self.options, self.workers, executor)
         self._arenas: Optional[ArenaPool] = None
         self._arena_lock = threading.Lock()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import io
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
