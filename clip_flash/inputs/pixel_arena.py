@@ -117,9 +117,14 @@ class ArenaPool:
             arena = min(fitting, key=lambda candidate: candidate.size) if fitting else None
             if arena is not None:
                 self._free.remove(arena)
-            else:
+                retired = []
+            else:  # arenas too small for batches this size are not kept page-locked
+                retired = [candidate for candidate in self._free if candidate.size < need]
+                self._free = collections.deque(candidate for candidate in self._free if candidate.size >= need)
                 while len(self._free) >= MAX_FREE_ARENAS:
-                    self._free.popleft().close()
+                    retired.append(self._free.popleft())
+        for old in retired:
+            old.close()
         if arena is None:
             size = -(-need // ARENA_GRANULE) * ARENA_GRANULE
             arena = Arena(size, self.pin)
@@ -156,10 +161,15 @@ MAX_ATTACHED = 8
 
 
 def attach(ref: ArenaRef) -> np.ndarray:
-    """In a worker process: the arena ``ref`` names, mapped once and kept (the last few)."""
+    """In a worker process: the arena ``ref`` names, mapped once and kept (the last few). Where it cannot
+    be opened, an empty array: every image then travels back apart, as if it did not fit (exact, slower)."""
     arena_id, path, size = ref
     if arena_id not in _attached:
-        fd = os.open(path, os.O_RDWR)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as error:
+            logger.warning("cannot open the pixel arena %s (%s): pixels travel back apart", path, error)
+            return np.zeros(0, dtype=np.uint8)
         try:
             mapping = mmap.mmap(fd, size)
         finally:
