@@ -84,7 +84,10 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
     their tables. Raises ``ImageTooSmallError`` (naming the image) where OpenCLIP's transform fails,
     and ``PillowMismatchError`` if the installed Pillow does not compute what the kernel reproduces."""
     require_pillow_agreement()
-    meta = np.zeros((len(shapes), len(META_FIELDS)), dtype=np.int64)
+    # Web photos come in few sizes: one meta row per distinct shape, then numpy does the rest.
+    distinct: Dict[Tuple[int, int, int], int] = {}
+    which = [distinct.setdefault(tuple(shape), len(distinct)) for shape in shapes]
+    templates = np.zeros((len(distinct), len(META_FIELDS)), dtype=np.int64)
     pieces: List[np.ndarray] = []
     offsets: Dict[int, int] = {}
     keep_alive: List[AxisTable] = []
@@ -100,8 +103,8 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
             table_size += flat.size
         return offsets[id(table)]
 
-    pixel_offset = 0
-    for index, (height, width, channels) in enumerate(shapes):
+    for (height, width, channels), row in distinct.items():
+        index = which.index(row)  # the first image of this shape, for the messages
         if channels not in (1, 3):
             raise ValueError(f"image {index}: {channels} channels; decoded images must have 1 (L) or 3 (RGB)")
         try:
@@ -109,15 +112,18 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
         except ValueError as error:
             raise type(error)(f"image {index}: {error}") from error
         col_first, col_last = plan.cols.source_span
-        meta[index] = (
-            pixel_offset, height, width, channels, place(plan.cols), place(plan.rows), plan.cols.taps,
+        templates[row] = (
+            0, height, width, channels, place(plan.cols), place(plan.rows), plan.cols.taps,
             plan.rows.taps, int(plan.vertical_first), plan.fill, col_first, col_last,
         )
-        pixel_offset += height * width * channels
+    meta = templates[np.asarray(which, dtype=np.int64)] if shapes else templates
+    sizes = meta[:, 1] * meta[:, 2] * meta[:, 3]
+    meta[:, 0] = np.cumsum(sizes) - sizes
+    pixel_bytes = int(sizes.sum())
     tables = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
     tables_at = _aligned(meta.nbytes)
     pixels_at = _aligned(tables_at + tables.nbytes)
-    return BatchPlan(spec, tuple(tuple(s) for s in shapes), meta, tables, tables_at, pixels_at, pixels_at + pixel_offset)
+    return BatchPlan(spec, tuple(tuple(s) for s in shapes), meta, tables, tables_at, pixels_at, pixels_at + pixel_bytes)
 
 
 @functools.lru_cache(maxsize=64)
