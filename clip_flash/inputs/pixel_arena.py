@@ -131,7 +131,8 @@ class ArenaPool:
             logger.debug("new %d MiB pixel arena (pinned: %s)", size >> 20, arena.pinned)
         arena.wait_for_upload()
         array = np.frombuffer(arena.map, dtype=np.uint8)  # this lease's own object: its lifetime is the lease's
-        weakref.finalize(array, self._release, arena)
+        finalizer = weakref.finalize(array, self._release, arena)
+        finalizer.atexit = False  # at exit the process frees it all; no CUDA calls from a dying interpreter
         return Lease(arena, torch.from_numpy(array)), per_image
 
     def observe(self, bytes_per_image: float) -> None:

@@ -26,6 +26,28 @@ def emulated_kernel(monkeypatch):
     monkeypatch.setattr(image_resample_module, "load_extension", lambda: EmulatedExtension(4096))
 
 
+@pytest.fixture(scope="module")
+def kernel_route_prep(vit_b32_preprocess):
+    """A preprocessor per executor, shared by the tests (starting processes is slow), with fresh arenas
+    for each test and the kernel route chosen (as on a GPU with the extension built)."""
+    made = {}
+
+    def get(executor: str) -> clip_flash.ImagePreprocessor:
+        if executor not in made:
+            made[executor] = clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32,
+                                                          workers=2, executor=executor)
+        prep = made[executor]
+        prep.resize.implementation = "kernel"
+        if prep._arenas is not None:
+            prep._arenas.close()
+            prep._arenas = None
+        return prep
+
+    yield get
+    for prep in made.values():
+        prep.close()
+
+
 def _jpeg(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, "JPEG", quality=90)
@@ -42,31 +64,29 @@ def _inputs():
 
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
-def test_arena_route_is_exact(vit_b32_preprocess, emulated_kernel, executor):
+def test_arena_route_is_exact(vit_b32_preprocess, emulated_kernel, kernel_route_prep, executor):
     items = _inputs()
-    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2,
-                                      executor=executor) as prep:
-        prep.resize.implementation = "kernel"  # as on a GPU with the extension built
-        decoded = prep.decode(items)
-        packed = decoded.packed
-        assert packed is not None and packed.segments is not None and packed.lease is not None
-        assert sorted(packed.indices) == [0, 1, 3, 4, 5, 6, 7]
-        assert sum(size for _, size, _ in packed.segments) == sum(h * w * c for h, w, c in packed.plan.shapes)
-        prepared = prep.prepare(decoded)
+    prep = kernel_route_prep(executor)
+    decoded = prep.decode(items)
+    packed = decoded.packed
+    assert packed is not None and packed.segments is not None and packed.lease is not None
+    assert sorted(packed.indices) == [0, 1, 3, 4, 5, 6, 7]
+    assert sum(size for _, size, _ in packed.segments) == sum(h * w * c for h, w, c in packed.plan.shapes)
+    prepared = prep.prepare(decoded)
     assert prepared.failures[0][0] == 2
     assert_same_as_reference(prepared, vit_b32_preprocess, items)
 
 
+@pytest.mark.parametrize("executor", ["thread", "process"])
 def test_images_that_do_not_fit_their_region_take_a_second_launch(vit_b32_preprocess, emulated_kernel,
-                                                                   monkeypatch):
+                                                                   kernel_route_prep, monkeypatch, executor):
     monkeypatch.setattr(pixel_arena, "INITIAL_BYTES_PER_IMAGE", 10000)  # some chunks overflow
     items = _inputs()
-    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2) as prep:
-        prep.resize.implementation = "kernel"
-        decoded = prep.decode(items)
-        assert len(decoded.packed.indices) < 7  # the rest are pixel items outside the arena
-        prepared = prep.prepare(decoded)
-        assert prep._arenas.bytes_per_image > 10000  # later batches get more room
+    prep = kernel_route_prep(executor)
+    decoded = prep.decode(items)
+    assert len(decoded.packed.indices) < 7  # the rest are pixel items outside the arena
+    prepared = prep.prepare(decoded)
+    assert prep._arenas.bytes_per_image > 10000  # later batches get more room
     assert_same_as_reference(prepared, vit_b32_preprocess, items)
 
 
