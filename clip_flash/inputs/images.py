@@ -230,7 +230,8 @@ class ImagePreprocessor:
         packed = None
         if packed_items:
             plan = plan_batch(shapes, self.resize.spec)
-            segments = [(host_start, size, plan.pixels_at + int(plan.meta[first, 0])) for host_start, size, first in runs]
+            segments = [(host_start, size, plan.pixels_at + int(plan.meta[first, 0]))
+                        for host_start, size, first in runs]
             packed = PackedPixels(plan, lease.tensor, [item.index for item in packed_items], segments, lease)
         return DecodedImages(len(items), good, failures, packed)
 
