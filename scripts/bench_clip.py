@@ -166,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="timed batches per --pipeline (after its warm-up batches)")
     parser.add_argument("--pipeline-workers", type=positive_int, default=None, metavar="W",
                         help="CPU workers per --pipeline [default: every core of this host]")
-    parser.add_argument("--pipeline-executor", choices=("thread", "process"), default="thread",
-                        help="ImagePreprocessor's decode pool in the exact/gpu pipelines")
+    parser.add_argument("--pipeline-executor", choices=("auto", "thread", "process"), default="auto",
+                        help="ImagePreprocessor's decode pool in the exact/gpu pipelines (auto: processes "
+                             "for the exact path on a GPU, threads otherwise)")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     parser.add_argument("--no-tables", action="store_true",
                         help="skip the per-shape tables (e.g. to run only --latency or --zero-shot-classifier)")

@@ -3,10 +3,12 @@
 
     python scripts/image_decode_throughput.py --photos .device/photos --configs thread:8 thread:16 process:16
 
-For each ``executor:workers`` configuration: ``decode`` alone (read, Pillow header, libjpeg-turbo into
-page-locked buffers) streamed in batches, and the whole preparation (the next batches decoding while
-the device resamples this one), in steady state after warm-up batches. Says whether threads are
-enough on this host or a process pool is needed.
+For each ``executor:workers`` configuration (executor ``auto``, ``thread`` or ``process``): ``decode``
+alone (read, Pillow header, libjpeg-turbo, pixels into the page-locked arena) streamed in batches, and
+the whole preparation (the next batches decoding while the device resamples this one), in steady state
+after warm-up batches. Baseline rows for each worker count: torchvision's plain ``decode_jpeg`` (file
+read + decode, nothing else) and Pillow's ``open`` + ``convert("RGB")`` in a thread pool of that many
+threads, over the same batches: the gap to them is ImagePreprocessor's own overhead.
 """
 from __future__ import annotations
 
@@ -53,10 +55,39 @@ def stream(prep: clip_flash.ImagePreprocessor, batches: List[List[Path]], warmup
     return images / (time.perf_counter() - start)
 
 
+def _read_and_decode_jpeg(path: Path) -> torch.Tensor:
+    from torchvision.io import decode_jpeg
+
+    return decode_jpeg(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
+
+
+def _pillow_open_convert(path: Path) -> Any:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.convert("RGB")
+
+
+BASELINES = {"decode_jpeg threads (baseline)": _read_and_decode_jpeg,
+             "Pillow open+convert threads (baseline)": _pillow_open_convert}
+
+
+def baseline_rate(decode: Any, batches: List[List[Path]], warmup: int, workers: int) -> float:
+    """Images/s of ``decode`` mapped over each batch by a pool of ``workers`` threads, after ``warmup`` batches."""
+    with ThreadPoolExecutor(workers) as pool:
+        images, start = 0, None
+        for number, batch in enumerate(batches):
+            if number == warmup:
+                start = time.perf_counter()
+            for _ in pool.map(decode, batch):
+                images += number >= warmup
+    return images / (time.perf_counter() - start)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--photos", type=Path, required=True)
-    parser.add_argument("--configs", nargs="+", default=["thread:8", "thread:16", "process:16"],
+    parser.add_argument("--configs", nargs="+", default=["thread:16", "process:16"],
                         metavar="EXECUTOR:WORKERS")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--batches", type=int, default=16, help="timed batches per measurement")
@@ -72,6 +103,15 @@ def main() -> int:
     batches = [[paths[(number * args.batch + row) % len(paths)] for row in range(args.batch)]
                for number in range(total)]
     rows: List[Dict[str, Any]] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the pools' workers: no OpenMP team beside the decoding threads
+    for workers in sorted({int(config.partition(":")[2] or os.cpu_count()) for config in args.configs}):
+        for name, decode in BASELINES.items():
+            rate = baseline_rate(decode, batches, args.warmup, workers)
+            rows.append({"executor": name, "workers": workers, "decode_images_per_s": rate,
+                         "prepared_images_per_s": None})
+            print(f"{name} x{workers}: {rate:.0f} img/s", flush=True)
+    torch.set_num_threads(threads)
     for config in args.configs:
         executor, _, workers = config.partition(":")
         workers = int(workers) if workers else None
@@ -79,7 +119,8 @@ def main() -> int:
                                           else torch.float32, workers=workers, executor=executor) as prep:
             decode_rate = stream(prep, batches, args.warmup, prepare=False)
             prepared_rate = stream(prep, batches, args.warmup, prepare=True)
-            rows.append({"executor": executor, "workers": prep.workers, "decode_images_per_s": decode_rate,
+            rows.append({"executor": executor if executor != "auto" else f"auto ({prep.executor})",
+                         "workers": prep.workers, "decode_images_per_s": decode_rate,
                          "prepared_images_per_s": prepared_rate})
         print(f"{config}: decode {decode_rate:.0f} img/s, files -> device batch {prepared_rate:.0f} img/s",
               flush=True)
@@ -88,7 +129,8 @@ def main() -> int:
              f"ahead; host has {os.cpu_count()} logical CPUs; device {device}.")
     lines = ["| executor | workers | decode images/s | files -> device batch images/s |", "|---|---|---|---|"]
     lines += [f"| {row['executor']} | {row['workers']} | {row['decode_images_per_s']:.0f} | "
-              f"{row['prepared_images_per_s']:.0f} |" for row in rows]
+              + ("-" if row["prepared_images_per_s"] is None else f"{row['prepared_images_per_s']:.0f}") + " |"
+              for row in rows]
     print(title + "\n\n" + "\n".join(lines))
     results.write_microbenchmark(args.json, args.markdown, title, lines, rows)
     return 0

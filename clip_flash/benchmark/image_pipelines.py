@@ -70,6 +70,7 @@ def _stream_clip_flash(paths, preprocess, decode, model, device, dtype, batch, t
     batches = [[paths[(number * batch + row) % len(paths)] for row in range(batch)] for number in range(total)]
     with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, decode=decode, workers=workers,
                                       executor=executor) as prep, ThreadPoolExecutor(IN_FLIGHT) as producers:
+        on_batch.executor = prep.executor  # what "auto" chose, for the results
         pending = collections.deque(producers.submit(prep.decode, files) for files in batches[:IN_FLIGHT])
         done_events: collections.deque = collections.deque()
         for number in range(total):
@@ -90,7 +91,7 @@ def _stream_clip_flash(paths, preprocess, decode, model, device, dtype, batch, t
 
 def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable, model: torch.nn.Module,
                      device: torch.device, dtype: torch.dtype, image_size: Tuple[int, int], batch: int,
-                     batches: int, warmup: int, workers: int, executor: str = "thread") -> Dict[str, Any]:
+                     batches: int, warmup: int, workers: int, executor: str = "auto") -> Dict[str, Any]:
     """Images/s of one pipeline over ``batches`` timed batches after ``warmup`` untimed ones."""
     total = warmup + batches
     state: Dict[str, Any] = {"start": None, "images": 0, "failures": {}, "routes": collections.Counter(),
@@ -120,7 +121,7 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
         "pipeline": pipeline,
         "note": PIPELINE_NOTES[pipeline],
         "cpu_workers": workers,
-        "executor": "processes (DataLoader)" if pipeline == "stock" else executor,
+        "executor": "processes (DataLoader)" if pipeline == "stock" else getattr(on_batch, "executor", executor),
         "batch": batch,
         "timed_batches": batches,
         "warmup_batches": warmup,
@@ -199,7 +200,7 @@ def device_step_profile(prep: "clip_flash.ImagePreprocessor", paths: Sequence[Pa
 def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths: Sequence[Path],
                             pipelines: Sequence[str], device: torch.device, dtype: torch.dtype,
                             image_size: Tuple[int, int], batch: int = 256, batches: int = 24,
-                            workers: Optional[int] = None, executor: str = "thread", warmup: Optional[int] = None,
+                            workers: Optional[int] = None, executor: str = "auto", warmup: Optional[int] = None,
                             encoder_repeats: int = 10) -> Dict[str, Any]:
     """Every requested pipeline, the encoder alone on a prepared batch, and the device step's GPU time.
 
@@ -223,7 +224,8 @@ def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths:
                 "min_cosine": torch.nn.functional.cosine_similarity(first, reference, dim=-1).min().item(),
             }
     sample = [paths[index % len(paths)] for index in range(batch)]
-    with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, workers=workers) as prep:
+    with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, workers=workers,
+                                      executor="thread") as prep:  # one sample batch: no process pool to start
         prepared = prep(sample)
         if len(prepared) == 0:
             raise ValueError(f"none of the first {batch} files could be read: {prepared.failures[:3]}")

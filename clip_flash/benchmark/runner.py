@@ -72,7 +72,7 @@ class BenchSettings:
     pipeline_batch: int = 256
     pipeline_batches: int = 24  # timed batches per pipeline, after its warm-up
     pipeline_workers: Optional[int] = None  # CPU workers feeding each pipeline (None: every core)
-    pipeline_executor: str = "thread"  # ImagePreprocessor's pool: "thread" or "process"
+    pipeline_executor: str = "auto"  # ImagePreprocessor's pool: "auto", "thread" or "process"
     # Captions and the zero-shot classifier are timed from strings: the stock side tokenizes with OpenCLIP's
     # tokenizer, the patched side with this one: "clip_flash" (same ids, faster) or "openclip".
     text_tokenizer: str = "clip_flash"

@@ -13,13 +13,15 @@ import multiprocessing
 import os
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .image_decoding import DecodedItem, DecodeOptions, decode_items
+from .image_decoding import DecodedItem, DecodeOptions, decode_item, decode_items
+from .pixel_arena import ArenaRef, Lease, attach, write_pixels
 
 EXECUTORS = ("thread", "process")
 # Inputs per task: enough to amortize a task's overhead, few enough to balance the workers.
@@ -58,6 +60,34 @@ def _decode_chunk_in_process(pairs: List[Tuple[int, Any]]) -> Tuple[Optional[tor
     return buffer, items, spans
 
 
+@dataclass
+class RegionResult:
+    """One task's inputs decoded into its region of an arena (see :mod:`.pixel_arena`)."""
+
+    start: int              # the region's byte offset in the arena
+    items: List[DecodedItem]
+    offsets: List[int]      # per item: where its pixels start in the region; -1 where they are not there
+    used: int               # bytes written, back to back from ``start``
+    needed: int             # bytes all the items' pixels needed (more than ``used`` when some did not fit)
+
+
+def decode_into_region(pairs: List[Tuple[int, Any]], options: DecodeOptions, region: np.ndarray
+                       ) -> Tuple[List[DecodedItem], List[int], int, int]:
+    """Decode, then copy the pixels into ``region`` back to back; pixels that did not fit stay on their item."""
+    items = [decode_item(index, item, options) for index, item in pairs]
+    offsets, used, needed = write_pixels(region, [item.pixels for item in items])
+    for item, offset in zip(items, offsets):
+        if offset >= 0:
+            item.pixels = None
+    return items, offsets, used, needed
+
+
+def _decode_into_arena_in_process(pairs: List[Tuple[int, Any]], ref: ArenaRef, start: int, capacity: int
+                                  ) -> Tuple[List[DecodedItem], List[int], int, int]:
+    """In a worker process: only the bookkeeping travels back; pixels that did not fit go as shared tensors."""
+    return decode_into_region(pairs, _worker_options, attach(ref)[start:start + capacity])
+
+
 def _unpack(buffer: Optional[torch.Tensor], items: List[DecodedItem], spans: List[Tuple[int, int]]
             ) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
     """The parent's side of :func:`_decode_chunk_in_process`: views of the shared buffer."""
@@ -70,6 +100,11 @@ def _unpack(buffer: Optional[torch.Tensor], items: List[DecodedItem], spans: Lis
 
 def _unpack_when_done(future) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
     return _unpack(*future.result())
+
+
+def _in_memory(item: Any) -> bool:
+    """Inputs already decoded (PIL images, arrays) stay in the calling process."""
+    return isinstance(item, (Image.Image, torch.Tensor)) or type(item).__module__ == "numpy"
 
 
 def copy_pixels(target: torch.Tensor, source: torch.Tensor) -> None:
@@ -136,10 +171,8 @@ class DecodePool:
         pairs = list(enumerate(items))
         if len(pairs) <= 1:  # a single request: no hop through the pool
             return decode_items(pairs, self.options)[1]
-        in_memory = [pair for pair in pairs if isinstance(pair[1], (Image.Image, torch.Tensor))
-                     or type(pair[1]).__module__ == "numpy"]
-        encoded = [pair for pair in pairs if not (isinstance(pair[1], (Image.Image, torch.Tensor))
-                                                  or type(pair[1]).__module__ == "numpy")]
+        in_memory = [pair for pair in pairs if _in_memory(pair[1])]
+        encoded = [pair for pair in pairs if not _in_memory(pair[1])]
         futures = []
         threads = self._thread_pool()
         if self.executor == "process" and encoded:
@@ -157,6 +190,36 @@ class DecodePool:
             decoded.extend(future.result()[1])
         decoded.sort(key=lambda item: item.index)
         return decoded
+
+    def decode_into(self, items: Sequence[Any], lease: Lease, bytes_per_image: int) -> List[RegionResult]:
+        """Decode every input, each task writing its inputs' pixels into its own region of ``lease``'s
+        arena (``bytes_per_image`` times its inputs): the only copy of the pixels after decoding."""
+        pairs = list(enumerate(items))
+        in_memory = [pair for pair in pairs if _in_memory(pair[1])]
+        encoded = [pair for pair in pairs if not _in_memory(pair[1])]
+        if self.executor == "process" and encoded and len(pairs) > 1:
+            process_chunks = chunked([(index, bytes(item) if isinstance(item, memoryview) else item)
+                                      for index, item in encoded], self.workers)
+            thread_chunks = chunked(in_memory, self.workers) if in_memory else []
+        else:
+            process_chunks, thread_chunks = [], chunked(pairs, self.workers) if pairs else []
+        arena = lease.arena
+        starts, start = [], 0
+        for chunk in process_chunks + thread_chunks:
+            starts.append(start)
+            start += len(chunk) * bytes_per_image
+        if len(pairs) == 1:  # a single request: no hop through the pool
+            return [RegionResult(0, *decode_into_region(pairs, self.options, arena.array[:bytes_per_image]))]
+        futures = []
+        if process_chunks:
+            pool = self._process_pool()
+            futures += [pool.submit(_decode_into_arena_in_process, chunk, arena.ref, at, len(chunk) * bytes_per_image)
+                        for chunk, at in zip(process_chunks, starts)]
+        threads = self._thread_pool()
+        futures += [threads.submit(decode_into_region, chunk, self.options,
+                                   arena.array[at:at + len(chunk) * bytes_per_image])
+                    for chunk, at in zip(thread_chunks, starts[len(process_chunks):])]
+        return [RegionResult(at, *future.result()) for future, at in zip(futures, starts)]
 
     def copy_many(self, targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
         """``target[...] = source`` for each pair of CPU tensors, spread over the thread pool."""

@@ -99,9 +99,11 @@ class ExactResize:
         (copy_many or _copy_each)(slots, list(images))
         return plan, buffer, slots
 
-    def run_packed(self, plan: BatchPlan, buffer: torch.Tensor) -> torch.Tensor:
-        """The kernel on a packed buffer: one upload (asynchronous from page-locked memory), one launch."""
-        return resample_packed(buffer, plan, self.device, self.dtype)
+    def run_packed(self, plan: BatchPlan, buffer: torch.Tensor,
+                   segments: Optional[Sequence[Tuple[int, int, int]]] = None) -> torch.Tensor:
+        """The kernel on a packed buffer: one upload (asynchronous from page-locked memory; with
+        ``segments``, one copy per run of pixels, see ``resample_packed``), one launch."""
+        return resample_packed(buffer, plan, self.device, self.dtype, segments)
 
     def _pack_on_device(self, images: Sequence[torch.Tensor]) -> Tuple[BatchPlan, torch.Tensor]:
         """The packed layout built on the GPU, for pixels already there (nvJPEG's): no round trip."""

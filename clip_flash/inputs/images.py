@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -25,7 +26,9 @@ from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
+from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
+from .pixel_arena import ArenaPool, Lease, arenas_supported
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,10 @@ class PackedPixels:
     plan: Any
     buffer: torch.Tensor
     indices: List[int]
+    # Set when the pixels lie in runs of a reused arena (``buffer``) rather than at the plan's offsets:
+    # (host_start, nbytes, device_start) per run, and the lease to mark when the upload is queued.
+    segments: Optional[List[Tuple[int, int, int]]] = None
+    lease: Optional[Lease] = None
 
 
 @dataclass
@@ -97,9 +104,11 @@ class ImagePreprocessor:
             interpolates: up to tens of levels apart; see ``gpu_chroma``;
             ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
         workers: CPU workers decoding (default: the cores this process may use).
-        executor: ``"thread"`` (default; the decoders release the GIL) or ``"process"`` (no GIL
-            cap; spawned workers start on first use, a few seconds, so a script using it needs the
-            usual ``if __name__ == "__main__":`` guard).
+        executor: ``"auto"`` (default: ``"process"`` where decoded pixels go to the GPU kernel through
+            shared arenas, i.e. a CUDA device on Linux; ``"thread"`` otherwise), ``"thread"`` (the
+            decoders release the GIL, but Pillow's header parsing and the bookkeeping do not: a cap on
+            many cores) or ``"process"`` (no GIL cap; spawned workers start on first use, a few seconds,
+            so a script using it needs the usual ``if __name__ == "__main__":`` guard).
         resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
             (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
         gpu_chroma: with ``decode="gpu"``: ``"libjpeg"`` recovers the chroma from nvJPEG's output and
@@ -122,7 +131,7 @@ class ImagePreprocessor:
 
     def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
                  dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
-                 executor: str = "thread", resize: str = "auto", gpu_chroma: str = "libjpeg") -> None:
+                 executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg") -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -135,8 +144,8 @@ class ImagePreprocessor:
         if gpu_chroma not in CHROMA:
             raise ValueError(f"gpu_chroma must be one of {CHROMA}, got {gpu_chroma!r}")
         self.gpu_chroma = gpu_chroma
-        if executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        if executor not in EXECUTORS + ("auto",):
+            raise ValueError(f"executor must be 'auto' or one of {EXECUTORS}, got {executor!r}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
         self.preprocess = preprocess
@@ -151,7 +160,13 @@ class ImagePreprocessor:
         self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False,
                                           spec=self.resize.spec)
         self.workers = workers or default_workers()
+        if executor == "auto":
+            # Processes decode straight into the kernel's arenas: no GIL, and no pixel copy in this process.
+            executor = "process" if decode == "cpu" and self.resize.packs and arenas_supported() else "thread"
+        self.executor = executor
         self.pool = DecodePool(self.options, self.workers, executor)
+        self._arenas: Optional[ArenaPool] = None
+        self._arena_lock = threading.Lock()
 
     @property
     def output_size(self) -> Tuple[int, int]:
@@ -164,12 +179,12 @@ class ImagePreprocessor:
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
         items = list(items)
+        if self.resize.packs and items and arenas_supported():
+            return self._decode_into_arena(items)
         decoded = self.pool.decode(items)
         failures = [(item.index, item.reason) for item in decoded if not item.ok]
         good = [item for item in decoded if item.ok]
-        for item in good:
-            for note in item.notes:
-                logger.debug("input %d: %s", item.index, note)
+        self._log_notes(good)
         packed = None
         # Pixels on the CPU go into the kernel's buffer; a tensor passed in on the GPU is packed there later.
         pixel_items = [item for item in good if item.pixels is not None and item.pixels.device.type == "cpu"]
@@ -183,6 +198,49 @@ class ImagePreprocessor:
             packed = PackedPixels(plan, buffer, [item.index for item in pixel_items])
         return DecodedImages(len(items), good, failures, packed)
 
+    def _decode_into_arena(self, items: List[ImageInput]) -> DecodedImages:
+        """The kernel's route: workers write pixels straight into a reused page-locked arena, each task
+        into its own region; the plan (meta rows, tap tables) is made here from the sizes alone."""
+        with self._arena_lock:
+            if self._arenas is None:
+                self._arenas = ArenaPool(pin=self.device.type == "cuda")
+        lease, bytes_per_image = self._arenas.lease(len(items))
+        regions = self.pool.decode_into(items, lease, bytes_per_image)
+        packed_items: List[DecodedItem] = []
+        shapes: List[Tuple[int, int, int]] = []
+        runs: List[Tuple[int, int, int]] = []  # (host_start, nbytes, first image of the run)
+        for region in regions:
+            if region.items:
+                self._arenas.observe(region.needed / len(region.items))
+            first = len(shapes)
+            for item, offset in zip(region.items, region.offsets):
+                if offset < 0:
+                    continue
+                shape = (int(item.image_size[0]), int(item.image_size[1]), int(item.channels))
+                start = region.start + offset
+                item.pixels = lease.tensor[start:start + shape[0] * shape[1] * shape[2]].view(shape)
+                shapes.append(shape)
+                packed_items.append(item)
+            if region.used:
+                runs.append((region.start, region.used, first))
+        decoded = sorted((item for region in regions for item in region.items), key=lambda item: item.index)
+        failures = [(item.index, item.reason) for item in decoded if not item.ok]
+        good = [item for item in decoded if item.ok]
+        self._log_notes(good)
+        packed = None
+        if packed_items:
+            plan = plan_batch(shapes, self.resize.spec)
+            segments = [(host_start, size, plan.pixels_at + int(plan.meta[first, 0]))
+                        for host_start, size, first in runs]
+            packed = PackedPixels(plan, lease.tensor, [item.index for item in packed_items], segments, lease)
+        return DecodedImages(len(items), good, failures, packed)
+
+    @staticmethod
+    def _log_notes(items: List[DecodedItem]) -> None:
+        for item in items:
+            for note in item.notes:
+                logger.debug("input %d: %s", item.index, note)
+
     def prepare(self, decoded: DecodedImages) -> PreparedImages:
         """The device step: resample the decoded pixels exactly and assemble the batch in input order."""
         failures = list(decoded.failures)
@@ -193,7 +251,9 @@ class ImagePreprocessor:
         groups: List[Tuple[List[int], torch.Tensor]] = []
         if decoded.packed is not None:
             packed = decoded.packed
-            groups.append((packed.indices, self.resize.run_packed(packed.plan, packed.buffer)))
+            groups.append((packed.indices, self.resize.run_packed(packed.plan, packed.buffer, packed.segments)))
+            if packed.lease is not None:
+                packed.lease.record_upload()  # the arena is reused once these copies are done
             in_buffer = set(packed.indices)
             pixel_items = [item for item in pixel_items if item.index not in in_buffer]
         device_pixels = [item.pixels for item in pixel_items]
@@ -271,6 +331,9 @@ class ImagePreprocessor:
     def close(self) -> None:
         """Stop the decoding workers."""
         self.pool.close()
+        if self._arenas is not None:
+            self._arenas.close()
+            self._arenas = None
 
     def __enter__(self) -> "ImagePreprocessor":
         return self

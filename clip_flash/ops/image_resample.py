@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -59,7 +59,15 @@ class BatchPlan:
 
     def allocate_host(self, pin: bool = True) -> torch.Tensor:
         """A uint8 host buffer of the batch with meta and tables filled in; pixels left to the caller."""
-        buffer = torch.empty(self.total_bytes, dtype=torch.uint8, pin_memory=pin and torch.cuda.is_available())
+        return self._fill_head(torch.empty(self.total_bytes, dtype=torch.uint8,
+                                           pin_memory=pin and torch.cuda.is_available()))
+
+    def allocate_head(self, pin: bool = True) -> torch.Tensor:
+        """Only the meta rows and tables (the buffer up to ``pixels_at``), for pixels packed elsewhere."""
+        return self._fill_head(torch.empty(self.pixels_at, dtype=torch.uint8,
+                                           pin_memory=pin and torch.cuda.is_available()))
+
+    def _fill_head(self, buffer: torch.Tensor) -> torch.Tensor:
         buffer[: self.meta.nbytes].view(torch.int64).copy_(torch.from_numpy(self.meta.reshape(-1)))
         buffer[self.tables_at: self.tables_at + self.tables.nbytes].view(torch.int32).copy_(torch.from_numpy(self.tables))
         return buffer
@@ -76,7 +84,10 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
     their tables. Raises ``ImageTooSmallError`` (naming the image) where OpenCLIP's transform fails,
     and ``PillowMismatchError`` if the installed Pillow does not compute what the kernel reproduces."""
     require_pillow_agreement()
-    meta = np.zeros((len(shapes), len(META_FIELDS)), dtype=np.int64)
+    # Web photos come in few sizes: one meta row per distinct shape, then numpy does the rest.
+    distinct: Dict[Tuple[int, int, int], int] = {}
+    which = [distinct.setdefault(tuple(shape), len(distinct)) for shape in shapes]
+    templates = np.zeros((len(distinct), len(META_FIELDS)), dtype=np.int64)
     pieces: List[np.ndarray] = []
     offsets: Dict[int, int] = {}
     keep_alive: List[AxisTable] = []
@@ -92,8 +103,8 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
             table_size += flat.size
         return offsets[id(table)]
 
-    pixel_offset = 0
-    for index, (height, width, channels) in enumerate(shapes):
+    for (height, width, channels), row in distinct.items():
+        index = which.index(row)  # the first image of this shape, for the messages
         if channels not in (1, 3):
             raise ValueError(f"image {index}: {channels} channels; decoded images must have 1 (L) or 3 (RGB)")
         try:
@@ -101,15 +112,18 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
         except ValueError as error:
             raise type(error)(f"image {index}: {error}") from error
         col_first, col_last = plan.cols.source_span
-        meta[index] = (
-            pixel_offset, height, width, channels, place(plan.cols), place(plan.rows), plan.cols.taps,
+        templates[row] = (
+            0, height, width, channels, place(plan.cols), place(plan.rows), plan.cols.taps,
             plan.rows.taps, int(plan.vertical_first), plan.fill, col_first, col_last,
         )
-        pixel_offset += height * width * channels
+    meta = templates[np.asarray(which, dtype=np.int64)] if shapes else templates
+    sizes = meta[:, 1] * meta[:, 2] * meta[:, 3]
+    meta[:, 0] = np.cumsum(sizes) - sizes
+    pixel_bytes = int(sizes.sum())
     tables = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
     tables_at = _aligned(meta.nbytes)
     pixels_at = _aligned(tables_at + tables.nbytes)
-    return BatchPlan(spec, tuple(tuple(s) for s in shapes), meta, tables, tables_at, pixels_at, pixels_at + pixel_offset)
+    return BatchPlan(spec, tuple(tuple(s) for s in shapes), meta, tables, tables_at, pixels_at, pixels_at + pixel_bytes)
 
 
 @functools.lru_cache(maxsize=64)
@@ -138,9 +152,15 @@ def kernel_usable(spec: ImageTransformSpec, device: Device) -> bool:
 
 
 def resample_packed(
-    buffer: torch.Tensor, plan: BatchPlan, device: Device, dtype: torch.dtype = torch.float32
+    buffer: torch.Tensor, plan: BatchPlan, device: Device, dtype: torch.dtype = torch.float32,
+    segments: Optional[Sequence[Tuple[int, int, int]]] = None,
 ) -> torch.Tensor:
-    """Run the kernel on a host buffer laid out by ``plan`` (pixels written); one upload, one launch."""
+    """Run the kernel on a host buffer laid out by ``plan`` (pixels written); one upload, one launch.
+
+    With ``segments``, ``buffer`` holds only pixels, in runs ``(host_start, nbytes, device_start)`` that
+    are copied to ``device_start`` of the uploaded layout (the meta rows and tables come from the plan):
+    one copy per run, the device layout being exactly ``plan``'s.
+    """
     if dtype not in OUTPUT_DTYPES:
         raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
     device = torch.device(device)
@@ -154,7 +174,14 @@ def resample_packed(
         return out
     if n > MAX_IMAGES_PER_LAUNCH:
         raise ValueError(f"at most {MAX_IMAGES_PER_LAUNCH} images per launch, got {n}")
-    on_device = buffer.to(device, non_blocking=True)
+    if segments is None:
+        on_device = buffer.to(device, non_blocking=True)
+    else:
+        on_device = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
+        on_device[: plan.pixels_at].copy_(plan.allocate_head(pin=device.type == "cuda"), non_blocking=True)
+        for host_start, size, device_start in segments:
+            on_device[device_start: device_start + size].copy_(buffer[host_start: host_start + size],
+                                                               non_blocking=True)
     meta = on_device[: plan.meta.nbytes].view(torch.int64).view(n, len(META_FIELDS))
     tables = on_device[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(torch.int32)
     pixels = on_device[plan.pixels_at:]

@@ -113,3 +113,30 @@ def test_patched_model_takes_the_cpu_batch(build_model, vit_b32_preprocess, phot
         with clip_flash.patched(model):
             patched = model.encode_image(pixels)
     assert torch.allclose(patched, stock, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("executor", ["auto", "thread"])
+def test_arenas_reused_batch_after_batch_on_the_gpu(vit_b32_preprocess, photo_files, executor):
+    """Batches decoded ahead while earlier ones upload, arenas page-locked once and reused when released:
+    every batch still equals the reference (an arena rewritten before its upload finished would not)."""
+    from clip_flash.inputs.pixel_arena import arenas_supported
+
+    batches = [photo_files[start::3] for start in range(3)] * 2
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, workers=4,
+                                      executor=executor) as prep:
+        if arenas_supported() and prep.resize.packs:
+            assert prep.executor == ("process" if executor == "auto" else "thread")
+        results = []
+        ahead = [prep.decode(batches[0])]
+        for number in range(len(batches)):
+            if number + 1 < len(batches):
+                ahead.append(prep.decode(batches[number + 1]))  # decoded while the previous one uploads
+            current = ahead.pop(0)
+            if current.packed is not None and current.packed.lease is not None:
+                assert current.packed.lease.arena.pinned
+            results.append(prep.prepare(current))
+            current = None  # released: its arena may take a later batch once its upload is done
+        torch.cuda.synchronize()
+    for prepared, paths in zip(results, batches):
+        assert_same_as_reference(prepared, vit_b32_preprocess, paths)
