@@ -169,6 +169,14 @@ class FastCLIPTokenizer:
         return kept_rows, words
 
 
+def _tokenizers_installed() -> bool:
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def describe_tokenizer(tokenizer: Any) -> str:
     """Which tokenizer this is: clip_flash's fast one, or OpenCLIP's own and why it was kept."""
     if isinstance(tokenizer, FastCLIPTokenizer):
@@ -190,10 +198,12 @@ def get_tokenizer(model_name: str = "", context_length: Optional[int] = None, *,
     import open_clip
     openclip_tokenizer = open_clip.get_tokenizer(model_name, context_length=context_length, **kwargs)
     refusal = fast_path_refusal(openclip_tokenizer) if fast else "fast=False"
+    if refusal is None and not _tokenizers_installed():
+        refusal = "Hugging Face tokenizers is not installed (pip install tokenizers)"
     if refusal is None:
         tokenizer = FastCLIPTokenizer(openclip_tokenizer, clean_workers=clean_workers)
         logger.info("tokenizer for %r: %s", model_name, tokenizer.describe())
         return tokenizer
-    logger.info("tokenizer for %r: OpenCLIP's own %s (%s)", model_name,
-                type(openclip_tokenizer).__name__, refusal)
+    log = logger.warning if "not installed" in refusal else logger.info
+    log("tokenizer for %r: OpenCLIP's own %s (%s)", model_name, type(openclip_tokenizer).__name__, refusal)
     return openclip_tokenizer

@@ -107,3 +107,10 @@ def test_threads_share_one_tokenizer():
         results = list(pool.map(fast, batches))
     for batch, got in zip(batches, results):
         assert torch.equal(got, stock(batch))
+
+
+def test_without_tokenizers_installed_openclips_own_comes_back(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers now raises ImportError
+    tokenizer = get_tokenizer("ViT-B-32")
+    assert type(tokenizer) is open_clip.tokenizer.SimpleTokenizer
