@@ -170,10 +170,10 @@ class FastCLIPTokenizer:
 
 def _tokenizers_installed() -> bool:
     try:
-        import tokenizers  # noqa: F401
+        import tokenizers
     except ImportError:
         return False
-    return True
+    return hasattr(tokenizers, "Tokenizer")
 
 
 def describe_tokenizer(tokenizer: Any) -> str:

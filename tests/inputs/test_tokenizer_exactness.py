@@ -25,14 +25,16 @@ CI_STRINGS = {"ascii": 40_000, "code_points": 30_000, "sentences": 40_000, "enti
               "mixes": 20_000, "mojibake": 15_000}
 
 # Characters where cleaning, case mapping or Unicode tables are most likely to disagree.
-WHITESPACE_LIKE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2007\u200a\u2028\u2029\u202f\u205f\u3000\u180e\u200b\ufeff\xad"
+WHITESPACE_LIKE = ("\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2007\u200a\u2028\u2029\u202f\u205f"
+                   "\u3000\u180e\u200b\ufeff\xad")
 CASE_TRAPS = "İıßẞςσΣſKÅǅǈǋﬀﬁﬂﬃﬆ\u0345ΐΰŉǰẖẗẘẙẚ"
 DIGITS = "0123456789０１２３٣४߁੧¹²³½Ⅻⅻ①𝟘𝟙"
 COMBINING = "\u0300\u0301\u0308\u0327\u0345\u20dd\u036f\u0489"
 SCRIPTS = "猫犬の日本語한국어中文字ひらがなカタカナｶﾀｶﾅ مرحبا بالعالم שלום עולם Привет мир Ελληνικά ไทย देवनागरी"
 EMOJI = "😀👍🏽👨\u200d👩\u200d👧🇫🇷#\ufe0f\u20e3❤️✔™©®"
 QUOTES = "‘’‚‛“”„‟ʼ′″«»–—…"
-CONTROLS = "".join(map(chr, list(range(0, 32)) + [127] + list(range(0x80, 0xA0)))) + "\u200e\u200f\u202e\u2066\u206a\ufff9\ufffc"
+CONTROLS = ("".join(map(chr, list(range(0, 32)) + [127] + list(range(0x80, 0xA0))))
+            + "\u200e\u200f\u202e\u2066\u206a\ufff9\ufffc")
 INTERESTING = WHITESPACE_LIKE + CASE_TRAPS + DIGITS + COMBINING + SCRIPTS + EMOJI + QUOTES + CONTROLS
 SPECIAL_SPELLINGS = ["<start_of_text>", "<end_of_text>", "<START_OF_TEXT>", "<End_Of_Text>", "<start_of_text",
                      "<<start_of_text>>", "<ſtart_of_text>", "start_of_text", "</w>"]
