@@ -66,6 +66,7 @@ TEXT_INPUT_NOTES = {
     "captions": "ImageNet captions (class names x prompt templates) timed from strings: the stock side "
                 "tokenizes with OpenCLIP's tokenizer, the patched side with clip_flash.get_tokenizer (the same "
                 "ids; OpenCLIP's with --pipeline stock), then each encodes",
+    "caption-ids": "ImageNet captions tokenized once up front with the model's own tokenizer (the encoders alone)",
 }
 
 
@@ -151,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "e.g. cuda_graphs=true")
     parser.add_argument("--text-input", choices=tuple(TEXT_INPUT_NOTES), default="random",
                         help="random: token ids as in the published table; captions: realistic "
-                             "ImageNet prompts, timed from strings (tokenizer included)")
+                             "ImageNet prompts, timed from strings (tokenizer included); caption-ids: the same "
+                             "prompts tokenized up front (encoders alone)")
     parser.add_argument("--images", type=Path, default=None, metavar="DIR",
                         help="use the pictures in DIR (Pillow + the model's own preprocess) instead "
                              "of random pixels")

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     rows = [row for cores in args.cores for row in run_setting(cores, args)]
     columns = ("captions", "cores", "mean tokens", "OpenCLIP warm /s", "clip_flash warm /s", "warm x",
                "+ cleaning pool warm /s (x)", "OpenCLIP cold /s", "clip_flash cold /s", "cold x",
-               "routes plain/cleaned/openclip")
+               "texts per route over all calls (plain/cleaned/openclip)")
     table = markdown_table(columns, [(
         f"{row['caption_set']} x{row['captions']}", str(row["cores"]), f"{row['mean_tokens']:.1f}",
         f"{row['openclip_warm_per_s']:,.0f}", f"{row['clip_flash_warm_per_s']:,.0f}", f"{row['warm_speedup']:.1f}",

@@ -213,7 +213,7 @@ class ModelBench:
     def text_inputs(self, batch: int, seed_offset: int = 0) -> torch.Tensor:
         """Token ids of ``batch`` rows on the device, per ``--text-input``."""
         seed = self.settings.seed + seed_offset
-        if self.settings.text_input == "captions":
+        if self.settings.text_input in ("captions", "caption-ids"):
             tokens = caption_token_ids(self.tokenizer(), batch, seed)
         else:
             tokens = random_token_ids(batch, self.loaded.context_length, self.loaded.vocab_size, seed)

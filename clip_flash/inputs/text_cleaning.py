@@ -18,27 +18,30 @@ collapsing and lower-casing is the identity:
   rather than the ids.
 - ``html.unescape`` rewrites only an ``&`` followed by ``#`` or by a character other than tab, newline,
   form feed, space, ``<``, ``&``, ``#`` and ``;``: never one followed by a space or ending the text.
-- What remains is ``" ".join(text.split()).lower()``, which the fast path runs itself (Python's own
-  ``str`` methods: the same function, not a copy of it).
+- What remains is ``" ".join(text.split()).lower()``: whitespace runs to one space, and lower case.
 
-The resulting text holds only printable ASCII and single spaces. On such text OpenCLIP's split pattern
-(``regex`` module, IGNORECASE) reduces to ``PLAIN_WORD_PATTERN``: ``\\p{L}`` is ``[A-Za-z]`` there,
-``\\p{N}`` is ``[0-9]`` and the only whitespace is the space, so Python's own ``re`` splits it the same
-way, faster (the tests compare the two on large corpora). The one ASCII case left is a text that spells a
-special token (``<start_of_text>``/``<end_of_text>``, any case): OpenCLIP turns it into the special id
-mid-text, so such texts go through OpenCLIP's own code (see ``spells_special_token``).
+Then OpenCLIP splits with its pattern (``regex`` module, IGNORECASE). On lower-case printable ASCII,
+``\\p{L}`` is ``[a-z]``, ``\\p{N}`` is ``[0-9]``, and tab, newline, carriage return and space are all
+``\\s``; no alternative matches or crosses whitespace, so collapsing whitespace cannot change the words.
+Hence the words of a plain text are ``PLAIN_WORD_PATTERN.findall(text.lower())``: OpenCLIP's pattern
+restricted to that alphabet, its alternatives reordered where they cannot compete (they start with
+different characters), run by Python's own ``re`` over a whole batch at once (``split_plain_texts``). The
+tests compare this with OpenCLIP's ``pat.findall(clean_fn(text))`` on large corpora. The one plain case
+left is a text that spells a special token (``<start_of_text>``/``<end_of_text>``, any case): OpenCLIP
+turns it into the special id mid-text, so such texts go through OpenCLIP's own code
+(``spells_special_token``; whitespace collapsing cannot create or break such a spelling).
 """
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Sequence
+from typing import List, Sequence
 
 # Anything outside printable ASCII, tab, newline and carriage return, or an "&" followed by anything but a
 # space, sends a text through OpenCLIP's cleaning.
 _OUTSIDE_PLAIN_ASCII = re.compile(r"[^\t\n\r\x20-\x7e]|&(?=[^ ])")
 SPECIAL_TOKEN_TEXTS = ("<start_of_text>", "<end_of_text>")
-# OpenCLIP's split pattern on cleaned plain-ASCII text (see the module docstring).
-PLAIN_WORD_PATTERN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d|[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]+""")
+# OpenCLIP's split pattern on lower-cased plain text (see the module docstring).
+PLAIN_WORD_PATTERN = re.compile(r"""[a-z]+|[0-9]|'(?:s|t|re|ve|m|ll|d)|[^\sa-z0-9]+""")
 
 
 def is_plain_ascii(text: object) -> bool:
@@ -60,23 +63,21 @@ def plain_ascii_mask(texts: Sequence[object]) -> List[bool]:
     return [is_plain_ascii(text) for text in texts]
 
 
-def clean_plain_ascii(texts: Iterable[str]) -> List[str]:
-    """OpenCLIP's cleaning result for plain-ASCII texts: whitespace runs to one space, stripped, lower case."""
-    return [" ".join(text.split()).lower() for text in texts]
+def lowered_plain_batch(texts: Sequence[str], boundary: str) -> str:
+    """The plain texts joined, each followed by `` boundary ``, lower-cased: one string for one scan.
 
-
-def split_plain_texts(cleaned_texts: Sequence[str], boundary: str) -> List[str]:
-    """The words of every cleaned plain text in one flat list, each text's words followed by ``boundary``.
-
-    One regex scan over the joined batch. ``boundary`` must be a character no plain text holds and the
-    pattern keeps as a word of its own (a control character, between spaces).
+    ``boundary`` must be a character no plain text holds and the pattern keeps as a word of its own (a
+    control character, between spaces).
     """
-    if not cleaned_texts:
-        return []
     separator = f" {boundary} "
-    return PLAIN_WORD_PATTERN.findall(separator.join(cleaned_texts) + separator)
+    return (separator.join(texts) + separator).lower() if texts else ""
 
 
-def spells_special_token(cleaned_text: str) -> bool:
-    """True when a cleaned (lower-cased) text contains a special token's spelling."""
-    return any(special in cleaned_text for special in SPECIAL_TOKEN_TEXTS)
+def split_plain_texts(lowered_batch: str) -> List[str]:
+    """OpenCLIP's words of every text in a ``lowered_plain_batch``, each text's followed by the boundary."""
+    return PLAIN_WORD_PATTERN.findall(lowered_batch)
+
+
+def spells_special_token(lowered_text: str) -> bool:
+    """True when a lower-cased text contains a special token's spelling."""
+    return any(special in lowered_text for special in SPECIAL_TOKEN_TEXTS)

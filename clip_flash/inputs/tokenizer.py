@@ -4,9 +4,9 @@ For OpenCLIP's ``SimpleTokenizer`` in its default setting (OpenAI BPE, ``clean='
 extra special tokens: the ViT-* CLIP models) the result is a ``FastCLIPTokenizer``. Each text takes the
 cheapest route that still gives OpenCLIP's ids:
 
-- ``plain``: printable ASCII without ``&`` (most captions). OpenCLIP's cleaning reduces to whitespace
-  collapsing and lower-casing there, and its split pattern to an ASCII one that Python's ``re`` runs
-  over the whole batch at once (proofs in ``text_cleaning``).
+- ``plain``: printable ASCII, ``&`` only before a space (most captions). OpenCLIP's cleaning reduces to
+  whitespace collapsing and lower-casing there, and its split to an ASCII pattern that Python's ``re``
+  runs over the whole lower-cased batch at once (proofs in ``text_cleaning``).
 - ``cleaned``: any other text. OpenCLIP's own cleaning and own compiled split pattern run in Python
   (the same functions, so exact by construction).
 - ``openclip``: a text whose cleaned form spells ``<start_of_text>``/``<end_of_text>``, or that is not a
@@ -30,7 +30,7 @@ import torch
 from .cleaning_pool import CleaningPool, clean_and_split
 from .fast_bpe import (BOUNDARY_WORD, WordIds, as_long_tensor, causal_merge_violations, fill_rows, new_result,
                        ordered_merges)
-from .text_cleaning import (SPECIAL_TOKEN_TEXTS, all_plain_ascii, clean_plain_ascii, plain_ascii_mask,
+from .text_cleaning import (SPECIAL_TOKEN_TEXTS, all_plain_ascii, lowered_plain_batch, plain_ascii_mask,
                             spells_special_token, split_plain_texts)
 
 logger = logging.getLogger(__name__)
@@ -121,15 +121,14 @@ class FastCLIPTokenizer:
         pending = self.cleaning_pool.submit(other_texts) if self.cleaning_pool.usable_for(len(other_texts)) \
             else None
 
-        cleaned = clean_plain_ascii(texts[row] for row in plain_rows)
-        if spells_special_token("\n".join(cleaned)):
-            special = [spells_special_token(text) for text in cleaned]
+        lowered = lowered_plain_batch([texts[row] for row in plain_rows], BOUNDARY_WORD)
+        if spells_special_token(lowered):
+            special = [spells_special_token(texts[row].lower()) for row in plain_rows]
             openclip_rows += [row for row, is_special in zip(plain_rows, special) if is_special]
             plain_rows = [row for row, is_special in zip(plain_rows, special) if not is_special]
-            cleaned = [text for text, is_special in zip(cleaned, special) if not is_special]
+            lowered = lowered_plain_batch([texts[row] for row in plain_rows], BOUNDARY_WORD)
         if plain_rows:
-            words = split_plain_texts(cleaned, BOUNDARY_WORD)
-            fill_rows(result, plain_rows, self.word_ids.flat_ids(words), sot, eot)
+            fill_rows(result, plain_rows, self.word_ids.flat_ids(split_plain_texts(lowered)), sot, eot)
         self.route_counts["plain"] += len(plain_rows)
 
         if other_rows:
@@ -169,6 +168,14 @@ class FastCLIPTokenizer:
         return kept_rows, words
 
 
+def _tokenizers_installed() -> bool:
+    try:
+        import tokenizers
+    except ImportError:
+        return False
+    return hasattr(tokenizers, "Tokenizer")
+
+
 def describe_tokenizer(tokenizer: Any) -> str:
     """Which tokenizer this is: clip_flash's fast one, or OpenCLIP's own and why it was kept."""
     if isinstance(tokenizer, FastCLIPTokenizer):
@@ -190,10 +197,12 @@ def get_tokenizer(model_name: str = "", context_length: Optional[int] = None, *,
     import open_clip
     openclip_tokenizer = open_clip.get_tokenizer(model_name, context_length=context_length, **kwargs)
     refusal = fast_path_refusal(openclip_tokenizer) if fast else "fast=False"
+    if refusal is None and not _tokenizers_installed():
+        refusal = "Hugging Face tokenizers is not installed (pip install tokenizers)"
     if refusal is None:
         tokenizer = FastCLIPTokenizer(openclip_tokenizer, clean_workers=clean_workers)
         logger.info("tokenizer for %r: %s", model_name, tokenizer.describe())
         return tokenizer
-    logger.info("tokenizer for %r: OpenCLIP's own %s (%s)", model_name,
-                type(openclip_tokenizer).__name__, refusal)
+    log = logger.warning if "not installed" in refusal else logger.info
+    log("tokenizer for %r: OpenCLIP's own %s (%s)", model_name, type(openclip_tokenizer).__name__, refusal)
     return openclip_tokenizer

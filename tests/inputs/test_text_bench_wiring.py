@@ -51,3 +51,14 @@ def test_zero_shot_from_strings_records_both_tokenizers(tmp_path):
     assert zero_shot["stock_tokenizer"].startswith("OpenCLIP's own SimpleTokenizer")
     assert zero_shot["stock_tokenize_median_s"] > 0 and zero_shot["patched_tokenize_median_s"] > 0
     assert zero_shot["patched_cos_fp32"] == pytest.approx(1, abs=1e-5)
+
+
+@pytest.mark.parametrize("text_input", ["captions", "caption-ids"])
+def test_caption_rows_run_from_strings_or_ids(tmp_path, text_input):
+    bench_clip = _bench_clip()
+    out = tmp_path / "captions.json"
+    code = bench_clip.main(["--model", "ViT-B-32", "--device", "cpu", "--towers", "text", "--text-input", text_input,
+                            "--batch-sizes", "3", "--times", "1", "--warmup", "1", "--json", str(out)])
+    assert code == 0
+    (row,) = json.loads(out.read_text())["models"][0]["rows"]
+    assert row["shape"] == "(3, 77)" and row["patched_cos_fp32"] == pytest.approx(1, abs=1e-5)

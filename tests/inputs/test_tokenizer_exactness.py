@@ -25,14 +25,16 @@ CI_STRINGS = {"ascii": 40_000, "code_points": 30_000, "sentences": 40_000, "enti
               "mixes": 20_000, "mojibake": 15_000}
 
 # Characters where cleaning, case mapping or Unicode tables are most likely to disagree.
-WHITESPACE_LIKE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2007\u200a\u2028\u2029\u202f\u205f\u3000\u180e\u200b\ufeff\xad"
+WHITESPACE_LIKE = ("\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2007\u200a\u2028\u2029\u202f\u205f"
+                   "\u3000\u180e\u200b\ufeff\xad")
 CASE_TRAPS = "İıßẞςσΣſKÅǅǈǋﬀﬁﬂﬃﬆ\u0345ΐΰŉǰẖẗẘẙẚ"
 DIGITS = "0123456789０１２３٣४߁੧¹²³½Ⅻⅻ①𝟘𝟙"
 COMBINING = "\u0300\u0301\u0308\u0327\u0345\u20dd\u036f\u0489"
 SCRIPTS = "猫犬の日本語한국어中文字ひらがなカタカナｶﾀｶﾅ مرحبا بالعالم שלום עולם Привет мир Ελληνικά ไทย देवनागरी"
 EMOJI = "😀👍🏽👨\u200d👩\u200d👧🇫🇷#\ufe0f\u20e3❤️✔™©®"
 QUOTES = "‘’‚‛“”„‟ʼ′″«»–—…"
-CONTROLS = "".join(map(chr, list(range(0, 32)) + [127] + list(range(0x80, 0xA0)))) + "\u200e\u200f\u202e\u2066\u206a\ufff9\ufffc"
+CONTROLS = ("".join(map(chr, list(range(0, 32)) + [127] + list(range(0x80, 0xA0))))
+            + "\u200e\u200f\u202e\u2066\u206a\ufff9\ufffc")
 INTERESTING = WHITESPACE_LIKE + CASE_TRAPS + DIGITS + COMBINING + SCRIPTS + EMOJI + QUOTES + CONTROLS
 SPECIAL_SPELLINGS = ["<start_of_text>", "<end_of_text>", "<START_OF_TEXT>", "<End_Of_Text>", "<start_of_text",
                      "<<start_of_text>>", "<ſtart_of_text>", "start_of_text", "</w>"]
@@ -259,11 +261,40 @@ def test_every_route_is_exercised(tokenizers_pair):
     assert all(count > 0 for count in fast_tok.route_counts.values()), fast_tok.route_counts
 
 
+def check_plain_split(count: int, seed: int) -> int:
+    """The plain route's words == OpenCLIP's ``pat.findall(clean_fn(text))`` for ``count`` plain texts."""
+    from clip_flash.inputs.text_cleaning import (is_plain_ascii, lowered_plain_batch, spells_special_token,
+                                                 split_plain_texts)
+    openclip_tok = open_clip.get_tokenizer("ViT-L-14")
+    rng = np.random.default_rng([seed, 7])
+    checked = differ = 0
+    started = time.perf_counter()
+    while checked < count:
+        # Texts spelling a special token never take the plain route (OpenCLIP's tokenizer does them).
+        texts = [t for t in random_ascii(rng, 20_000) + random_sentences(rng, 20_000)
+                 if is_plain_ascii(t) and not spells_special_token(t.lower())]
+        got = split_plain_texts(lowered_plain_batch(texts, "\x00"))
+        expected = [w for t in texts for w in openclip_tok.pat.findall(openclip_tok.clean_fn(t)) + ["\x00"]]
+        if got != expected:
+            bad = [t for t in texts if split_plain_texts(lowered_plain_batch([t], "\x00")) !=
+                   openclip_tok.pat.findall(openclip_tok.clean_fn(t)) + ["\x00"]]
+            differ += len(bad)
+            print("differ:", [repr(t) for t in bad[:5]])
+        checked += len(texts)
+    print(f"plain split: {checked} plain texts, {differ} differ ({time.perf_counter() - started:.0f} s)")
+    return 1 if differ else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strings-per-generator", type=int, default=400_000)
     parser.add_argument("--seed", type=int, default=SEED + 1)
+    parser.add_argument("--plain-split-strings", type=int, default=0,
+                        help="also compare the plain route's batch split with OpenCLIP's clean + split on this "
+                             "many plain texts (no BPE: cheap), then stop")
     args = parser.parse_args(argv)
+    if args.plain_split_strings:
+        return check_plain_split(args.plain_split_strings, args.seed)
     pair = (open_clip.get_tokenizer("ViT-L-14"), get_tokenizer("ViT-L-14"))
     total, failed = 0, 0
     for index, name in enumerate(sorted(GENERATORS)):

@@ -107,3 +107,18 @@ def test_threads_share_one_tokenizer():
         results = list(pool.map(fast, batches))
     for batch, got in zip(batches, results):
         assert torch.equal(got, stock(batch))
+
+
+def test_without_tokenizers_installed_openclips_own_comes_back(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers now raises ImportError
+    tokenizer = get_tokenizer("ViT-B-32")
+    assert type(tokenizer) is open_clip.tokenizer.SimpleTokenizer
+
+
+def test_empty_batches_and_sequence_types():
+    stock = open_clip.get_tokenizer("ViT-B-32")
+    fast = FastCLIPTokenizer(stock)
+    assert torch.equal(fast([]), stock([])) and fast([]).shape == (0, 77)
+    assert torch.equal(fast(("a tuple", "of captions")), stock(["a tuple", "of captions"]))
+    assert torch.equal(fast([np.str_("numpy string")]), stock([np.str_("numpy string")]))
