@@ -22,7 +22,7 @@ import torch
 
 from clip_flash._extension import load_extension
 from clip_flash.inputs.pillow_resample import (
-    check_image, preprocess_batch_cpu, require_pillow_agreement, to_model_input,
+    check_image, needs_premultiply, preprocess_batch_cpu, require_pillow_agreement, to_model_input,
 )
 from clip_flash.inputs.resample_plan import AxisTable, plan_image
 from clip_flash.inputs.transform_spec import ImageTransformSpec
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 # Must match ImageMetaField in csrc/image_resample.h.
 META_FIELDS = (
     "pixel_offset", "height", "width", "channels", "cols_table", "rows_table", "col_taps", "row_taps",
-    "vertical_first", "fill", "col_first", "col_last",
+    "vertical_first", "fill", "col_first", "col_last", "premultiply",
 )
 MAX_OUTPUT_WIDTH = 1024  # kImageResampleMaxWidth
 MAX_IMAGES_PER_LAUNCH = 65535
@@ -94,8 +94,8 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
 
     pixel_offset = 0
     for index, (height, width, channels) in enumerate(shapes):
-        if channels not in (1, 3):
-            raise ValueError(f"image {index}: {channels} channels; decoded images must have 1 (L) or 3 (RGB)")
+        if channels not in (1, 3, 4):
+            raise ValueError(f"image {index}: {channels} channels; decoded images have 1 (L), 3 (RGB) or 4 (RGBA)")
         try:
             plan = plan_image(spec, height, width)
         except ValueError as error:
@@ -104,6 +104,7 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
         meta[index] = (
             pixel_offset, height, width, channels, place(plan.cols), place(plan.rows), plan.cols.taps,
             plan.rows.taps, int(plan.vertical_first), plan.fill, col_first, col_last,
+            int(needs_premultiply(channels, plan)),
         )
         pixel_offset += height * width * channels
     tables = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
@@ -167,7 +168,7 @@ def resample_batch(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """(n, 3, H, W) model input on ``device`` for decoded uint8 (H, W, C) images (C = 1 for "L", 3 for
-    "RGB"): bit-identical to ``torch.stack([preprocess(pil) for pil in ...]).to(dtype)``.
+    "RGB", 4 for "RGBA", which Pillow resizes premultiplied): bit-identical to ``torch.stack([preprocess(pil) for pil in ...]).to(dtype)``.
 
     Uses the CUDA kernel when ``device`` is a GPU and the extension is built, the CPU implementation
     otherwise (same results by contract). Raises ``ImageTooSmallError`` for an image OpenCLIP's transform

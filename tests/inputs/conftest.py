@@ -48,13 +48,24 @@ def random_image(height: int, width: int, channels: int, seed: int) -> np.ndarra
     return rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
 
 
+def with_alpha(rgb: np.ndarray, seed: int) -> np.ndarray:
+    """RGBA: an alpha channel mixing fully transparent, opaque, and every level in between."""
+    rng = np.random.default_rng(seed)
+    h, w = rgb.shape[:2]
+    ramp = (np.arange(w)[None, :] * 255 // max(w - 1, 1)).repeat(h, axis=0)
+    alpha = np.where(rng.random((h, w)) < 0.3, rng.choice([0, 255], size=(h, w)), ramp).astype(np.uint8)
+    return np.concatenate([rgb, alpha[:, :, None]], axis=2)
+
+
 def random_corpus(target: Tuple[int, int]) -> List[Named]:
-    """Uniform random pixels at every awkward size, RGB and L, plus a 0/255 checkerboard (maximal
+    """Uniform random pixels at every awkward size, RGB and L (RGBA for every third size), plus a 0/255 checkerboard (maximal
     overshoot: bicubic clips at both ends)."""
     corpus = []
     for index, (h, w) in enumerate(list(ABSOLUTE_SIZES) + sizes_around(target)):
         for channels in (3, 1):
             corpus.append((f"random{h}x{w}x{channels}", random_image(h, w, channels, seed=index * 2 + channels)))
+        if index % 3 == 0:
+            corpus.append((f"random{h}x{w}x4", with_alpha(random_image(h, w, 3, seed=index), seed=index)))
     board = (np.indices((301, 403)).sum(axis=0) % 2 * 255).astype(np.uint8)
     corpus.append(("checkerboard301x403x1", board[:, :, None]))
     corpus.append(("checkerboard301x403x3", np.repeat(board[:, :, None], 3, axis=2)))
@@ -91,6 +102,8 @@ def photo_corpus(target: Tuple[int, int], share: Tuple[int, int] = (0, 1)) -> Li
             corpus.append((f"{name}-240x320", _pil_resized(photo, 240, 320)))
         if index % 3 == 1:
             corpus.append((f"{name}-768x1024", _pil_resized(photo, 768, 1024)))
+        if photo.shape[2] == 3 and index % 2 == 0:
+            corpus.append((f"{name}-rgba", with_alpha(photo, seed=index)))
         h, w = photo.shape[:2]
         for dh, dw in ((0, 0), (1, -1), (-1, 1)):
             ch, cw = min(h, th + dh), min(w, tw + dw)
@@ -100,10 +113,10 @@ def photo_corpus(target: Tuple[int, int], share: Tuple[int, int] = (0, 1)) -> Li
 
 
 def to_pil(array: np.ndarray) -> Image.Image:
-    """The PIL image a decoder would give for these pixels: mode "L" for one channel, "RGB" for three."""
+    """The PIL image a decoder would give for these pixels: mode "L", "RGB" or "RGBA" by channel count."""
     if array.shape[2] == 1:
         return Image.fromarray(np.ascontiguousarray(array[:, :, 0]), mode="L")
-    return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
+    return Image.fromarray(np.ascontiguousarray(array), mode="RGB" if array.shape[2] == 3 else "RGBA")
 
 
 def reference_or_error(preprocess, array: np.ndarray):
@@ -144,5 +157,5 @@ def corpora():
     """The corpus builders and reference helpers above, for the test modules of this folder."""
     return types.SimpleNamespace(
         random=random_corpus, photos=photo_corpus, to_pil=to_pil, reference=reference_or_error,
-        random_image=random_image, large_sizes=LARGE_SIZES,
+        random_image=random_image, with_alpha=with_alpha, large_sizes=LARGE_SIZES,
     )

@@ -85,7 +85,7 @@ def test_kernel_huge_image_memory_bounded(corpora):
 
 
 def test_kernel_pass_order_and_mixed_batch(corpora):
-    """One launch with both pass orders, RGB and L, padding, tiny and thin images together."""
+    """One launch with both pass orders, RGB, L and RGBA, padding, tiny and thin images together."""
     from open_clip.transform import image_transform
 
     from clip_flash.inputs.resample_plan import plan_image
@@ -96,6 +96,7 @@ def test_kernel_pass_order_and_mixed_batch(corpora):
         sizes = [(1000, 500), (640, 480), (480, 640), (3, 2), (1, 1), (2000, 300), (300, 2000), (224, 320), (225, 319),
                  (1500, 40)]
         corpus = [(f"{h}x{w}x{c}", corpora.random_image(h, w, c, seed=h * 7 + w + c)) for h, w in sizes for c in (1, 3)]
+        corpus += [(f"{h}x{w}x4", corpora.with_alpha(corpora.random_image(h, w, 3, seed=h), seed=w)) for h, w in sizes]
         orders = set()
         for _, array in corpus:
             try:

@@ -130,7 +130,7 @@ def test_resample_image_checks_its_input():
     spec = spec_from_preprocess(image_transform(224, is_train=False))
     plan = plan_image(spec, 10, 10)
     with pytest.raises(ValueError):
-        resample_image(torch.zeros(10, 10, 4, dtype=torch.uint8), plan)
+        resample_image(torch.zeros(10, 10, 2, dtype=torch.uint8), plan)
     with pytest.raises(ValueError):
         resample_image(torch.zeros(10, 10, 3, dtype=torch.float32), plan)
     with pytest.raises(ValueError):
