@@ -168,7 +168,8 @@ def resample_batch(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """(n, 3, H, W) model input on ``device`` for decoded uint8 (H, W, C) images (C = 1 for "L", 3 for
-    "RGB", 4 for "RGBA", which Pillow resizes premultiplied): bit-identical to ``torch.stack([preprocess(pil) for pil in ...]).to(dtype)``.
+    "RGB", 4 for "RGBA", which Pillow resizes premultiplied; an "LA" image is the same computation as
+    RGBA (L, L, L, A)): bit-identical to ``torch.stack([preprocess(pil) for pil in ...]).to(dtype)``.
 
     Uses the CUDA kernel when ``device`` is a GPU and the extension is built, the CPU implementation
     otherwise (same results by contract). Raises ``ImageTooSmallError`` for an image OpenCLIP's transform
