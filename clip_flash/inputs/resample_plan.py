@@ -163,7 +163,7 @@ def pillow_coefficients(in_size: int, out_size: int, interpolation: str, coords:
     return AxisTable(start=xmin.astype(np.int32), count=xmax.astype(np.int32), weights=fixed.astype(np.int32))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)  # a few MB for web photos; sizes repeat a lot
 def axis_table(in_size: int, resized: int, target: int, interpolation: str) -> AxisTable:
     """The table of one axis: ``target`` output coordinates of a center crop (or pad) of a resize
     from ``in_size`` to ``resized``. Cached: web photos come in few sizes."""
