@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import types
+from pathlib import Path
 from typing import List, NamedTuple, Tuple
 
 import numpy as np
@@ -72,14 +73,33 @@ def random_corpus(target: Tuple[int, int]) -> List[Named]:
     return corpus
 
 
+# Without scikit-image (the GPU machine), the benchmark photo folder serves instead, if it is there.
+PHOTO_FOLDER = Path(__file__).resolve().parents[2] / ".device" / "photos"
+
+
 @functools.lru_cache(maxsize=None)
 def _photo_sources() -> Tuple[Named, ...]:
-    skimage_data = pytest.importorskip("skimage.data")
+    try:
+        import skimage.data as skimage_data
+    except ImportError:
+        return _folder_photos(PHOTO_FOLDER, count=12)
     colour = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
     grey = ("camera", "moon", "coins", "text", "page")
     photos = [(name, getattr(skimage_data, name)()) for name in colour]
     photos += [(name, getattr(skimage_data, name)()[:, :, None]) for name in grey]
     return tuple((name, np.ascontiguousarray(array, dtype=np.uint8)) for name, array in photos)
+
+
+def _folder_photos(folder: Path, count: int) -> Tuple[Named, ...]:
+    paths = sorted(folder.glob("*.jp*g"))[:count] if folder.is_dir() else []
+    if not paths:
+        pytest.skip(f"real photos need scikit-image or JPEGs in {folder}")
+    photos = []
+    for path in paths:
+        with Image.open(path) as image:
+            array = np.asarray(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
+        photos.append((path.stem, array[:, :, None] if array.ndim == 2 else array))
+    return tuple(photos)
 
 
 def _pil_resized(array: np.ndarray, height: int, width: int) -> np.ndarray:
