@@ -1,5 +1,7 @@
-"""Corpora for the image-resample exactness tests: every OpenCLIP eval transform shape, and images of
-awkward sizes with random content (hides no rounding bug) and real photos (scikit-image's samples)."""
+"""Corpora and fixtures for the image-resample exactness tests: every OpenCLIP eval transform shape, and
+images of awkward sizes with random content (hides no rounding bug) and real photos (scikit-image's
+samples). A plain module, not a conftest.py: the root tests import their helpers with ``from conftest
+import ...``, which a second conftest module would shadow. Test modules import the fixtures by name."""
 from __future__ import annotations
 
 import functools
