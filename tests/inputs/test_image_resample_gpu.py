@@ -127,3 +127,19 @@ def test_kernel_many_images_and_zero_copy_layout(corpora):
     assert torch.equal(got, reference)
     empty = resample_batch([], spec, device="cuda")
     assert empty.shape == (0, 3, 224, 224)
+
+
+def test_kernel_vertical_first_across_shared_memory_chunks(corpora):
+    """Tall images wider than one shared-memory chunk (4096 columns): the vertical-first rows are built
+    and consumed chunk by chunk (L and RGBA)."""
+    from open_clip.transform import image_transform
+
+    from clip_flash.inputs.resample_plan import PILLOW_MAJOR, plan_image
+
+    preprocess = image_transform(224, is_train=False, resize_mode="squash")
+    spec = spec_from_preprocess(preprocess)
+    corpus = [("16000x4500x1", corpora.random_image(16000, 4500, 1, seed=1)),
+              ("9000x4200x4", corpora.with_alpha(corpora.random_image(9000, 4200, 3, seed=2), seed=3))]
+    for _, array in corpus:
+        assert plan_image(spec, *array.shape[:2]).vertical_first == (PILLOW_MAJOR >= 13)
+    assert_kernel_exact(corpora, preprocess, corpus, (torch.float32, torch.bfloat16))
