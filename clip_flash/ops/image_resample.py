@@ -141,7 +141,11 @@ def kernel_usable(spec: ImageTransformSpec, device: Device) -> bool:
 def resample_packed(
     buffer: torch.Tensor, plan: BatchPlan, device: Device, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """Run the kernel on a host buffer laid out by ``plan`` (pixels written); one upload, one launch."""
+    """Run the kernel on a host buffer laid out by ``plan`` (pixels written); one upload, one launch.
+
+    The upload is asynchronous on the current stream: write into ``buffer`` again only after that stream
+    has passed this call (an event or a synchronize), e.g. when cycling through two pinned buffers.
+    """
     if dtype not in OUTPUT_DTYPES:
         raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
     device = torch.device(device)
