@@ -140,8 +140,13 @@ def preprocess_batch_cpu(
     return to_model_input(pixels, spec, dtype)
 
 
-# (source h, w, resized h, w): both pass orders, a one-axis resize, an upscale, odd sizes.
-_SELF_CHECK_RESIZES = ((37, 23, 16, 16), (61, 20, 19, 17), (20, 61, 17, 19), (30, 30, 30, 11), (9, 7, 40, 33))
+# (source h, w, resized h, w): both pass orders, a one-axis resize, an upscale, odd sizes, and shapes
+# whose order differs between Pillow's rules (61x20 -> 19x17: vertical first only from 13; 250x2 -> 60x1:
+# vertical first from 12.2; 403x4 -> 400x1: vertical first in 12.2 and 12.3 only).
+SELF_CHECK_RESIZES = (
+    (37, 23, 16, 16), (61, 20, 19, 17), (20, 61, 17, 19), (30, 30, 30, 11), (9, 7, 40, 33), (250, 2, 60, 1),
+    (403, 4, 400, 1),
+)
 
 
 def pillow_disagreement() -> Optional[str]:
@@ -158,7 +163,7 @@ def pillow_disagreement() -> Optional[str]:
 
     rng = np.random.default_rng(0)
     filters = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
-    for in_h, in_w, out_h, out_w in _SELF_CHECK_RESIZES:
+    for in_h, in_w, out_h, out_w in SELF_CHECK_RESIZES:
         for interpolation, pil_filter in filters.items():
             for channels, mode in ((1, "L"), (3, "RGB"), (4, "RGBA")):
                 array = rng.integers(0, 256, (in_h, in_w, channels), dtype=np.uint8)

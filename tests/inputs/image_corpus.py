@@ -149,6 +149,34 @@ def reference_or_error(preprocess, array: np.ndarray):
         return error
 
 
+# Thin and tiny images (h, w) whose pass order is visible: the real-photo columns that once failed on
+# the GPU (Pillow 12.2's tall-image rule), both sides of the 100x rule, and their transposes.
+THIN_SIZES = ((512, 2), (400, 3), (872, 6), (512, 4), (512, 5), (300, 4), (427, 5), (303, 6), (250, 2), (201, 2),
+              (2, 250), (4, 300), (1, 1), (2, 3), (7, 1), (1, 9), (40, 3), (3, 40), (1000, 7))
+
+
+def resize_in_order(image: Image.Image, size: Tuple[int, int], resample: int, vertical_first: bool) -> Image.Image:
+    """Pillow's resize to ``size`` (w, h) with its two passes forced into one order: two one-axis
+    resizes, which every Pillow version computes the same way. RGBA goes through RGBa as Pillow does."""
+    if image.mode == "RGBA":
+        return resize_in_order(image.convert("RGBa"), size, resample, vertical_first).convert("RGBA")
+    width, height = size
+    middle = (image.width, height) if vertical_first else (width, image.height)
+    return image.resize(middle, resample).resize(size, resample)
+
+
+def reference_in_order(preprocess, array: np.ndarray, vertical_first: bool) -> torch.Tensor:
+    """``preprocess(pil)`` with the resize's pass order forced (the other steps as OpenCLIP runs them)."""
+    resize, *rest = preprocess.transforms
+    image = to_pil(array)
+    size = resize(image).size  # the transform's own geometry
+    resample = Image.Resampling.BICUBIC if "BICUBIC" in str(resize.interpolation) else Image.Resampling.BILINEAR
+    out = resize_in_order(image, size, resample, vertical_first)
+    for step in rest:
+        out = step(out)
+    return out
+
+
 @pytest.fixture
 def single_thread_torch():
     """The corpora are many small images: one intra-op thread is faster than several on a busy host."""
@@ -180,4 +208,5 @@ def corpora():
     return types.SimpleNamespace(
         random=random_corpus, photos=photo_corpus, to_pil=to_pil, reference=reference_or_error,
         random_image=random_image, with_alpha=with_alpha, large_sizes=LARGE_SIZES,
+        thin_sizes=THIN_SIZES, reference_in_order=reference_in_order,
     )
