@@ -115,7 +115,8 @@ def emulate_kernel(pixels, meta, tables, lut, out, chunk_columns: int = 4096) ->
     for image in range(n):
         m = {name: int(meta[image, i]) for name, i in field.items()}
         channels, premultiply = m["channels"], bool(m["premultiply"])
-        px = _premultiplied(pixels[m["pixel_offset"]:], channels, premultiply)
+        size = m["height"] * m["width"] * channels  # the image's own bytes (the kernel reads no further)
+        px = _premultiplied(pixels[m["pixel_offset"]: m["pixel_offset"] + size], channels, premultiply)
         rows = _axis(tables, m["rows_table"], out_h, m["row_taps"])
         cols = _axis(tables, m["cols_table"], out_w, m["col_taps"])
         for row0 in range(0, out_h, ROWS_PER_BLOCK):

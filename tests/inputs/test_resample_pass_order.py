@@ -22,7 +22,7 @@ from clip_flash.inputs.pillow_resample import (
 from clip_flash.inputs.resample_plan import PILLOW_VERSION, plan_image, pillow_vertical_first
 from clip_flash.inputs.transform_spec import spec_from_preprocess
 from clip_flash.ops.image_resample import META_FIELDS, plan_batch
-from image_corpus import RESIZE_MODES, INTERPOLATIONS, corpora  # noqa: F401 (fixtures)
+from image_corpus import INTERPOLATIONS, RESIZE_MODES, corpora, single_thread_torch  # noqa: F401 (fixtures)
 from test_image_resample_packing import EmulatedExtension
 
 VERSIONS = ((12, 1), (12, 2), (13, 0))
@@ -42,7 +42,8 @@ def _thin_corpus(corpora, preprocess):
 @pytest.mark.parametrize("vertical_first", [False, True], ids=["horizontal-first", "vertical-first"])
 @pytest.mark.parametrize("interpolation", INTERPOLATIONS)
 @pytest.mark.parametrize("mode", RESIZE_MODES)
-def test_forced_order_cpu_and_emulated_kernel(mode, interpolation, vertical_first, corpora, monkeypatch):
+def test_forced_order_cpu_and_emulated_kernel(mode, interpolation, vertical_first, corpora, monkeypatch,
+                                              single_thread_torch):
     """Every mode x filter x order on thin/tiny L, RGB and RGBA images (padding wider than the image,
     one-pixel-wide resized images, 1-tap identity passes): CPU path and kernel emulation both exact."""
     from open_clip.transform import image_transform
