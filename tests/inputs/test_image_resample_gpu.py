@@ -48,6 +48,18 @@ def assert_kernel_exact(corpora, preprocess, corpus, dtypes=(torch.float32,), ag
     return len(names)
 
 
+def kernel_in_order(images, spec, vertical_first, dtype=torch.float32):
+    """The kernel's output with every image's pass order forced (the meta column overwritten)."""
+    from clip_flash.ops.image_resample import META_FIELDS
+
+    plan = plan_batch([tuple(image.shape) for image in images], spec)
+    plan.meta[:, META_FIELDS.index("vertical_first")] = int(vertical_first)
+    buffer = plan.allocate_host()
+    for index, image in enumerate(images):
+        plan.pixel_slot(buffer, index).copy_(image)
+    return resample_packed(buffer, plan, "cuda", dtype).cpu()
+
+
 def test_kernel_random_images_bit_exact(transform_case, corpora):
     case = transform_case
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
@@ -143,3 +155,36 @@ def test_kernel_vertical_first_across_shared_memory_chunks(corpora):
     for _, array in corpus:
         assert plan_image(spec, *array.shape[:2]).vertical_first == (PILLOW_MAJOR >= 13)
     assert_kernel_exact(corpora, preprocess, corpus, (torch.float32, torch.bfloat16))
+    # Forced vertical first, so the chunks are exercised whatever the installed Pillow's order rule.
+    for name, array in corpus:
+        expected = corpora.reference_in_order(preprocess, array, True)
+        assert torch.equal(kernel_in_order([torch.from_numpy(array)], spec, True)[0], expected), name
+
+
+@pytest.mark.parametrize("vertical_first", [False, True], ids=["horizontal-first", "vertical-first"])
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("mode", ["shortest", "longest", "squash"])
+@pytest.mark.parametrize("size", [224, (224, 320)], ids=["224", "224x320"])
+def test_kernel_thin_images_in_both_pass_orders(mode, interpolation, size, vertical_first, corpora):
+    """Thin and tiny L/RGB/RGBA images (the photo columns that once failed, 1-pixel-wide resized
+    images padded to the crop, 1-tap passes) with the pass order forced: equal to Pillow's two one-axis
+    resizes in that order, in float32 and float16, whatever the installed Pillow's own rule."""
+    from open_clip.transform import image_transform
+
+    preprocess = image_transform(size, is_train=False, resize_mode=mode, interpolation=interpolation, fill_color=77)
+    spec = spec_from_preprocess(preprocess)
+    names, images, references = [], [], []
+    for index, (h, w) in enumerate(corpora.thin_sizes):
+        rgb = corpora.random_image(h, w, 3, seed=index)
+        for array in (rgb[:, :, :1], rgb, corpora.with_alpha(rgb, seed=index)):
+            if isinstance(corpora.reference(preprocess, array), Exception):
+                continue
+            names.append(f"{h}x{w}x{array.shape[2]}")
+            images.append(torch.from_numpy(array))
+            references.append(corpora.reference_in_order(preprocess, array, vertical_first))
+    assert len(names) >= 20
+    reference = torch.stack(references)
+    for dtype in (torch.float32, torch.float16):
+        got = kernel_in_order(images, spec, vertical_first, dtype)
+        bad = [f"{n}: {(g != r).sum().item()}" for n, g, r in zip(names, got, reference.to(dtype)) if not torch.equal(g, r)]
+        assert not bad, f"{dtype}: " + ", ".join(bad)
