@@ -35,6 +35,41 @@ __device__ __forceinline__ int32_t clip8(int32_t sum) {
   return value < 0 ? 0 : (value > 255 ? 255 : value);
 }
 
+// Pillow's RGBA -> RGBa: colour * alpha / 255 rounded as (t + (t >> 8)) >> 8 with t = colour * alpha + 128.
+__device__ __forceinline__ int32_t premultiply(int32_t colour, int32_t alpha) {
+  const int32_t t = colour * alpha + 128;
+  return (t + (t >> 8)) >> 8;
+}
+
+// Loads one source pixel's C channels (premultiplied by its alpha when asked: RGBA only).
+template <int C>
+__device__ __forceinline__ void load_pixel(const uint8_t* p, bool premultiplied, int32_t (&v)[C]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) v[c] = __ldg(p + c);
+  if constexpr (C == 4) {
+    if (premultiplied) {
+#pragma unroll
+      for (int c = 0; c < 3; ++c) v[c] = premultiply(v[c], v[3]);
+    }
+  }
+}
+
+// The output's uint8 channels from the pass sums; for premultiplied RGBA, Pillow's RGBa -> RGBA:
+// colour * 255 / alpha (integer division, clipped), unchanged where alpha is 0 or 255.
+template <int C>
+__device__ __forceinline__ void finish_pixel(const int32_t (&acc)[C], bool padded, int fill, bool premultiplied,
+                                             int32_t (&value)[C]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) value[c] = padded ? fill : clip8(acc[c] + kRounding);
+  if constexpr (C == 4) {
+    const int32_t alpha = value[3];
+    if (premultiplied && !padded && alpha != 0 && alpha != 255) {
+#pragma unroll
+      for (int c = 0; c < 3; ++c) value[c] = min(255, value[c] * 255 / alpha);
+    }
+  }
+}
+
 struct AxisView {
   const int32_t* start;
   const int32_t* count;
@@ -50,30 +85,33 @@ struct ImageView {
   const uint8_t* pixels;
   int width;
   int fill;
+  bool premultiplied;
   AxisView rows;
   AxisView cols;
 };
 
 // Writes the three channels of output pixel (y, x): one uint8 value per channel (one for "L" images,
-// replicated as convert("RGB") does), mapped through the channel's table.
+// replicated as convert("RGB") does; RGBA's alpha dropped), mapped through the channel's table.
 template <typename Word, int C>
 __device__ __forceinline__ void store_pixel(Word* out, const Word* lut, int64_t plane, int y, int x, int out_w,
                                             const int32_t (&value)[C]) {
   const int64_t at = static_cast<int64_t>(y) * out_w + x;
 #pragma unroll
-  for (int c = 0; c < 3; ++c) out[c * plane + at] = lut[c * 256 + value[C == 3 ? c : 0]];
+  for (int c = 0; c < 3; ++c) out[c * plane + at] = lut[c * 256 + value[C >= 3 ? c : 0]];
 }
 
-template <typename Word, int C>
-__device__ void horizontal_first(const ImageView& im, Word* out, const Word* lut, int out_h, int out_w, int row0) {
+// Output rows [row0, row_end) with at most kRows of them (per-row accumulators live in registers).
+template <typename Word, int C, int kRows>
+__device__ void horizontal_first(const ImageView& im, Word* out, const Word* lut, int out_h, int out_w, int row0,
+                                 int row_end) {
   const int64_t plane = static_cast<int64_t>(out_h) * out_w;
-  const int rows_here = min(kRowsPerBlock, out_h - row0);
-  int row_start[kRowsPerBlock];
-  int row_count[kRowsPerBlock];
+  const int rows_here = min(kRows, row_end - row0);
+  int row_start[kRows];
+  int row_count[kRows];
   int first = INT_MAX;
   int last = 0;
 #pragma unroll
-  for (int r = 0; r < kRowsPerBlock; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     row_start[r] = r < rows_here ? __ldg(im.rows.start + row0 + r) : 0;
     row_count[r] = r < rows_here ? __ldg(im.rows.count + row0 + r) : 0;
     if (row_count[r] > 0) {
@@ -85,9 +123,9 @@ __device__ void horizontal_first(const ImageView& im, Word* out, const Word* lut
     const int col_start = __ldg(im.cols.start + x);
     const int col_count = __ldg(im.cols.count + x);
     const int32_t* col_weights = im.cols.weights + static_cast<int64_t>(x) * im.cols.taps;
-    int32_t acc[kRowsPerBlock][C];
+    int32_t acc[kRows][C];
 #pragma unroll
-    for (int r = 0; r < kRowsPerBlock; ++r) {
+    for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int c = 0; c < C; ++c) acc[r][c] = 0;
     }
@@ -99,13 +137,15 @@ __device__ void horizontal_first(const ImageView& im, Word* out, const Word* lut
         for (int c = 0; c < C; ++c) h[c] = kRounding;
         for (int t = 0; t < col_count; ++t) {
           const int32_t w = __ldg(col_weights + t);
+          int32_t v[C];
+          load_pixel<C>(src + t * C, im.premultiplied, v);
 #pragma unroll
-          for (int c = 0; c < C; ++c) h[c] += static_cast<int32_t>(__ldg(src + t * C + c)) * w;
+          for (int c = 0; c < C; ++c) h[c] += v[c] * w;
         }
 #pragma unroll
         for (int c = 0; c < C; ++c) h[c] = clip8(h[c]);
 #pragma unroll
-        for (int r = 0; r < kRowsPerBlock; ++r) {
+        for (int r = 0; r < kRows; ++r) {
           const int tap = j - row_start[r];
           if (tap >= 0 && tap < row_count[r]) {
             const int32_t w = __ldg(im.rows.weights + static_cast<int64_t>(row0 + r) * im.rows.taps + tap);
@@ -116,12 +156,10 @@ __device__ void horizontal_first(const ImageView& im, Word* out, const Word* lut
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRowsPerBlock; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       if (r < rows_here) {
-        const bool padded = col_count == 0 || row_count[r] == 0;
         int32_t value[C];
-#pragma unroll
-        for (int c = 0; c < C; ++c) value[c] = padded ? im.fill : clip8(acc[r][c] + kRounding);
+        finish_pixel<C>(acc[r], col_count == 0 || row_count[r] == 0, im.fill, im.premultiplied, value);
         store_pixel<Word, C>(out, lut, plane, row0 + r, x, out_w, value);
       }
     }
@@ -159,9 +197,14 @@ __device__ void vertical_first(const ImageView& im, Word* out, const Word* lut, 
         const uint8_t* src = im.pixels + (static_cast<int64_t>(row_start) * im.width + chunk_first) * C;
         const int64_t row_stride = static_cast<int64_t>(im.width) * C;
         for (int q = threadIdx.x; q < chunk_values; q += blockDim.x) {
+          // RGBA colours are premultiplied by their own pixel's alpha, 3 - q % 4 bytes further on.
+          const int alpha_at = C == 4 && im.premultiplied && q % C != 3 ? 3 - q % C : 0;
           int32_t sum = kRounding;
           for (int t = 0; t < row_count; ++t) {
-            sum += static_cast<int32_t>(__ldg(src + t * row_stride + q)) * __ldg(row_weights + t);
+            const uint8_t* p = src + t * row_stride + q;
+            int32_t v = __ldg(p);
+            if (alpha_at != 0) v = premultiply(v, __ldg(p + alpha_at));
+            sum += v * __ldg(row_weights + t);
           }
           chunk[q] = static_cast<uint8_t>(clip8(sum));
         }
@@ -185,10 +228,8 @@ __device__ void vertical_first(const ImageView& im, Word* out, const Word* lut, 
     for (int k = 0; k < kColumnsPerThread; ++k) {
       const int x = threadIdx.x + k * blockDim.x;
       if (x < out_w) {
-        const bool padded = col_count[k] == 0 || row_count == 0;
         int32_t value[C];
-#pragma unroll
-        for (int c = 0; c < C; ++c) value[c] = padded ? im.fill : clip8(acc[k][c] + kRounding);
+        finish_pixel<C>(acc[k], col_count[k] == 0 || row_count == 0, im.fill, im.premultiplied, value);
         store_pixel<Word, C>(out, lut, plane, y, x, out_w, value);
       }
     }
@@ -197,32 +238,43 @@ __device__ void vertical_first(const ImageView& im, Word* out, const Word* lut, 
 
 template <typename Word>
 __global__ void __launch_bounds__(kBlockThreads) image_resample_kernel(ImageResampleArgs args) {
-  __shared__ uint8_t chunk[kChunkColumns * 3];
+  __shared__ uint8_t chunk[kChunkColumns * 4];
   const int64_t image = blockIdx.y;
   const int64_t* meta = args.meta + image * kImageMetaFields;
   const ImageView im{
       args.pixels + meta[kPixelOffset],
       static_cast<int>(meta[kWidth]),
       static_cast<int>(meta[kFill]),
+      meta[kPremultiply] != 0,
       AxisView(args.tables, meta[kRowsTable], args.out_h, static_cast<int>(meta[kRowTaps])),
       AxisView(args.tables, meta[kColsTable], args.out_w, static_cast<int>(meta[kColTaps])),
   };
   Word* out = static_cast<Word*>(args.out) + image * 3 * static_cast<int64_t>(args.out_h) * args.out_w;
   const Word* lut = static_cast<const Word*>(args.lut);
   const int row0 = blockIdx.x * kRowsPerBlock;
-  const bool three = meta[kChannels] == 3;
+  const int64_t channels = meta[kChannels];
   if (meta[kVerticalFirst] != 0) {
     const int col_first = static_cast<int>(meta[kColFirst]);
     const int col_last = static_cast<int>(meta[kColLast]);
-    if (three) {
+    if (channels == 3) {
       vertical_first<Word, 3>(im, out, lut, args.out_h, args.out_w, row0, col_first, col_last, chunk);
-    } else {
+    } else if (channels == 1) {
       vertical_first<Word, 1>(im, out, lut, args.out_h, args.out_w, row0, col_first, col_last, chunk);
+    } else {
+      vertical_first<Word, 4>(im, out, lut, args.out_h, args.out_w, row0, col_first, col_last, chunk);
     }
-  } else if (three) {
-    horizontal_first<Word, 3>(im, out, lut, args.out_h, args.out_w, row0);
   } else {
-    horizontal_first<Word, 1>(im, out, lut, args.out_h, args.out_w, row0);
+    const int row_end = min(row0 + kRowsPerBlock, args.out_h);
+    if (channels == 3) {
+      horizontal_first<Word, 3, kRowsPerBlock>(im, out, lut, args.out_h, args.out_w, row0, row_end);
+    } else if (channels == 1) {
+      horizontal_first<Word, 1, kRowsPerBlock>(im, out, lut, args.out_h, args.out_w, row0, row_end);
+    } else {
+      // Four channels: half the rows at a time, so the accumulators fit the same register budget.
+      for (int first = row0; first < row_end; first += kRowsPerBlock / 2) {
+        horizontal_first<Word, 4, kRowsPerBlock / 2>(im, out, lut, args.out_h, args.out_w, first, row_end);
+      }
+    }
   }
 }
 

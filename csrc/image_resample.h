@@ -17,7 +17,7 @@ enum ImageMetaField : int {
   kPixelOffset = 0,    // byte offset of the image's (H, W, C) uint8 pixels in `pixels`
   kHeight = 1,
   kWidth = 2,
-  kChannels = 3,       // 1 (Pillow "L": replicated to RGB after resizing) or 3 ("RGB")
+  kChannels = 3,       // 1 (Pillow "L": replicated to RGB after resizing), 3 ("RGB") or 4 ("RGBA")
   kColsTable = 4,      // int32 offset in `tables` of the columns' table
   kRowsTable = 5,      // int32 offset in `tables` of the rows' table
   kColTaps = 6,        // weights per output column
@@ -26,7 +26,8 @@ enum ImageMetaField : int {
   kFill = 9,           // pad value of output pixels outside the resized image
   kColFirst = 10,      // [first, last) source columns any kept output column reads
   kColLast = 11,
-  kImageMetaFields = 12,
+  kPremultiply = 12,   // 1: an RGBA image Pillow resizes premultiplied (RGBa), then divides back
+  kImageMetaFields = 13,
 };
 
 // An axis table at `offset` for `n` output coordinates with `taps` weights each:

@@ -23,12 +23,12 @@ from .transform_spec import ImageTransformSpec
 
 
 def check_image(image: torch.Tensor) -> None:
-    """A decoded image must be a uint8 (H, W, C) tensor with C = 1 (mode "L") or 3 (mode "RGB")."""
+    """A decoded image must be a uint8 (H, W, C) tensor with C = 1 (mode "L"), 3 ("RGB") or 4 ("RGBA")."""
     if not isinstance(image, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(image).__name__}")
-    if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[2] not in (1, 3):
+    if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[2] not in (1, 3, 4):
         raise ValueError(
-            f"expected a uint8 (H, W, C) tensor with C in (1, 3), got {image.dtype} of shape {tuple(image.shape)}"
+            f"expected a uint8 (H, W, C) tensor with C in (1, 3, 4), got {image.dtype} of shape {tuple(image.shape)}"
         )
 
 
@@ -59,9 +59,31 @@ def _resample_first_axis(pixels: torch.Tensor, table: AxisTable, source_first: i
     return result
 
 
+def premultiply_alpha(rgba: torch.Tensor) -> torch.Tensor:
+    """Pillow's RGBA -> RGBa: each colour times alpha / 255, rounded as (t + (t >> 8)) >> 8, t = c * a + 128."""
+    alpha = rgba[..., 3:].to(torch.int32)
+    t = rgba[..., :3].to(torch.int32) * alpha + 128
+    return torch.cat([((t + (t >> 8)) >> 8).to(torch.uint8), rgba[..., 3:]], dim=-1)
+
+
+def unpremultiply_alpha(rgba: torch.Tensor) -> torch.Tensor:
+    """Pillow's RGBa -> RGBA: colour * 255 / alpha (integer division, clipped), unchanged where alpha is 0 or 255."""
+    alpha = rgba[..., 3:].to(torch.int32)
+    colour = rgba[..., :3].to(torch.int32)
+    divided = torch.div(colour * 255, alpha.clamp(min=1), rounding_mode="floor").clamp_(0, 255)
+    keep = (alpha == 0) | (alpha == 255)
+    return torch.cat([torch.where(keep, colour, divided).to(torch.uint8), rgba[..., 3:]], dim=-1)
+
+
+def needs_premultiply(channels: int, plan: ImagePlan) -> bool:
+    """Pillow resizes RGBA premultiplied (and converts back), but only when the size changes."""
+    return channels == 4 and plan.resized_size != plan.source_size
+
+
 def resample_image(image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
     """The resized and cropped image as uint8 (3, H_out, W_out): exactly Pillow's pixels after
-    ``Resize``/``ResizeKeepRatio``, ``CenterCrop``/``CenterCropOrPad`` and ``convert("RGB")``."""
+    ``Resize``/``ResizeKeepRatio``, ``CenterCrop``/``CenterCropOrPad`` and ``convert("RGB")``
+    (an RGBA image is resized premultiplied, as Pillow does, and its alpha dropped by the conversion)."""
     check_image(image)
     if tuple(image.shape[:2]) != plan.source_size:
         raise ValueError(f"plan is for a {plan.source_size} image, got {tuple(image.shape[:2])}")
@@ -73,6 +95,9 @@ def resample_image(image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
         out = torch.full((target_h, target_w, channels), plan.fill, dtype=torch.uint8)
     else:
         pixels = image[row_first:row_last, col_first:col_last]
+        premultiplied = needs_premultiply(channels, plan)
+        if premultiplied:
+            pixels = premultiply_alpha(pixels)
         rows, cols = pixels.shape[0], pixels.shape[1]
         if plan.vertical_first:
             vertical = _resample_first_axis(pixels.reshape(rows, cols * channels), plan.rows, row_first)
@@ -84,10 +109,12 @@ def resample_image(image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
             horizontal = _resample_first_axis(by_column, plan.cols, col_first)  # (target_w, rows * C)
             by_row = horizontal.view(target_w, rows, channels).permute(1, 0, 2).reshape(rows, target_w * channels)
             out = _resample_first_axis(by_row, plan.rows, row_first).view(target_h, target_w, channels)
+        if premultiplied:
+            out = unpremultiply_alpha(out)
         out[torch.from_numpy(plan.rows.count == 0)] = plan.fill
         out[:, torch.from_numpy(plan.cols.count == 0)] = plan.fill
     out = out.permute(2, 0, 1)
-    return out.expand(3, -1, -1).contiguous() if channels == 1 else out.contiguous()
+    return out.expand(3, -1, -1).contiguous() if channels == 1 else out[:3].contiguous()
 
 
 def to_model_input(pixels: torch.Tensor, spec: ImageTransformSpec, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -113,15 +140,20 @@ def preprocess_batch_cpu(
     return to_model_input(pixels, spec, dtype)
 
 
-# (source h, w, resized h, w): both pass orders, a one-axis resize, an upscale, odd sizes.
-_SELF_CHECK_RESIZES = ((37, 23, 16, 16), (61, 20, 19, 17), (20, 61, 17, 19), (30, 30, 30, 11), (9, 7, 40, 33))
+# (source h, w, resized h, w): both pass orders, a one-axis resize, an upscale, odd sizes, and shapes
+# whose order differs between Pillow's rules (61x20 -> 19x17: vertical first only from 13; 250x2 -> 60x1:
+# vertical first from 12.2; 403x4 -> 400x1: vertical first in 12.2 and 12.3 only).
+SELF_CHECK_RESIZES = (
+    (37, 23, 16, 16), (61, 20, 19, 17), (20, 61, 17, 19), (30, 30, 30, 11), (9, 7, 40, 33), (250, 2, 60, 1),
+    (403, 4, 400, 1),
+)
 
 
 def pillow_disagreement() -> Optional[str]:
     """Why the installed Pillow's resize differs from the arithmetic modelled here, or None when it agrees.
 
     Resizes a few random images with Pillow and with ``resample_image`` (both filters, both pass orders,
-    RGB and L). A Pillow build with other arithmetic (a SIMD fork, a future change) is caught here, so a
+    L, RGB and premultiplied RGBA). A Pillow build with other arithmetic (a SIMD fork, a future change) is caught here, so a
     caller can fall back to Pillow itself instead of being silently off by a level.
     """
     import numpy as np
@@ -131,12 +163,13 @@ def pillow_disagreement() -> Optional[str]:
 
     rng = np.random.default_rng(0)
     filters = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
-    for in_h, in_w, out_h, out_w in _SELF_CHECK_RESIZES:
+    for in_h, in_w, out_h, out_w in SELF_CHECK_RESIZES:
         for interpolation, pil_filter in filters.items():
-            for channels in (1, 3):
+            for channels, mode in ((1, "L"), (3, "RGB"), (4, "RGBA")):
                 array = rng.integers(0, 256, (in_h, in_w, channels), dtype=np.uint8)
-                image = Image.fromarray(array[:, :, 0] if channels == 1 else array, "L" if channels == 1 else "RGB")
+                image = Image.fromarray(array[:, :, 0] if channels == 1 else array, mode)
                 expected = np.asarray(image.resize((out_w, out_h), pil_filter))
+                expected = expected[..., :3] if channels == 4 else expected  # RGBA: compare the colours
                 plan = ImagePlan(
                     source_size=(in_h, in_w), resized_size=(out_h, out_w),
                     rows=axis_table(in_h, out_h, out_h, interpolation), cols=axis_table(in_w, out_w, out_w, interpolation),
@@ -145,7 +178,7 @@ def pillow_disagreement() -> Optional[str]:
                 got = resample_image(torch.from_numpy(array), plan)[0 if channels == 1 else slice(None)]
                 got = got.numpy() if channels == 1 else got.permute(1, 2, 0).numpy()
                 if not np.array_equal(got, expected):
-                    return (f"Pillow {PIL_VERSION} resizes a {in_h}x{in_w} {'L' if channels == 1 else 'RGB'} image to "
+                    return (f"Pillow {PIL_VERSION} resizes a {in_h}x{in_w} {mode} image to "
                             f"{out_h}x{out_w} ({interpolation}) differently from Pillow's documented arithmetic")
     return None
 

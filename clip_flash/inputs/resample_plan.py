@@ -5,8 +5,8 @@ Two pieces of arithmetic decide exactness:
 - the geometry: the resized size (torchvision ``Resize``'s ``int(S * long / short)``, OpenCLIP's
   ``ResizeKeepRatio``'s ``round(side / ratio)``, or the exact ``(h, w)`` of squash) and the center crop
   (``int(round((size - crop) / 2.0))``, padding first when the image is smaller than the crop);
-- Pillow's 8-bit resampling: two passes, each rounded to uint8 (horizontal first, unless the
-  height shrinks by more than twice as many pixels as the width: then vertical first); per axis, filter support x max(scale, 1) taps around each output pixel's
+- Pillow's 8-bit resampling: two passes, each rounded to uint8, in the installed Pillow's order (see
+  ``pillow_vertical_first``); per axis, filter support x max(scale, 1) taps around each output pixel's
   center, weights computed in float64, normalized by their sum, then turned into fixed point with 22
   fractional bits (round half away from zero). A pass whose size does not change is skipped by Pillow;
   here it becomes one tap of weight 1.0, which gives the same value (``(v << 22 + 2**21) >> 22 == v``).
@@ -19,6 +19,7 @@ Everything here is float64 host arithmetic written in the same operation order a
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Tuple
 
@@ -48,10 +49,10 @@ def _bilinear(x: np.ndarray) -> np.ndarray:
 
 
 _FILTERS = {"bicubic": _bicubic, "bilinear": _bilinear}
-# Pillow 13 started running the vertical pass first for images whose height shrinks much more than
-# their width; earlier versions always run the horizontal pass first. We follow the installed Pillow,
-# which is what OpenCLIP's transform runs.
-PILLOW_MAJOR = int(PIL.__version__.split(".")[0])
+# Pillow's pass order changed twice; we follow the installed Pillow, which is what OpenCLIP's transform
+# runs (see ``pillow_vertical_first``).
+PILLOW_VERSION = tuple(int(part) for part in re.findall(r"\d+", PIL.__version__)[:2])
+PILLOW_MAJOR = PILLOW_VERSION[0]
 
 
 class ImageTooSmallError(ValueError):
@@ -163,7 +164,7 @@ def pillow_coefficients(in_size: int, out_size: int, interpolation: str, coords:
     return AxisTable(start=xmin.astype(np.int32), count=xmax.astype(np.int32), weights=fixed.astype(np.int32))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)  # a few MB for web photos; sizes repeat a lot
 def axis_table(in_size: int, resized: int, target: int, interpolation: str) -> AxisTable:
     """The table of one axis: ``target`` output coordinates of a center crop (or pad) of a resize
     from ``in_size`` to ``resized``. Cached: web photos come in few sizes."""
@@ -186,14 +187,22 @@ def axis_table(in_size: int, resized: int, target: int, interpolation: str) -> A
     return AxisTable(start=start, count=count, weights=weights)
 
 
-def pillow_vertical_first(source: Tuple[int, int], resized: Tuple[int, int]) -> bool:
-    """Whether the installed Pillow runs the vertical pass first: from Pillow 13 on, when both passes
-    are needed and the height shrinks by more than twice as many pixels as the width does. The order
-    matters: the intermediate image is rounded to uint8, so the two orders can differ by one level.
+def pillow_vertical_first(
+    source: Tuple[int, int], resized: Tuple[int, int], pillow_version: Tuple[int, int] = PILLOW_VERSION
+) -> bool:
+    """Whether Pillow ``pillow_version`` (the installed one by default) runs the vertical pass first.
+
+    The order matters: the intermediate image is rounded to uint8, so the two orders can differ by a
+    level. Before 12.2: always horizontal first. 12.2 and 12.3 (in ``Image.resize``, in Python): vertical
+    first for images more than 100 times taller than wide whose height shrinks. From 13 (in C): when
+    both passes are needed and the height shrinks by more than twice as many pixels as the width does.
+    Where only one pass is needed both orders give the same pixels.
     """
-    if PILLOW_MAJOR < 13:
-        return False
     (in_h, in_w), (out_h, out_w) = source, resized
+    if pillow_version < (12, 2):
+        return False
+    if pillow_version < (13, 0):
+        return in_h > in_w * 100 and out_h < in_h
     shrink_h = in_h - out_h
     return out_w != in_w and out_h != in_h and shrink_h > 0 and shrink_h > 2 * (in_w - out_w)
 

@@ -22,7 +22,7 @@ import torch
 
 from clip_flash.ops._extension import load_extension
 from clip_flash.inputs.pillow_resample import (
-    check_image, preprocess_batch_cpu, require_pillow_agreement, to_model_input,
+    check_image, needs_premultiply, preprocess_batch_cpu, require_pillow_agreement, to_model_input,
 )
 from clip_flash.inputs.resample_plan import AxisTable, plan_image
 from clip_flash.inputs.transform_spec import ImageTransformSpec
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 # Must match ImageMetaField in csrc/image_resample.h.
 META_FIELDS = (
     "pixel_offset", "height", "width", "channels", "cols_table", "rows_table", "col_taps", "row_taps",
-    "vertical_first", "fill", "col_first", "col_last",
+    "vertical_first", "fill", "col_first", "col_last", "premultiply",
 )
 MAX_OUTPUT_WIDTH = 1024  # kImageResampleMaxWidth
 MAX_IMAGES_PER_LAUNCH = 65535
@@ -105,8 +105,8 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
 
     for (height, width, channels), row in distinct.items():
         index = which.index(row)  # the first image of this shape, for the messages
-        if channels not in (1, 3):
-            raise ValueError(f"image {index}: {channels} channels; decoded images must have 1 (L) or 3 (RGB)")
+        if channels not in (1, 3, 4):
+            raise ValueError(f"image {index}: {channels} channels; decoded images have 1 (L), 3 (RGB) or 4 (RGBA)")
         try:
             plan = plan_image(spec, height, width)
         except ValueError as error:
@@ -115,6 +115,7 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
         templates[row] = (
             0, height, width, channels, place(plan.cols), place(plan.rows), plan.cols.taps,
             plan.rows.taps, int(plan.vertical_first), plan.fill, col_first, col_last,
+            int(needs_premultiply(channels, plan)),
         )
     meta = templates[np.asarray(which, dtype=np.int64)] if shapes else templates
     sizes = meta[:, 1] * meta[:, 2] * meta[:, 3]
@@ -160,6 +161,9 @@ def resample_packed(
     With ``segments``, ``buffer`` holds only pixels, in runs ``(host_start, nbytes, device_start)`` that
     are copied to ``device_start`` of the uploaded layout (the meta rows and tables come from the plan):
     one copy per run, the device layout being exactly ``plan``'s.
+
+    The upload is asynchronous on the current stream: write into ``buffer`` again only after that stream
+    has passed this call (an event or a synchronize), e.g. when cycling through two pinned buffers.
     """
     if dtype not in OUTPUT_DTYPES:
         raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
@@ -194,7 +198,8 @@ def resample_batch(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """(n, 3, H, W) model input on ``device`` for decoded uint8 (H, W, C) images (C = 1 for "L", 3 for
-    "RGB"): bit-identical to ``torch.stack([preprocess(pil) for pil in ...]).to(dtype)``.
+    "RGB", 4 for "RGBA", which Pillow resizes premultiplied; an "LA" image is the same computation as
+    RGBA (L, L, L, A)): bit-identical to ``torch.stack([preprocess(pil) for pil in ...]).to(dtype)``.
 
     Uses the CUDA kernel when ``device`` is a GPU and the extension is built, the CPU implementation
     otherwise (same results by contract). Raises ``ImageTooSmallError`` for an image OpenCLIP's transform

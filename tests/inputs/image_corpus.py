@@ -1,131 +1,212 @@
-"""Real photos re-encoded many ways (scikit-image's bundled samples) and the reference they are judged by."""
+"""Corpora and fixtures for the image-resample exactness tests: every OpenCLIP eval transform shape, and
+images of awkward sizes with random content (hides no rounding bug) and real photos (scikit-image's
+samples). A plain module, not a conftest.py: the root tests import their helpers with ``from conftest
+import ...``, which a second conftest module would shadow. Test modules import the fixtures by name."""
 from __future__ import annotations
 
-import io
-import os
+import functools
+import types
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, NamedTuple, Tuple
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-SKIMAGE_PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
-                  "hubble_deep_field.jpg", "camera.png", "retina.jpg", "ihc.png"]
+RESIZE_MODES = ("shortest", "longest", "squash")
+INTERPOLATIONS = ("bicubic", "bilinear")
+# Square sizes of OpenCLIP's configs, plus (h, w) sizes (force_image_size=(h, w)) both ways round.
+TARGET_SIZES = (224, 256, 336, 384, (224, 320), (320, 224))
+TRANSFORM_CASES = [(m, i, s) for m in RESIZE_MODES for i in INTERPOLATIONS for s in TARGET_SIZES]
+
+# Sizes (height, width) independent of the target: single pixels, thin strips, upscales, web sizes.
+ABSOLUTE_SIZES = (
+    (1, 1), (2, 3), (3, 2), (1, 9), (7, 1), (1, 300), (300, 1), (2, 500), (16, 16), (17, 23), (50, 80),
+    (80, 50), (123, 457), (457, 123), (240, 320), (480, 640), (640, 480), (333, 517), (768, 1024),
+    (1001, 999),
+)
+LARGE_SIZES = ((3000, 4000), (4000, 3000))
+Named = Tuple[str, np.ndarray]
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+def case_id(case) -> str:
+    mode, interpolation, size = case
+    size_text = f"{size[0]}x{size[1]}" if isinstance(size, tuple) else str(size)
+    return f"{mode}-{interpolation}-{size_text}"
 
 
-def _photo_folder() -> Optional[Path]:
-    """Where real photos are when scikit-image is not installed (the GPU machine): CLIP_FLASH_PHOTOS or
-    the benchmark's .device/photos."""
-    for candidate in (os.environ.get("CLIP_FLASH_PHOTOS"), REPO_ROOT / ".device" / "photos"):
-        if candidate and Path(candidate).is_dir() and any(Path(candidate).iterdir()):
-            return Path(candidate)
-    return None
+def pair(size) -> Tuple[int, int]:
+    return tuple(size) if isinstance(size, tuple) else (size, size)
 
 
-def skimage_photo(name: str) -> Image.Image:
-    """One of the real sample photos scikit-image ships (read straight from its data folder); without
-    scikit-image, a photo of the benchmark folder stands in (chosen by the name's position)."""
+def sizes_around(target: Tuple[int, int]) -> List[Tuple[int, int]]:
+    """The target itself, one pixel over and under on either side, and a near-2x downscale."""
+    h, w = target
+    return [(h, w), (h + 1, w + 1), (h - 1, w - 1), (h + 1, w), (h, w - 1), (h - 1, w + 1), (2 * h + 1, 2 * w - 1)]
+
+
+def random_image(height: int, width: int, channels: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
+
+
+def with_alpha(rgb: np.ndarray, seed: int) -> np.ndarray:
+    """RGBA: an alpha channel mixing fully transparent, opaque, and every level in between."""
+    rng = np.random.default_rng(seed)
+    h, w = rgb.shape[:2]
+    ramp = (np.arange(w)[None, :] * 255 // max(w - 1, 1)).repeat(h, axis=0)
+    alpha = np.where(rng.random((h, w)) < 0.3, rng.choice([0, 255], size=(h, w)), ramp).astype(np.uint8)
+    return np.concatenate([rgb, alpha[:, :, None]], axis=2)
+
+
+def random_corpus(target: Tuple[int, int]) -> List[Named]:
+    """Uniform random pixels at every awkward size, RGB and L (RGBA for every third size), plus a 0/255 checkerboard (maximal
+    overshoot: bicubic clips at both ends)."""
+    corpus = []
+    for index, (h, w) in enumerate(list(ABSOLUTE_SIZES) + sizes_around(target)):
+        for channels in (3, 1):
+            corpus.append((f"random{h}x{w}x{channels}", random_image(h, w, channels, seed=index * 2 + channels)))
+        if index % 3 == 0:
+            corpus.append((f"random{h}x{w}x4", with_alpha(random_image(h, w, 3, seed=index), seed=index)))
+    board = (np.indices((301, 403)).sum(axis=0) % 2 * 255).astype(np.uint8)
+    corpus.append(("checkerboard301x403x1", board[:, :, None]))
+    corpus.append(("checkerboard301x403x3", np.repeat(board[:, :, None], 3, axis=2)))
+    return corpus
+
+
+# Without scikit-image (the GPU machine), the benchmark photo folder serves instead, if it is there.
+PHOTO_FOLDER = Path(__file__).resolve().parents[2] / ".device" / "photos"
+
+
+@functools.lru_cache(maxsize=None)
+def _photo_sources() -> Tuple[Named, ...]:
     try:
-        import skimage
-        path = Path(os.path.dirname(skimage.__file__)) / "data" / name
+        import skimage.data as skimage_data
     except ImportError:
-        folder = _photo_folder()
-        if folder is None:
-            pytest.skip("needs scikit-image's sample photos or a photo folder (CLIP_FLASH_PHOTOS)")
-        files = sorted(path for path in folder.iterdir() if path.suffix.lower() in (".jpg", ".jpeg", ".png"))
-        path = files[SKIMAGE_PHOTOS.index(name) % len(files)] if name in SKIMAGE_PHOTOS else files[0]
-    with Image.open(path) as image:
-        image.load()
-        return image
+        return _folder_photos(PHOTO_FOLDER, count=12)
+    colour = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
+    grey = ("camera", "moon", "coins", "text", "page")
+    photos = [(name, getattr(skimage_data, name)()) for name in colour]
+    photos += [(name, getattr(skimage_data, name)()[:, :, None]) for name in grey]
+    return tuple((name, np.ascontiguousarray(array, dtype=np.uint8)) for name, array in photos)
 
 
-def _save(image: Image.Image, path: Path, form: str, **options) -> Path:
-    image.save(path, form, **options)
-    return path
+def _folder_photos(folder: Path, count: int) -> Tuple[Named, ...]:
+    paths = sorted(folder.glob("*.jp*g"))[:count] if folder.is_dir() else []
+    if not paths:
+        pytest.skip(f"real photos need scikit-image or JPEGs in {folder}")
+    photos = []
+    for path in paths:
+        with Image.open(path) as image:
+            array = np.asarray(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
+        photos.append((path.stem, array[:, :, None] if array.ndim == 2 else array))
+    return tuple(photos)
 
 
-def build_photo_corpus(directory: Path) -> List[Path]:
-    """Real photos at several sizes, JPEG qualities, subsamplings, progressive, grayscale, PNG modes."""
-    directory.mkdir(parents=True, exist_ok=True)
-    photos = {name: skimage_photo(name) for name in SKIMAGE_PHOTOS}
-    rgb = {name: image.convert("RGB") for name, image in photos.items()}
-    sizes = [(640, 480), (480, 640), (223, 224), (224, 224), (97, 61), (1024, 768), (301, 1003), (500, 375)]
-    jpeg_options = [
-        {"quality": 90, "subsampling": 2},  # 4:2:0, the web's usual
-        {"quality": 85, "subsampling": 1},  # 4:2:2
-        {"quality": 95, "subsampling": 0},  # 4:4:4
-        {"quality": 75, "progressive": True},
-        {"quality": 50, "optimize": True},
-        {"quality": 100, "subsampling": 2},
-        {"quality": 90, "keep_rgb": True},  # stored as RGB, no YCbCr
-    ]
-    paths: List[Path] = []
-    names = sorted(rgb)
-    for number, size in enumerate(sizes):
-        name = names[number % len(names)]
-        image = rgb[name].resize(size, Image.BICUBIC)
-        for option_number, options in enumerate(jpeg_options):
-            if (number + option_number) % 2:  # half the grid keeps the suite fast; every option still runs
-                continue
-            paths.append(_save(image, directory / f"{name[:-4]}_{size[0]}x{size[1]}_{option_number}.jpg",
-                               "JPEG", **options))
-        paths.append(_save(image.convert("L"), directory / f"{name[:-4]}_{size[0]}x{size[1]}_gray.jpg",
-                           "JPEG", quality=90))
-    for name in names:  # the photos at their own sizes
-        paths.append(_save(rgb[name], directory / f"{name[:-4]}_full.jpg", "JPEG", quality=92))
-    astronaut = rgb["astronaut.png"].resize((320, 240), Image.BICUBIC)
-    alpha = Image.linear_gradient("L").resize(astronaut.size)
-    rgba = astronaut.copy()
-    rgba.putalpha(alpha)
-    paths += [
-        _save(astronaut, directory / "png_rgb.png", "PNG"),
-        _save(astronaut.convert("L"), directory / "png_l.png", "PNG"),
-        _save(rgba, directory / "png_rgba.png", "PNG"),
-        _save(astronaut.convert("LA"), directory / "png_la.png", "PNG"),
-        _save(astronaut.convert("P", palette=Image.ADAPTIVE), directory / "png_p.png", "PNG"),
-        _save(astronaut.convert("1"), directory / "png_1bit.png", "PNG"),
-        _save(astronaut.convert("L"), directory / "png_l_trns.png", "PNG", transparency=17),
-        _save(astronaut, directory / "webp_rgb.webp", "WEBP", quality=80),
-        _save(astronaut, directory / "bmp_rgb.bmp", "BMP"),
-        _save(astronaut.convert("CMYK"), directory / "jpeg_cmyk.jpg", "JPEG", quality=90),
-        _save(astronaut, directory / "tiff_rgb.tif", "TIFF"),
-    ]
-    sixteen = Image.fromarray(np.asarray(astronaut.convert("L"), dtype=np.uint16) * 257)
-    paths.append(_save(sixteen, directory / "png_16bit.png", "PNG"))
-    return paths
+def _pil_resized(array: np.ndarray, height: int, width: int) -> np.ndarray:
+    image = to_pil(array).resize((width, height), Image.LANCZOS)
+    resized = np.asarray(image)
+    return resized[:, :, None] if resized.ndim == 2 else resized
 
 
-def reference_batch(preprocess: Callable, items) -> tuple:
-    """``preprocess(Image.open(item))`` per input, or the exception Pillow raised: (rows, failed indices)."""
-    rows, failed = [], []
-    for index, item in enumerate(items):
-        try:
-            if isinstance(item, (str, os.PathLike)):
-                image = Image.open(item)
-            elif isinstance(item, bytes):
-                image = Image.open(io.BytesIO(item))
-            else:
-                image = item
-            rows.append(preprocess(image))
-        except Exception:  # noqa: BLE001 - the reference's failures are what we compare against
-            failed.append(index)
-    return rows, failed
+def photo_corpus(target: Tuple[int, int], share: Tuple[int, int] = (0, 1)) -> List[Named]:
+    """Real photos as they are, at web sizes, as thin strips, and cropped to the target size and one
+    pixel around it. ``share=(k, m)`` keeps every m-th variant from the k-th: spread over the transform
+    cases, the CPU tests see every variant while each case costs 1/m."""
+    corpus: List[Named] = []
+    th, tw = target
+    for index, (name, photo) in enumerate(_photo_sources()):
+        corpus.append((name, photo))
+        corpus.append((f"{name}-strip", photo[: 3 + index % 4]))
+        corpus.append((f"{name}-column", photo[:, : 2 + index % 5]))
+        if index % 3 == 0:
+            corpus.append((f"{name}-240x320", _pil_resized(photo, 240, 320)))
+        if index % 3 == 1:
+            corpus.append((f"{name}-768x1024", _pil_resized(photo, 768, 1024)))
+        if photo.shape[2] == 3 and index % 2 == 0:
+            corpus.append((f"{name}-rgba", with_alpha(photo, seed=index)))
+        h, w = photo.shape[:2]
+        for dh, dw in ((0, 0), (1, -1), (-1, 1)):
+            ch, cw = min(h, th + dh), min(w, tw + dw)
+            corpus.append((f"{name}-crop{ch}x{cw}", np.ascontiguousarray(photo[:ch, :cw])))
+    k, m = share
+    return corpus[k::m]
 
 
-def assert_same_as_reference(prepared, preprocess: Callable, items, dtype: Optional[torch.dtype] = None) -> None:
-    """The prepared batch equals the reference row for row (cast to ``dtype``), failures included."""
-    rows, failed = reference_batch(preprocess, items)
-    assert [index for index, _ in prepared.failures] == failed, prepared.failures
-    assert prepared.indices == [index for index in range(len(items)) if index not in failed]
-    assert len(rows) == prepared.pixels.shape[0]
-    for row, (index, expected) in enumerate(zip(prepared.indices, rows)):
-        expected = expected if dtype is None else expected.to(dtype)
-        actual = prepared.pixels[row].cpu()
-        if not torch.equal(actual, expected):
-            difference = (actual.float() - expected.float()).abs().max().item()
-            raise AssertionError(f"input {index} ({items[index]}): max |difference| {difference}")
+def to_pil(array: np.ndarray) -> Image.Image:
+    """The PIL image a decoder would give for these pixels: mode "L", "RGB" or "RGBA" by channel count."""
+    if array.shape[2] == 1:
+        return Image.fromarray(np.ascontiguousarray(array[:, :, 0]), mode="L")
+    return Image.fromarray(np.ascontiguousarray(array), mode="RGB" if array.shape[2] == 3 else "RGBA")
+
+
+def reference_or_error(preprocess, array: np.ndarray):
+    """OpenCLIP's ``preprocess(pil_image)``, or the exception it raises."""
+    try:
+        return preprocess(to_pil(array))
+    except Exception as error:  # the contract covers failures too: both must refuse the same images
+        return error
+
+
+# Thin and tiny images (h, w) whose pass order is visible: the real-photo columns that once failed on
+# the GPU (Pillow 12.2's tall-image rule), both sides of the 100x rule, and their transposes.
+THIN_SIZES = ((512, 2), (400, 3), (872, 6), (512, 4), (512, 5), (300, 4), (427, 5), (303, 6), (250, 2), (201, 2),
+              (2, 250), (4, 300), (1, 1), (2, 3), (7, 1), (1, 9), (40, 3), (3, 40), (1000, 7))
+
+
+def resize_in_order(image: Image.Image, size: Tuple[int, int], resample: int, vertical_first: bool) -> Image.Image:
+    """Pillow's resize to ``size`` (w, h) with its two passes forced into one order: two one-axis
+    resizes, which every Pillow version computes the same way. RGBA goes through RGBa as Pillow does."""
+    if image.mode == "RGBA":
+        return resize_in_order(image.convert("RGBa"), size, resample, vertical_first).convert("RGBA")
+    width, height = size
+    middle = (image.width, height) if vertical_first else (width, image.height)
+    return image.resize(middle, resample).resize(size, resample)
+
+
+def reference_in_order(preprocess, array: np.ndarray, vertical_first: bool) -> torch.Tensor:
+    """``preprocess(pil)`` with the resize's pass order forced (the other steps as OpenCLIP runs them)."""
+    resize, *rest = preprocess.transforms
+    image = to_pil(array)
+    size = resize(image).size  # the transform's own geometry
+    resample = Image.Resampling.BICUBIC if "BICUBIC" in str(resize.interpolation) else Image.Resampling.BILINEAR
+    out = resize_in_order(image, size, resample, vertical_first)
+    for step in rest:
+        out = step(out)
+    return out
+
+
+@pytest.fixture
+def single_thread_torch():
+    """The corpora are many small images: one intra-op thread is faster than several on a busy host."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+class TransformCase(NamedTuple):
+    preprocess: object        # OpenCLIP's eval Compose
+    target: Tuple[int, int]   # its (h, w)
+    index: int                # position in TRANSFORM_CASES (to spread a corpus over the cases)
+
+
+@pytest.fixture(params=range(len(TRANSFORM_CASES)), ids=[case_id(c) for c in TRANSFORM_CASES])
+def transform_case(request) -> TransformCase:
+    """One resize mode x interpolation x size, as OpenCLIP builds it."""
+    from open_clip.transform import image_transform
+
+    mode, interpolation, size = TRANSFORM_CASES[request.param]
+    preprocess = image_transform(size, is_train=False, resize_mode=mode, interpolation=interpolation)
+    return TransformCase(preprocess, pair(size), request.param)
+
+
+@pytest.fixture(scope="session")
+def corpora():
+    """The corpus builders and reference helpers above, for the test modules of this folder."""
+    return types.SimpleNamespace(
+        random=random_corpus, photos=photo_corpus, to_pil=to_pil, reference=reference_or_error,
+        random_image=random_image, with_alpha=with_alpha, large_sizes=LARGE_SIZES,
+        thin_sizes=THIN_SIZES, reference_in_order=reference_in_order,
+    )

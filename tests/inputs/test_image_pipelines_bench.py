@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from clip_flash.benchmark.image_pipelines import format_image_pipelines, measure_image_pipelines
-from image_corpus import skimage_photo
+from photo_corpus import skimage_photo
 
 
 def test_pipelines_skip_and_report_a_bad_file(build_model, vit_b32_preprocess, tmp_path):

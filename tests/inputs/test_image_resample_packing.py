@@ -16,6 +16,7 @@ import torch
 from clip_flash.inputs.transform_spec import spec_from_preprocess
 import clip_flash.ops.image_resample as image_resample_module
 from clip_flash.ops.image_resample import META_FIELDS, plan_batch
+from image_corpus import corpora, single_thread_torch, transform_case  # noqa: F401 (fixtures)
 
 PRECISION_BITS = 22
 ROUNDING = 1 << (PRECISION_BITS - 1)
@@ -35,10 +36,29 @@ def _axis(tables: np.ndarray, offset: int, outputs: int, taps: int):
     return start, count, weights
 
 
-def _horizontal_first_tile(px, width, channels, rows, cols, row0, out_h, out_w):
+def _premultiplied(px: np.ndarray, channels: int, premultiply: bool) -> np.ndarray:
+    """The source pixels as the kernel reads them: RGBA colours times alpha / 255, Pillow's rounding."""
+    if not premultiply:
+        return px
+    usable = px[: px.size // channels * channels].reshape(-1, channels).astype(np.int64)
+    t = usable[:, :3] * usable[:, 3:] + 128
+    usable[:, :3] = (t + (t >> 8)) >> 8
+    return usable.reshape(-1)
+
+
+def _finish(acc: np.ndarray, premultiply: bool) -> np.ndarray:
+    values = _clip8(acc + ROUNDING)
+    if premultiply:  # Pillow's RGBa -> RGBA
+        alpha = values[..., 3:]
+        divided = np.minimum(values[..., :3] * 255 // np.maximum(alpha, 1), 255)
+        values[..., :3] = np.where((alpha == 0) | (alpha == 255), values[..., :3], divided)
+    return values
+
+
+def _horizontal_first_tile(px, width, channels, rows, cols, row0, row_end, out_w, tile_rows, premultiply):
     row_start, row_count, row_weights = rows
     col_start, col_count, col_weights = cols
-    here = min(ROWS_PER_BLOCK, out_h - row0)
+    here = min(tile_rows, row_end - row0)
     ys, yc = row_start[row0: row0 + here], row_count[row0: row0 + here]
     used = yc > 0
     first = ys[used].min() if used.any() else 0
@@ -55,10 +75,11 @@ def _horizontal_first_tile(px, width, channels, rows, cols, row0, out_h, out_w):
             if 0 <= tap < yc[r]:
                 acc[r] += h * row_weights[row0 + r, tap]
     padded = (yc[:, None] == 0) | (col_count[None, :] == 0)
-    return padded, _clip8(acc + ROUNDING)
+    return padded, _finish(acc, premultiply)
 
 
-def _vertical_first_tile(px, width, channels, rows, cols, row0, out_h, out_w, col_first, col_last, chunk_columns):
+def _vertical_first_tile(px, width, channels, rows, cols, row0, out_h, out_w, col_first, col_last, chunk_columns,
+                         premultiply):
     row_start, row_count, row_weights = rows
     col_start, col_count, col_weights = cols
     here = min(ROWS_PER_BLOCK, out_h - row0)
@@ -81,7 +102,7 @@ def _vertical_first_tile(px, width, channels, rows, cols, row0, out_h, out_w, co
                     at = np.where(use, (col_start + t - chunk_first) * channels, 0)
                     picked = chunk[at[:, None] + np.arange(channels)]
                     acc += np.where(use[:, None], picked * col_weights[:, t][:, None], 0)
-        values[r] = _clip8(acc + ROUNDING)
+        values[r] = _finish(acc, premultiply)
     padded = (row_count[row0: row0 + here][:, None] == 0) | (col_count[None, :] == 0)
     return padded, values
 
@@ -93,19 +114,24 @@ def emulate_kernel(pixels, meta, tables, lut, out, chunk_columns: int = 4096) ->
     field = {name: i for i, name in enumerate(META_FIELDS)}
     for image in range(n):
         m = {name: int(meta[image, i]) for name, i in field.items()}
-        px = pixels[m["pixel_offset"]:]
+        channels, premultiply = m["channels"], bool(m["premultiply"])
+        size = m["height"] * m["width"] * channels  # the image's own bytes (the kernel reads no further)
+        px = _premultiplied(pixels[m["pixel_offset"]: m["pixel_offset"] + size], channels, premultiply)
         rows = _axis(tables, m["rows_table"], out_h, m["row_taps"])
         cols = _axis(tables, m["cols_table"], out_w, m["col_taps"])
-        channels = m["channels"]
         for row0 in range(0, out_h, ROWS_PER_BLOCK):
+            row_end = min(row0 + ROWS_PER_BLOCK, out_h)
             if m["vertical_first"]:
-                padded, values = _vertical_first_tile(px, m["width"], channels, rows, cols, row0, out_h, out_w,
-                                                      m["col_first"], m["col_last"], chunk_columns)
-            else:
-                padded, values = _horizontal_first_tile(px, m["width"], channels, rows, cols, row0, out_h, out_w)
-            values = np.where(padded[:, :, None], m["fill"], values)
+                tiles = [_vertical_first_tile(px, m["width"], channels, rows, cols, row0, out_h, out_w,
+                                              m["col_first"], m["col_last"], chunk_columns, premultiply)]
+            else:  # four channels: half-height sub-tiles, as the kernel does
+                step = ROWS_PER_BLOCK // 2 if channels == 4 else ROWS_PER_BLOCK
+                tiles = [_horizontal_first_tile(px, m["width"], channels, rows, cols, first, row_end, out_w, step,
+                                                premultiply) for first in range(row0, row_end, step)]
+            padded = np.concatenate([t[0] for t in tiles])
+            values = np.where(padded[:, :, None], m["fill"], np.concatenate([t[1] for t in tiles]))
             for c in range(3):
-                plane = torch.from_numpy(values[:, :, c if channels == 3 else 0])
+                plane = torch.from_numpy(values[:, :, c if channels >= 3 else 0])
                 out[image, c, row0: row0 + plane.shape[0]] = lut[c][plane]
 
 
@@ -131,6 +157,7 @@ def test_emulated_kernel_on_packed_batch_is_exact(mode, chunk_columns, corpora, 
     sizes = [(400, 90), (300, 200), (90, 400), (96, 128), (97, 127), (1, 1), (3, 2), (1, 40), (40, 1), (500, 60),
              (61, 700), (200, 150)]
     arrays = [corpora.random_image(h, w, c, seed=h * 3 + w + c) for h, w in sizes for c in (1, 3)]
+    arrays += [corpora.with_alpha(corpora.random_image(h, w, 3, seed=h), seed=w) for h, w in sizes]
     arrays += [photo for _, photo in corpora.photos((96, 128))[::9]]
     accepted = [a for a in arrays if not isinstance(corpora.reference(preprocess, a), Exception)]
     plan = plan_batch([a.shape for a in accepted], spec)
@@ -152,13 +179,14 @@ def test_plan_batch_shares_tables_and_names_bad_images(corpora):
     from clip_flash.inputs.resample_plan import ImageTooSmallError
 
     spec = spec_from_preprocess(image_transform(224, is_train=False, resize_mode="longest"))
-    plan = plan_batch([(480, 640, 3)] * 5 + [(480, 640, 1)], spec)
-    assert len(set(plan.meta[:, META_FIELDS.index("cols_table")])) == 1  # one table for six images
-    assert plan.total_bytes == plan.pixels_at + 5 * 480 * 640 * 3 + 480 * 640
+    plan = plan_batch([(480, 640, 3)] * 5 + [(480, 640, 1), (480, 640, 4), (224, 224, 4)], spec)
+    assert len(set(plan.meta[:7, META_FIELDS.index("cols_table")])) == 1  # one table for seven images
+    assert plan.total_bytes == plan.pixels_at + 5 * 480 * 640 * 3 + 480 * 640 + 480 * 640 * 4 + 224 * 224 * 4
+    assert list(plan.meta[:, META_FIELDS.index("premultiply")]) == [0] * 6 + [1, 0]  # 224x224 is not resized
     with pytest.raises(ImageTooSmallError, match="image 1"):
         plan_batch([(480, 640, 3), (1, 1000, 3)], spec)
     with pytest.raises(ValueError, match="channels"):
-        plan_batch([(10, 10, 4)], spec)
+        plan_batch([(10, 10, 2)], spec)
 
 
 def test_resample_batch_falls_back_to_the_cpu(corpora):

@@ -94,3 +94,16 @@ def test_spec_validates_its_fields():
                 {"fill": 256}, {"resize_rule": "exact"}, {"mean": (0.5, 0.5)}):
         with pytest.raises(ValueError):
             ImageTransformSpec(**{**good, **bad})
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({}, ((224, 224), "shortest", "torchvision_short_side")),
+    ({"force_image_size": (224, 288)}, ((224, 288), "shortest", "keep_ratio")),
+    ({"image_resize_mode": "longest", "image_interpolation": "bilinear"}, ((224, 224), "longest", "keep_ratio")),
+])
+def test_reads_what_create_model_and_transforms_returns(kwargs, expected):
+    import open_clip
+
+    _, _, preprocess = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None, **kwargs)
+    spec = spec_from_preprocess(preprocess)
+    assert (spec.size, spec.resize_mode, spec.resize_rule) == expected

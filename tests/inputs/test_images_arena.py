@@ -14,7 +14,7 @@ from PIL import Image
 import clip_flash
 import clip_flash.inputs.pixel_arena as pixel_arena
 import clip_flash.ops.image_resample as image_resample_module
-from image_corpus import assert_same_as_reference, skimage_photo
+from photo_corpus import assert_same_as_reference, skimage_photo
 
 pytestmark = pytest.mark.skipif(not pixel_arena.arenas_supported(), reason="pixel arenas need Linux memfd")
 

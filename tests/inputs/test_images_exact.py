@@ -10,7 +10,7 @@ from PIL import Image
 
 import clip_flash
 from clip_flash.inputs.decoder_check import decoder_agreement
-from image_corpus import assert_same_as_reference
+from photo_corpus import assert_same_as_reference
 
 
 @pytest.fixture(scope="module")

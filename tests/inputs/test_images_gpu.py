@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import clip_flash
-from image_corpus import assert_same_as_reference, skimage_photo
+from photo_corpus import assert_same_as_reference, skimage_photo
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import clip_flash
-from image_corpus import assert_same_as_reference, skimage_photo
+from photo_corpus import assert_same_as_reference, skimage_photo
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from PIL import Image
 from clip_flash.inputs.gpu_jpeg import _refine_chroma
 from clip_flash.inputs.image_decoding import DecodedItem
 from clip_flash.inputs.jpeg_chroma import fancy_upsample, refine_nearest_chroma, ycc_to_rgb
-from image_corpus import skimage_photo
+from photo_corpus import skimage_photo
 
 SAMPLINGS = {2: (2, 2), 1: (2, 1)}  # Pillow's subsampling= / get_sampling -> (horizontal, vertical)
 

@@ -13,6 +13,7 @@ import torch
 from clip_flash.inputs.pillow_resample import preprocess_batch_cpu, resample_image, to_model_input
 from clip_flash.inputs.resample_plan import ImageTooSmallError, plan_image, resized_size
 from clip_flash.inputs.transform_spec import spec_from_preprocess
+from image_corpus import corpora, single_thread_torch, transform_case  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -130,7 +131,7 @@ def test_resample_image_checks_its_input():
     spec = spec_from_preprocess(image_transform(224, is_train=False))
     plan = plan_image(spec, 10, 10)
     with pytest.raises(ValueError):
-        resample_image(torch.zeros(10, 10, 4, dtype=torch.uint8), plan)
+        resample_image(torch.zeros(10, 10, 2, dtype=torch.uint8), plan)
     with pytest.raises(ValueError):
         resample_image(torch.zeros(10, 10, 3, dtype=torch.float32), plan)
     with pytest.raises(ValueError):
@@ -180,3 +181,20 @@ def test_self_check_catches_other_arithmetic(monkeypatch):
     monkeypatch.setattr(resample_plan, "pillow_vertical_first", lambda source, resized: not (
         resized[1] != source[1] and resized[0] != source[0] and 0 < source[0] - resized[0] > 2 * (source[1] - resized[1])))
     assert "differently" in (pillow_disagreement() or "")
+
+
+@pytest.mark.parametrize("mode", ["shortest", "longest", "squash"])
+def test_la_images_are_rgba_with_grey_colours(mode, corpora):
+    """An "LA" image goes through OpenCLIP's transform as the RGBA image (L, L, L, A) does (documented
+    in resample_batch): our RGBA path on the expanded pixels equals preprocess(la_image)."""
+    from open_clip.transform import image_transform
+    from PIL import Image
+
+    preprocess = image_transform((224, 320), is_train=False, resize_mode=mode, fill_color=5)
+    spec = spec_from_preprocess(preprocess)
+    for h, w in ((300, 400), (1000, 300), (50, 60), (224, 320)):
+        rgba = corpora.with_alpha(corpora.random_image(h, w, 3, seed=h), seed=w)
+        grey, alpha = rgba[:, :, 0], rgba[:, :, 3]
+        la_image = Image.fromarray(np.stack([grey, alpha], axis=2), "LA")
+        expanded = torch.from_numpy(np.stack([grey, grey, grey, alpha], axis=2))
+        assert torch.equal(preprocess_batch_cpu([expanded], spec)[0], preprocess(la_image))
