@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -82,22 +82,35 @@ class CleaningPool:
             weakref.finalize(self, self._executor.shutdown, wait=False, cancel_futures=True)
         return self._executor
 
-    def submit(self, texts: Sequence[str]) -> List[Future]:
-        """Start cleaning ``texts`` in chunks; ``collect`` the futures for the words."""
-        chunk = max(16, -(-len(texts) // (2 * self.workers)))
+    def submit(self, texts: Sequence[str]) -> List[Tuple[int, int, Future]]:
+        """Start cleaning ``texts`` in chunks: (start, end, future) each; ``collect`` gathers the words."""
+        # Several chunks per worker, so that the caller can take back the ones no worker has started.
+        chunk = max(16, -(-len(texts) // (4 * self.workers + 4)))
         try:
             executor = self._executor_here()
-            return [executor.submit(_worker_clean_and_split, list(texts[start:start + chunk]))
+            return [(start, start + chunk, executor.submit(_worker_clean_and_split, list(texts[start:start + chunk])))
                     for start in range(0, len(texts), chunk)]
         except Exception as error:  # cannot start: fall back in collect
             self._give_up(error)
             return []
 
-    def collect(self, futures: List[Future], texts: Sequence[str]) -> List[Optional[List[str]]]:
-        """The words of ``texts`` from ``submit``'s futures, or computed here if the pool failed."""
-        if futures:
+    def collect(self, chunks: List[Tuple[int, int, Future]], texts: Sequence[str]) -> List[Optional[List[str]]]:
+        """The words of ``texts`` from ``submit``'s futures, or computed here if the pool failed.
+
+        Chunks no worker has started yet are cancelled and cleaned by the caller, last first, so the
+        calling thread works alongside the workers instead of waiting.
+        """
+        if chunks:
+            parts: List[Optional[List[Optional[List[str]]]]] = [None] * len(chunks)
             try:
-                return [words for future in futures for words in future.result()]
+                for index in reversed(range(len(chunks))):
+                    start, end, future = chunks[index]
+                    if future.cancel():
+                        parts[index] = clean_and_split(texts[start:end], self.clean_fn, self.pattern, self.boundary)
+                for index, (_, _, future) in enumerate(chunks):
+                    if parts[index] is None:
+                        parts[index] = future.result()
+                return [words for part in parts for words in part]
             except Exception as error:
                 self._give_up(error)
         return clean_and_split(texts, self.clean_fn, self.pattern, self.boundary)
