@@ -4,12 +4,21 @@ nvJPEG upsamples 4:2:0 / 4:2:2 chroma by repetition where libjpeg-turbo (Pillow'
 so its pixels differ from Pillow's by up to tens of levels on real photos. With ``chroma="libjpeg"``
 the chroma is recovered and re-upsampled the libjpeg-turbo way (:mod:`.jpeg_chroma`), which brings it
 close (not exact). ``scripts/image_fast_path_deviation.py`` measures both against the exact path.
-Whatever nvJPEG refuses goes back to the exact CPU decode.
+Whatever nvJPEG refuses, and any group whose chroma step fails, goes back to the exact CPU decode.
+
+Streams: torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
+writes them from its own decoder stream, which does not wait for the current one. Memory that kernels
+still queued on the current stream read (freed by Python, reusable there in stream order) can thus be
+overwritten before they run: under a busy GPU this corrupted the chroma step's int64 index planes (an
+out-of-bounds device assert). So the decode runs with a private stream current, on which nothing else
+runs, and its outputs are recorded on the caller's stream, so that their memory is handed out again only
+after the caller's work on them is done.
 """
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -20,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 
 CHROMA = ("nvjpeg", "libjpeg")
+# Images refined together: bounds the chroma step's temporaries (a few int64 / float32 planes per image).
+REFINE_CHUNK = 32
 
 
 def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg"
@@ -27,39 +38,72 @@ def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: 
     """``(item, (H, W, C) uint8 on device)`` for each JPEG nvJPEG decoded; the others with the reason."""
     decoded, refused = _decode(items, device)
     if chroma == "libjpeg":
-        decoded = _refine_chroma(decoded)
+        decoded, failed = _refine_chroma(decoded)
+        refused = refused + failed
     return decoded, refused
 
 
-def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]) -> List[Tuple[DecodedItem, torch.Tensor]]:
-    """libjpeg-style chroma for the subsampled colour JPEGs, batched over images of one size and sampling."""
+def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]
+                   ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
+    """libjpeg-style chroma for the subsampled colour JPEGs, batched over images of one size and sampling
+    (at most ``REFINE_CHUNK`` at a time); a chunk that fails (e.g. out of memory) is returned as refused,
+    with the reason, for the exact CPU decode."""
     groups: Dict[Tuple, List[int]] = {}
     for position, (item, pixels) in enumerate(decoded):
         if item.channels == 3 and item.jpeg_sampling in SUBSAMPLING:
             groups.setdefault((tuple(pixels.shape), item.jpeg_sampling), []).append(position)
-    result = list(decoded)
+    result: List = list(decoded)
+    refused: List[Tuple[DecodedItem, str]] = []
     for (_, sampling), positions in groups.items():
-        refined = refine_nearest_chroma(torch.stack([decoded[position][1] for position in positions]), sampling)
-        for row, position in enumerate(positions):
-            result[position] = (decoded[position][0], refined[row])
-    return result
+        for first in range(0, len(positions), REFINE_CHUNK):
+            chunk = positions[first:first + REFINE_CHUNK]
+            try:
+                refined = refine_nearest_chroma(torch.stack([decoded[position][1] for position in chunk]), sampling)
+            except Exception as error:  # noqa: BLE001 - these images go to the exact CPU decode instead
+                reason = f"chroma step failed ({describe_error(error)})"
+                logger.warning("%s for %d image(s); decoding them on the CPU", reason, len(chunk))
+                for position in chunk:
+                    refused.append((decoded[position][0], reason))
+                    result[position] = None
+                continue
+            for row, position in enumerate(chunk):
+                result[position] = (decoded[position][0], refined[row])
+    return [pair for pair in result if pair is not None], refused
+
+
+@functools.lru_cache(maxsize=None)
+def _decoder_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The stream made current while torchvision's nvJPEG allocates its outputs (see the module docstring)."""
+    return torch.cuda.Stream(device)
+
+
+def _nvjpeg(encoded: "torch.Tensor | Sequence[torch.Tensor]", device: torch.device):
+    """``decode_jpeg(encoded, device=device)`` whose outputs never alias memory the caller's stream still uses."""
+    from torchvision.io import decode_jpeg
+
+    caller = torch.cuda.current_stream(device)
+    private = _decoder_stream(device)
+    with torch.cuda.stream(private):
+        outputs = decode_jpeg(encoded, device=device)
+    caller.wait_stream(private)  # torchvision made ``private`` wait for its decoder: the pixels are ready
+    for output in outputs if isinstance(outputs, list) else [outputs]:
+        output.record_stream(caller)
+    return outputs
 
 
 def _decode(items: List[DecodedItem], device: torch.device
             ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
-    from torchvision.io import decode_jpeg
-
     if not items:
         return [], []
     try:
-        outputs = decode_jpeg([item.encoded for item in items], device=device)
+        outputs = _nvjpeg([item.encoded for item in items], device)
         pairs = list(zip(items, outputs))
     except Exception as error:  # noqa: BLE001 - one bad file fails the batched call: retry one by one
         logger.debug("batched nvJPEG decode failed (%s); decoding one by one", describe_error(error))
         pairs, refused = [], []
         for item in items:
             try:
-                pairs.append((item, decode_jpeg(item.encoded, device=device)))
+                pairs.append((item, _nvjpeg(item.encoded, device)))
             except Exception as single_error:  # noqa: BLE001
                 refused.append((item, describe_error(single_error)))
         return _check_shapes(pairs, refused)

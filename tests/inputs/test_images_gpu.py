@@ -85,6 +85,26 @@ def test_fast_path_deviation_is_measured(vit_b32_preprocess, photo_files, capsys
 
 
 @cuda
+@pytest.mark.parametrize("chroma", ["libjpeg", "nvjpeg"])
+def test_fast_path_is_stable_while_the_gpu_is_busy(vit_b32_preprocess, photo_files, chroma):
+    """nvJPEG writes its outputs from its own stream: with earlier calls' kernels still queued (behind a
+    sleeping kernel here, an encoder in a pipeline), a later call must not overwrite their memory. Before the
+    decode ran with a private stream current, this gave an index-out-of-bounds device assert or wrong rows."""
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, decode="gpu",
+                                      gpu_chroma=chroma, executor="thread") as fast:
+        reference = fast(photo_files)
+        torch.cuda.synchronize()
+        decoded = [fast.decode(photo_files) for _ in range(3)]
+        for _ in range(3):
+            torch.cuda._sleep(100_000_000)  # ~50 ms: everything prepared below stays queued behind it
+            outputs = [fast.prepare(batch) for batch in decoded]
+            torch.cuda.synchronize()
+            for prepared in outputs:
+                assert prepared.indices == reference.indices
+                assert torch.equal(prepared.pixels, reference.pixels)
+
+
+@cuda
 def test_encoders_take_the_prepared_batch(build_model, vit_b32_preprocess, photo_files):
     """The patched model and GraphedEncoder take PreparedImages.pixels as they are (device, dtype, layout)."""
     model = copy.deepcopy(build_model("ViT-B-32", "fp16", "cuda"))

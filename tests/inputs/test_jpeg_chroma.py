@@ -99,7 +99,51 @@ def test_refinement_groups_images_by_size_and_sampling():
     for index, ((height, width), sampling) in enumerate(zip(shapes, samplings)):
         item = DecodedItem(index, image_size=(height, width), channels=3, jpeg_sampling=sampling)
         pairs.append((item, torch.randint(0, 256, (height, width, 3), dtype=torch.uint8)))
-    refined = _refine_chroma(pairs)
+    refined, refused = _refine_chroma(pairs)
+    assert refused == []
     for (item, original), (same_item, result) in zip(pairs, refined):
         assert same_item is item
         assert torch.equal(result, refine_nearest_chroma(original, item.jpeg_sampling))
+
+
+# The web photos' sizes (landscape and portrait, odd heights and widths included), more images of one size
+# than a refinement chunk holds: the chroma step's indexing (index_select, table lookups) stays in bounds.
+PHOTO_SIZES = [(240, 320), (768, 1024), (375, 500), (500, 375), (333, 500), (427, 640), (481, 641), (1, 1),
+               (2, 3), (17, 1)]
+
+
+def test_refinement_stays_in_bounds_at_photo_sizes(monkeypatch):
+    import clip_flash.inputs.gpu_jpeg as gpu_jpeg
+
+    monkeypatch.setattr(gpu_jpeg, "REFINE_CHUNK", 3)
+    generator = torch.Generator().manual_seed(0)
+    pairs = []
+    for index, (height, width) in enumerate(PHOTO_SIZES + PHOTO_SIZES[:3] * 2):
+        # Extremes too: pure black/white blocks (all channels clipped) and random colours.
+        pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=generator)
+        pixels[: height // 3] = 255 if index % 2 else 0
+        item = DecodedItem(index, image_size=(height, width), channels=3, jpeg_sampling=2 if index % 3 else 1)
+        pairs.append((item, pixels))
+    refined, refused = gpu_jpeg._refine_chroma(pairs)
+    assert refused == [] and [item.index for item, _ in refined] == list(range(len(pairs)))
+    for (item, original), (_, result) in zip(pairs, refined):
+        assert result.shape == original.shape and result.dtype == torch.uint8
+        assert torch.equal(result, refine_nearest_chroma(original, item.jpeg_sampling))
+
+
+def test_a_failing_refinement_chunk_is_refused_not_raised(monkeypatch):
+    import clip_flash.inputs.gpu_jpeg as gpu_jpeg
+
+    def out_of_memory(rgb, sampling):
+        if rgb.shape[1] == 40:
+            raise RuntimeError("CUDA out of memory")
+        return refine_nearest_chroma(rgb, sampling)
+
+    monkeypatch.setattr(gpu_jpeg, "refine_nearest_chroma", out_of_memory)
+    pairs = [(DecodedItem(index, image_size=(height, 30), channels=3, jpeg_sampling=2),
+              torch.randint(0, 256, (height, 30, 3), dtype=torch.uint8))
+             for index, height in enumerate((40, 20, 40))]
+    refined, refused = gpu_jpeg._refine_chroma(pairs)
+    assert [item.index for item, _ in refined] == [1]
+    assert [item.index for item, _ in refused] == [0, 2]
+    assert all("out of memory" in reason for _, reason in refused)
