@@ -20,6 +20,8 @@ def test_pipelines_skip_and_report_a_bad_file(build_model, vit_b32_preprocess, t
         assert row["images_per_s"] > 0
         assert len(row["skipped_files"]) == 1 and "broken.jpg" in row["skipped_files"][0]
     assert data["pipelines"][1]["routes"] == {"jpeg": 3, "failed": 1}
+    assert data["pipelines"][0]["decode_wait_ms_median"] is None  # the DataLoader's waits are not split out
+    assert data["pipelines"][1]["decode_wait_ms_median"] >= 0.0
     # Exact pixels, same model, same batch: the very same embeddings as OpenCLIP's preprocess gives.
     assert data["pipelines"][1]["first_batch_vs_stock"]["max_abs_diff"] == 0.0
     text = format_image_pipelines(data)
