@@ -173,9 +173,6 @@ def main(argv=None) -> int:
              f"pinned host memory out, tokenizing overlapped with encoding (one producer thread), median of "
              f"{args.repeats} passes after {args.warmup_batches} warm-up batches; clip_flash tokenizer with "
              f"clean_workers={clean_workers}; host: {cores} usable cores.")
-    for path in (args.json, args.markdown):
-        if path:
-            path.parent.mkdir(parents=True, exist_ok=True)
     write_microbenchmark(args.json, args.markdown, title, table.splitlines(), rows)
     return 0
 

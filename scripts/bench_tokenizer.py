@@ -155,9 +155,6 @@ def main(argv=None) -> int:
              f"(torch.equal) on every set. Host: {usable_cores()} usable cores, load average "
              f"{load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after the run (other work shares the host "
              f"when it is above 0).")
-    for path in (args.json, args.markdown):
-        if path:
-            path.parent.mkdir(parents=True, exist_ok=True)
     write_microbenchmark(args.json, args.markdown, title, table.splitlines(), rows)
     return 0
 

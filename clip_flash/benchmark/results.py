@@ -90,13 +90,16 @@ def write_microbenchmark(json_path: Optional[Path], markdown_path: Optional[Path
     """Write a kernel microbenchmark's rows (JSON) and table (markdown), each with how it was taken.
 
     ``title`` is a sentence naming what was timed and how; the command line, git revision, GPU and versions
-    come from ``environment_record``.
+    come from ``environment_record``. Missing parent folders are made.
     """
     import shlex
     import sys
 
     command = "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
     record = environment_record(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"), command)
+    for path in (json_path, markdown_path):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     if json_path:
         json_path.write_text(json.dumps({**record, "title": title, "rows": list(rows)}, indent=2) + "\n")
     if markdown_path:
