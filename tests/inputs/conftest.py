@@ -1,5 +1,7 @@
-"""Fixtures of the ImagePreprocessor tests: real photo files on disk and ViT-B-32's eval transform."""
+"""Fixtures of this folder: the resample tests' corpora (from image_corpus.py), real photo files on disk and
+ViT-B-32's eval transform for the ImagePreprocessor tests."""
 import pytest
+from image_corpus import corpora, single_thread_torch, transform_case  # noqa: F401 (fixtures for every module here)
 
 
 @pytest.fixture(scope="session")

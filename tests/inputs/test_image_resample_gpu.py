@@ -10,7 +10,7 @@ from clip_flash.ops._extension import load_extension
 from clip_flash.inputs.pillow_resample import preprocess_batch_cpu
 from clip_flash.inputs.transform_spec import spec_from_preprocess
 from clip_flash.ops.image_resample import plan_batch, resample_batch, resample_packed
-from image_corpus import corpora, single_thread_torch, transform_case  # noqa: F401 (fixtures)
+
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

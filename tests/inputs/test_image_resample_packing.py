@@ -16,7 +16,7 @@ import torch
 from clip_flash.inputs.transform_spec import spec_from_preprocess
 import clip_flash.ops.image_resample as image_resample_module
 from clip_flash.ops.image_resample import META_FIELDS, plan_batch
-from image_corpus import corpora, single_thread_torch, transform_case  # noqa: F401 (fixtures)
+
 
 PRECISION_BITS = 22
 ROUNDING = 1 << (PRECISION_BITS - 1)

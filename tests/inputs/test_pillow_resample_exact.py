@@ -13,7 +13,7 @@ import torch
 from clip_flash.inputs.pillow_resample import preprocess_batch_cpu, resample_image, to_model_input
 from clip_flash.inputs.resample_plan import ImageTooSmallError, plan_image, resized_size
 from clip_flash.inputs.transform_spec import spec_from_preprocess
-from image_corpus import corpora, single_thread_torch, transform_case  # noqa: F401 (fixtures)
+
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 

@@ -22,7 +22,7 @@ from clip_flash.inputs.pillow_resample import (
 from clip_flash.inputs.resample_plan import PILLOW_VERSION, plan_image, pillow_vertical_first
 from clip_flash.inputs.transform_spec import spec_from_preprocess
 from clip_flash.ops.image_resample import META_FIELDS, plan_batch
-from image_corpus import INTERPOLATIONS, RESIZE_MODES, corpora, single_thread_torch  # noqa: F401 (fixtures)
+from image_corpus import INTERPOLATIONS, RESIZE_MODES
 from test_image_resample_packing import EmulatedExtension
 
 VERSIONS = ((12, 1), (12, 2), (13, 0))
