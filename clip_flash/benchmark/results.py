@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import torch
 
 from .image_pipelines import format_image_pipelines
-from .runner import ModelResult, ShapeResult
+from .records import ModelResult, ShapeResult
 
 PUBLISHED_BATCH_SIZES = (1, 2, 4, 8, 16)
 PUBLISHED_COLUMNS = ("shape", "baseline(s)", "flash_attn(s)", "speed up (x)", "mean diff")
