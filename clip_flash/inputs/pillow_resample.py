@@ -153,8 +153,8 @@ def pillow_disagreement() -> Optional[str]:
     """Why the installed Pillow's resize differs from the arithmetic modelled here, or None when it agrees.
 
     Resizes a few random images with Pillow and with ``resample_image`` (both filters, both pass orders,
-    L, RGB and premultiplied RGBA). A Pillow build with other arithmetic (a SIMD fork, a future change) is caught here, so a
-    caller can fall back to Pillow itself instead of being silently off by a level.
+    L, RGB and premultiplied RGBA). A Pillow build with other arithmetic (a SIMD fork, a future change) is
+    caught here, so a caller can fall back to Pillow itself instead of being silently off by a level.
     """
     import numpy as np
     from PIL import Image
@@ -172,7 +172,8 @@ def pillow_disagreement() -> Optional[str]:
                 expected = expected[..., :3] if channels == 4 else expected  # RGBA: compare the colours
                 plan = ImagePlan(
                     source_size=(in_h, in_w), resized_size=(out_h, out_w),
-                    rows=axis_table(in_h, out_h, out_h, interpolation), cols=axis_table(in_w, out_w, out_w, interpolation),
+                    rows=axis_table(in_h, out_h, out_h, interpolation),
+                    cols=axis_table(in_w, out_w, out_w, interpolation),
                     fill=0, vertical_first=pillow_vertical_first((in_h, in_w), (out_h, out_w)),
                 )
                 got = resample_image(torch.from_numpy(array), plan)[0 if channels == 1 else slice(None)]

@@ -211,7 +211,8 @@ def spec_from_preprocess(preprocess: Any) -> ImageTransformSpec:
     if type(crop) is CenterCrop:
         crop_size, fill, mode = _pair(crop.size, crop), 0, "shortest"
         if rule == "keep_ratio" and longest != 0.0:
-            raise UnsupportedTransformError(f"{_describe(geometry[0])} with CenterCrop: OpenCLIP pairs longest=1 with CenterCropOrPad")
+            raise UnsupportedTransformError(
+                f"{_describe(geometry[0])} with CenterCrop: OpenCLIP pairs longest=1 with CenterCropOrPad")
     elif _open_clip_class(crop, "CenterCropOrPad"):
         crop_size, fill, mode = _pair(crop.size, crop), _fill_value(crop), "longest"
         if rule != "keep_ratio" or longest != 1.0:
@@ -225,8 +226,9 @@ def spec_from_preprocess(preprocess: Any) -> ImageTransformSpec:
     if rule == "exact":
         raise UnsupportedTransformError(f"{_describe(geometry[0])} followed by a crop is not an OpenCLIP eval shape")
     if mode == "shortest" and rule != default_resize_rule("shortest", crop_size):
+        shape = "square" if crop_size[0] == crop_size[1] else "non-square"
         raise UnsupportedTransformError(
-            f"{_describe(geometry[0])}: OpenCLIP resizes a {'square' if crop_size[0] == crop_size[1] else 'non-square'} "
+            f"{_describe(geometry[0])}: OpenCLIP resizes a {shape} "
             "'shortest' target the other way (Resize(int) for square, ResizeKeepRatio for (h, w))"
         )
     return ImageTransformSpec(size=crop_size, resize_mode=mode, fill=fill, **common)

@@ -69,7 +69,8 @@ class BatchPlan:
 
     def _fill_head(self, buffer: torch.Tensor) -> torch.Tensor:
         buffer[: self.meta.nbytes].view(torch.int64).copy_(torch.from_numpy(self.meta.reshape(-1)))
-        buffer[self.tables_at: self.tables_at + self.tables.nbytes].view(torch.int32).copy_(torch.from_numpy(self.tables))
+        tables = buffer[self.tables_at: self.tables_at + self.tables.nbytes]
+        tables.view(torch.int32).copy_(torch.from_numpy(self.tables))
         return buffer
 
     def pixel_slot(self, buffer: torch.Tensor, index: int) -> torch.Tensor:
