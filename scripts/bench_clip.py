@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pipeline", choices=PIPELINES, nargs="+", default=[], metavar="P",
                         help="with --images: also time files -> embeddings end to end per input pipeline, "
                              "images/s: stock (OpenCLIP preprocess in a DataLoader, one worker per core), exact "
-                             "(clip_flash.ImagePreprocessor), gpu (ImagePreprocessor with nvJPEG, not exact); for text "
+                             "(clip_flash.ImagePreprocessor), gpu (ImagePreprocessor with nvJPEG, not exact), "
+                             "gpu-nvjpeg-chroma (nvJPEG keeping its own chroma, further from exact); for text "
                              "(captions, zero-shot), 'stock' alone keeps OpenCLIP's tokenizer on the patched side")
     parser.add_argument("--pipeline-batch", type=positive_int, default=256, metavar="B",
                         help="images per batch in --pipeline runs")

@@ -4,7 +4,9 @@
   ``DataLoader`` with one worker process per core, batches copied to the device and encoded.
 - ``exact``: ``clip_flash.ImagePreprocessor`` (CPU decode in a pool, Pillow-exact resize on the
   device); the next batches decode while the device works on this one.
-- ``gpu``: the same with ``decode="gpu"`` (nvJPEG; not Pillow's pixels).
+- ``gpu``: the same with ``decode="gpu"`` (nvJPEG; not Pillow's pixels), chroma re-upsampled the
+  libjpeg way (the default ``gpu_chroma``);
+- ``gpu-nvjpeg-chroma``: ``decode="gpu"`` keeping nvJPEG's own chroma (further from Pillow, less work).
 
 All three feed the same (patched) model, so the difference is the input side alone. Each streams
 the folder's files round and round in batches; the first batches warm up (workers started, queues
@@ -27,11 +29,12 @@ from PIL import Image
 
 import clip_flash
 
-PIPELINES = ("stock", "exact", "gpu")
+PIPELINES = ("stock", "exact", "gpu", "gpu-nvjpeg-chroma")
 PIPELINE_NOTES = {
     "stock": "OpenCLIP preprocess(Image.open(p)) in a torch DataLoader, one worker process per core",
     "exact": "clip_flash.ImagePreprocessor (CPU decode, exact resize on the device)",
     "gpu": "clip_flash.ImagePreprocessor(decode='gpu') (nvJPEG decode: not exact)",
+    "gpu-nvjpeg-chroma": "clip_flash.ImagePreprocessor(decode='gpu', gpu_chroma='nvjpeg') (not exact)",
 }
 IN_FLIGHT = 2  # batches decoding ahead of the one on the device
 HOST_STEPS = ("decode_wait", "prepare", "encode_launch", "device_wait")
@@ -70,11 +73,14 @@ def _stream_stock(paths, preprocess, size, model, device, dtype, batch, total, w
         on_batch(number, embeddings, [reason for reason in reasons if reason], {})
 
 
-def _stream_clip_flash(paths, preprocess, decode, model, device, dtype, batch, total, workers, executor,
+def _stream_clip_flash(paths, preprocess, pipeline, model, device, dtype, batch, total, workers, executor,
                        on_batch):
     batches = [[paths[(number * batch + row) % len(paths)] for row in range(batch)] for number in range(total)]
+    decode = "cpu" if pipeline == "exact" else "gpu"
+    chroma = "nvjpeg" if pipeline == "gpu-nvjpeg-chroma" else "libjpeg"
     with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, decode=decode, workers=workers,
-                                      executor=executor) as prep, ThreadPoolExecutor(IN_FLIGHT) as producers:
+                                      executor=executor, gpu_chroma=chroma) as prep, \
+            ThreadPoolExecutor(IN_FLIGHT) as producers:
         on_batch.executor = prep.executor  # what "auto" chose, for the results
         # How long the host waited for each batch's decode: near zero when decoding keeps ahead of the device.
         # Where the host's loop spends each batch (seconds): waiting for its decode, the device step's
@@ -132,7 +138,7 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
         if pipeline == "stock":
             _stream_stock(paths, preprocess, image_size, model, device, dtype, batch, total, workers, on_batch)
         else:
-            _stream_clip_flash(paths, preprocess, "gpu" if pipeline == "gpu" else "cpu", model, device, dtype,
+            _stream_clip_flash(paths, preprocess, pipeline, model, device, dtype,
                                batch, total, workers, executor, on_batch)
     seconds = state["end"] - state["start"]
     host_steps = {name: values[warmup:] for name, values in getattr(on_batch, "host_steps", {}).items()}
