@@ -163,8 +163,9 @@ def resample_packed(
     are copied to ``device_start`` of the uploaded layout (the meta rows and tables come from the plan):
     one copy per run, the device layout being exactly ``plan``'s.
 
-    The upload is asynchronous on the current stream: write into ``buffer`` again only after that stream
-    has passed this call (an event or a synchronize), e.g. when cycling through two pinned buffers.
+    The upload from host memory is asynchronous, on a side stream that the current stream then waits for:
+    write into ``buffer`` again only after the current stream has passed this call (an event or a
+    synchronize), e.g. when cycling through two pinned buffers.
     """
     if dtype not in OUTPUT_DTYPES:
         raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
@@ -179,19 +180,39 @@ def resample_packed(
         return out
     if n > MAX_IMAGES_PER_LAUNCH:
         raise ValueError(f"at most {MAX_IMAGES_PER_LAUNCH} images per launch, got {n}")
-    if segments is None:
-        on_device = buffer.to(device, non_blocking=True)
+    if buffer.device.type == "cpu" and device.type == "cuda":
+        # The upload runs on its own stream, so that it overlaps the encoder still running on the caller's
+        # stream (the batch before); the buffer is allocated there and handed over with record_stream.
+        caller, upload = torch.cuda.current_stream(device), _upload_stream(device)
+        with torch.cuda.stream(upload):
+            on_device = _upload(buffer, plan, device, segments)
+        caller.wait_stream(upload)
+        on_device.record_stream(caller)
     else:
-        on_device = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
-        on_device[: plan.pixels_at].copy_(plan.allocate_head(pin=device.type == "cuda"), non_blocking=True)
-        for host_start, size, device_start in segments:
-            on_device[device_start: device_start + size].copy_(buffer[host_start: host_start + size],
-                                                               non_blocking=True)
+        on_device = _upload(buffer, plan, device, segments)
     meta = on_device[: plan.meta.nbytes].view(torch.int64).view(n, len(META_FIELDS))
     tables = on_device[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(torch.int32)
     pixels = on_device[plan.pixels_at:]
     extension.image_resample(pixels, meta, tables, _value_table(plan.spec, dtype, device), out)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _upload_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The stream the host-to-device copies of packed batches run on, one per device."""
+    return torch.cuda.Stream(device)
+
+
+def _upload(buffer: torch.Tensor, plan: BatchPlan, device: torch.device,
+            segments: Optional[Sequence[Tuple[int, int, int]]]) -> torch.Tensor:
+    """``plan``'s device layout from ``buffer`` (all of it, or the head plus ``segments``), on the current stream."""
+    if segments is None:
+        return buffer.to(device, non_blocking=True)
+    on_device = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
+    on_device[: plan.pixels_at].copy_(plan.allocate_head(pin=device.type == "cuda"), non_blocking=True)
+    for host_start, size, device_start in segments:
+        on_device[device_start: device_start + size].copy_(buffer[host_start: host_start + size], non_blocking=True)
+    return on_device
 
 
 def resample_batch(

@@ -139,6 +139,30 @@ def test_patched_model_takes_the_cpu_batch(build_model, vit_b32_preprocess, phot
 
 
 @cuda
+def test_exact_uploads_overlap_queued_work_without_touching_its_memory(vit_b32_preprocess, photo_files):
+    """The exact path uploads on its own stream while the caller's stream is still busy (the encoder of the
+    batch before): the upload must neither overwrite memory that queued work still reads nor be read by
+    the kernel before it lands. Queued work here: a sleeping kernel, then checks of earlier batches' rows."""
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32,
+                                      **FEW_THREADS) as prep:
+        reference = prep(photo_files)
+        torch.cuda.synchronize()
+        decoded = [prep.decode(photo_files) for _ in range(3)]
+        for _ in range(3):
+            torch.cuda._sleep(100_000_000)  # ~50 ms: the prepares below queue behind it
+            outputs = []
+            for batch in decoded:
+                outputs.append(prep.prepare(batch))
+                scratch = torch.empty_like(outputs[-1].pixels).fill_(-7.0)  # reuses freed memory, in stream order
+                del scratch
+            torch.cuda.synchronize()
+            for prepared in outputs:
+                assert prepared.indices == reference.indices
+                assert torch.equal(prepared.pixels, reference.pixels)
+    assert_same_as_reference(reference, vit_b32_preprocess, photo_files)
+
+
+@cuda
 @pytest.mark.parametrize("executor", ["auto", "thread"])
 def test_arenas_reused_batch_after_batch_on_the_gpu(vit_b32_preprocess, photo_files, executor):
     """Batches decoded ahead while earlier ones upload, arenas page-locked once and reused when released:
