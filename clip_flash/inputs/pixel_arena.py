@@ -61,6 +61,10 @@ class Arena:
                 logger.warning("cudaHostRegister of a %d MiB pixel arena failed (cudaError %d): uploads from it "
                                "are not asynchronous", size >> 20, code)
 
+    def touch(self) -> None:
+        """Give the mapping its memory now (one write per page), rather than in the first batch's workers."""
+        self.array[::mmap.PAGESIZE] = 0
+
     @property
     def ref(self) -> ArenaRef:
         return self.id, f"/proc/{os.getpid()}/fd/{self.fd}", self.size
@@ -134,6 +138,31 @@ class ArenaPool:
         finalizer = weakref.finalize(array, self._release, arena)
         finalizer.atexit = False  # at exit the process frees it all; no CUDA calls from a dying interpreter
         return Lease(arena, torch.from_numpy(array)), per_image
+
+    def reserve(self, images: int, count: int) -> int:
+        """Make up to ``count`` arenas for batches of ``images`` now (page-locked when pinning, every page
+        touched), so that the first batches find them ready; returns how many were made. Never more free
+        arenas than are kept; arenas already free count."""
+        need = max(1, images) * self.bytes_per_image
+        size = -(-need // ARENA_GRANULE) * ARENA_GRANULE
+        made = 0
+        while made < count:
+            with self._lock:
+                if self._closed or len(self._free) >= min(count, MAX_FREE_ARENAS):
+                    break
+            arena = Arena(size, self.pin)
+            if not arena.pinned:
+                arena.touch()  # page-locking touched every page already
+            with self._lock:
+                keep = not self._closed and len(self._free) < MAX_FREE_ARENAS
+                if keep:
+                    self._free.append(arena)
+            if not keep:
+                arena.close()
+                break
+            made += 1
+        logger.debug("%d pixel arenas of %d MiB made ahead (pinned: %s)", made, size >> 20, self.pin)
+        return made
 
     def observe(self, bytes_per_image: float) -> None:
         """A task needed this many bytes per image: give later batches that much room (and some)."""
