@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="images per batch in --pipeline runs")
     parser.add_argument("--pipeline-batches", type=positive_int, default=24, metavar="N",
                         help="timed batches per --pipeline (after its warm-up batches)")
+    parser.add_argument("--pipeline-warmup", type=positive_int, default=None, metavar="N",
+                        help="untimed batches before the timed ones [default: 6 for exact/gpu (their pixel arenas "
+                             "are created and page-locked on first use), one per worker plus one for stock]")
     parser.add_argument("--pipeline-workers", type=positive_int, default=None, metavar="W",
                         help="CPU workers per --pipeline [default: every core of this host]")
     parser.add_argument("--pipeline-executor", choices=("auto", "thread", "process"), default="auto",
@@ -246,6 +249,7 @@ def make_settings(args: argparse.Namespace, device: torch.device) -> BenchSettin
         text_tokenizer="openclip" if tuple(args.pipeline) == ("stock",) else "clip_flash",
         pipeline_batch=args.pipeline_batch,
         pipeline_batches=args.pipeline_batches,
+        pipeline_warmup=args.pipeline_warmup,
         pipeline_workers=args.pipeline_workers,
         pipeline_executor=args.pipeline_executor,
     )

@@ -33,6 +33,9 @@ PIPELINE_NOTES = {
     "gpu": "clip_flash.ImagePreprocessor(decode='gpu') (nvJPEG decode: not exact)",
 }
 IN_FLIGHT = 2  # batches decoding ahead of the one on the device
+# Untimed batches before clip_flash's pipelines are timed: the first few create and page-lock the pixel
+# arenas that every later batch reuses (one per batch in flight), a one-time cost of a long job.
+CLIP_FLASH_WARMUP = 2 * IN_FLIGHT + 2
 
 
 class _PreprocessDataset(torch.utils.data.Dataset):
@@ -210,14 +213,14 @@ def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths:
                             encoder_repeats: int = 10) -> Dict[str, Any]:
     """Every requested pipeline, the encoder alone on a prepared batch, and the device step's GPU time.
 
-    ``warmup``: untimed batches first (default: 3, and for ``stock`` one per DataLoader worker plus one,
-    so every worker has a batch in flight before the clock starts).
+    ``warmup``: untimed batches first (default: ``CLIP_FLASH_WARMUP``, and for ``stock`` one per DataLoader
+    worker plus one, so every worker has a batch in flight before the clock starts).
     """
     workers = workers or host_cores()
     rows = []
     for pipeline in pipelines:
         # The stock DataLoader needs a batch per worker in flight before it reaches steady state.
-        first = warmup or (max(3, workers + 1) if pipeline == "stock" else 3)
+        first = warmup or (max(3, workers + 1) if pipeline == "stock" else CLIP_FLASH_WARMUP)
         rows.append(measure_pipeline(pipeline, paths, preprocess, model, device, dtype, image_size, batch,
                                      batches, first, workers, executor))
     # The first batch holds the same files in every pipeline: same pixels must give the same embeddings.
@@ -300,4 +303,4 @@ def measure_bench_pipelines(model: torch.nn.Module, loaded: Any, settings: Any) 
     return measure_image_pipelines(
         model, loaded.preprocess, image_files(settings.images_dir), settings.pipelines, settings.device,
         loaded.dtype, tuple(loaded.image_size), settings.pipeline_batch, settings.pipeline_batches,
-        settings.pipeline_workers, settings.pipeline_executor)
+        settings.pipeline_workers, settings.pipeline_executor, settings.pipeline_warmup)

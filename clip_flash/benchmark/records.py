@@ -43,6 +43,7 @@ class BenchSettings:
     pipelines: Sequence[str] = ()  # end-to-end image pipelines over images_dir (image_pipelines.PIPELINES)
     pipeline_batch: int = 256
     pipeline_batches: int = 24  # timed batches per pipeline, after its warm-up
+    pipeline_warmup: Optional[int] = None  # untimed batches first (None: each pipeline's default)
     pipeline_workers: Optional[int] = None  # CPU workers feeding each pipeline (None: every core)
     pipeline_executor: str = "auto"  # ImagePreprocessor's pool: "auto", "thread" or "process"
     # Captions and the zero-shot classifier are timed from strings: the stock side tokenizes with OpenCLIP's

@@ -14,13 +14,16 @@ import clip_flash
 from photo_corpus import assert_same_as_reference, skimage_photo
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Starting a process pool with a worker per core costs seconds per preprocessor: tests about the pixels
+# use a few threads; the process pool has its own tests below.
+FEW_THREADS = {"workers": 4, "executor": "thread"}
 
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_photo_corpus_on_the_gpu(vit_b32_preprocess, photo_files, dtype):
     """fp32: bit-identical to preprocess(Image.open(p)); fp16/bf16: the reference cast."""
-    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=dtype) as prep:
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=dtype, **FEW_THREADS) as prep:
         prepared = prep(photo_files)
     assert prepared.pixels.is_cuda and prepared.pixels.dtype == dtype
     assert_same_as_reference(prepared, vit_b32_preprocess, photo_files, dtype=None if dtype == torch.float32 else dtype)
@@ -34,7 +37,7 @@ def test_transform_variants_on_the_gpu(options, photo_files):
 
     size = options.pop("image_size", 224)
     preprocess = open_clip.image_transform(size, is_train=False, **options)
-    with clip_flash.ImagePreprocessor(preprocess, device="cuda", dtype=torch.float32) as prep:
+    with clip_flash.ImagePreprocessor(preprocess, device="cuda", dtype=torch.float32, **FEW_THREADS) as prep:
         assert_same_as_reference(prep(photo_files), preprocess, photo_files)
 
 
@@ -65,12 +68,12 @@ def test_fast_path_deviation_is_measured(vit_b32_preprocess, photo_files, capsys
     """decode='gpu' is not exact: print how far each chroma mode is; assert only loose bounds, and that
     recovering the chroma the libjpeg way brings nvJPEG closer to the exact path, not further."""
     std = torch.tensor(vit_b32_preprocess.transforms[-1].std, device="cuda").view(1, 3, 1, 1)
-    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32) as exact:
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, **FEW_THREADS) as exact:
         reference = exact(photo_files)
     mean_levels = {}
     for chroma in ("nvjpeg", "libjpeg"):
         with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, decode="gpu",
-                                          gpu_chroma=chroma) as fast:
+                                          gpu_chroma=chroma, **FEW_THREADS) as fast:
             prepared = fast(photo_files)
         assert prepared.indices == reference.indices and prepared.failures == reference.failures
         assert prepared.routes.get("gpu-jpeg", 0) > 0
@@ -109,7 +112,7 @@ def test_encoders_take_the_prepared_batch(build_model, vit_b32_preprocess, photo
     """The patched model and GraphedEncoder take PreparedImages.pixels as they are (device, dtype, layout)."""
     model = copy.deepcopy(build_model("ViT-B-32", "fp16", "cuda"))
     clip_flash.patch(model)
-    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float16) as prep:
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float16, **FEW_THREADS) as prep:
         pixels = prep(photo_files[:8]).pixels
     with torch.inference_mode():
         eager = model.encode_image(pixels)

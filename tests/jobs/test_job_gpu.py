@@ -23,7 +23,8 @@ def _reference_rows(paths, captions, batches, decode="cpu"):
     clip_flash.patch(loaded.model)
     tokenizer = clip_flash.get_tokenizer(GPU_MODEL)
     images, texts = [], []
-    with ImagePreprocessor(loaded.preprocess, device="cuda", dtype=torch.float16, decode=decode) as prep, \
+    with ImagePreprocessor(loaded.preprocess, device="cuda", dtype=torch.float16, decode=decode,
+                           workers=4, executor="thread") as prep, \
             torch.inference_mode():
         for start, stop in batches:
             prepared = prep(paths[start:stop])
