@@ -41,14 +41,17 @@ def _photos(folder: Path) -> List[Path]:
     return sorted(path for path in folder.iterdir() if path.suffix.lower() in (".jpg", ".jpeg", ".png"))
 
 
-def run_case(args: argparse.Namespace, executor: str, workers: Optional[int]) -> Dict[str, Any]:
-    """One configuration, in this (fresh) process."""
+def run_case(args: argparse.Namespace, executor: str, workers: Optional[int], method: str = "") -> Dict[str, Any]:
+    """One configuration, in this (fresh) process; ``method`` forces the worker processes' start method."""
     import open_clip
     import torch
 
     import clip_flash
     from clip_flash.inputs import decode_pool
     from clip_flash.inputs.pixel_arena import ArenaPool
+
+    if method:
+        decode_pool.process_start_method = lambda: method
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu")
     on_gpu = device.type == "cuda"
@@ -118,7 +121,9 @@ def run_case(args: argparse.Namespace, executor: str, workers: Optional[int]) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--photos", type=Path, required=True)
-    parser.add_argument("--configs", nargs="+", default=["thread:16", "process:16"], metavar="EXECUTOR:WORKERS")
+    parser.add_argument("--configs", nargs="+", default=["thread:16", "process:16"],
+                        metavar="EXECUTOR:WORKERS[:START_METHOD]",
+                        help="e.g. thread:16, process:16 (fork server where there is one), process:16:spawn")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--batches", type=int, default=12, help="batches after the first (the steady rate)")
     parser.add_argument("--image-size", type=int, default=224)
@@ -132,8 +137,8 @@ def main() -> int:
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # a child process runs one configuration
     args = parser.parse_args()
     if args.case is not None:
-        executor, _, workers = args.case.partition(":")
-        print(json.dumps(run_case(args, executor, int(workers) if workers else None)))
+        executor, workers, method = (args.case.split(":") + ["", ""])[:3]
+        print(json.dumps(run_case(args, executor, int(workers) if workers else None, method)))
         return 0
     rows = []
     forwarded = [arg for arg in sys.argv[1:]]
