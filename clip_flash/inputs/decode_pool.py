@@ -225,7 +225,7 @@ class DecodePool:
                 processes = self._start_processes() if self.executor == "process" else None
                 starter = threading.Thread(target=self._warm_up, args=(threads, processes), daemon=True,
                                            name="clip_flash-decode-start")
-                self._starter = starter
+                self._starter, self.start_seconds = starter, None
                 starter.start()
         if wait:
             starter.join()
