@@ -24,7 +24,7 @@ import torch
 
 from .pipeline import EmbeddingPipeline, PipelineStats
 from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
-from .sources import Shard, Source, open_source
+from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
 from .writer import OutputFolder
 
 logger = logging.getLogger(__name__)
@@ -114,6 +114,11 @@ def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset")
 
 
+def _caption_file(input: Union[str, Path]) -> bool:
+    """Whether the input names a caption file (a text-only job: no images to decode)."""
+    return Path(str(input)).suffix.lower() in CAPTION_FILE_SUFFIXES
+
+
 def decoding_workers(runner: Any) -> Dict[str, Any]:
     """How the run's images were decoded: the executor chosen, how its processes started, their start time."""
     preparer = getattr(runner, "image_preparer", None)
@@ -168,6 +173,11 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     device = resolve_device(device)
+    if pipeline == "clip_flash" and decode == "cpu" and (executor == "process" or (
+            executor == "auto" and device.type == "cuda")) and not _caption_file(input):
+        from clip_flash.inputs.decode_pool import prestart
+
+        prestart()  # the fork server imports the decoding modules while the job plans and the model loads
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
                    decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
                    caption_column=caption_column, repeat=repeat)
@@ -176,11 +186,6 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         stats = PipelineStats()
         setup_seconds = None
         if job.todo:  # nothing left to embed: no model to load
-            if pipeline == "clip_flash" and job.source.has_images and decode == "cpu" and (
-                    executor == "process" or (executor == "auto" and device.type == "cuda")):
-                from clip_flash.inputs.decode_pool import prestart
-
-                prestart()  # the fork server imports the decoding modules while the model loads
             loaded = load_job_model(job, device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
