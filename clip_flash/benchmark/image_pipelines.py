@@ -33,6 +33,7 @@ PIPELINE_NOTES = {
     "gpu": "clip_flash.ImagePreprocessor(decode='gpu') (nvJPEG decode: not exact)",
 }
 IN_FLIGHT = 2  # batches decoding ahead of the one on the device
+HOST_STEPS = ("decode_wait", "prepare", "encode_launch", "device_wait")
 # Untimed batches before clip_flash's pipelines are timed: the first few create and page-lock the pixel
 # arenas that every later batch reuses (one per batch in flight), a one-time cost of a long job.
 CLIP_FLASH_WARMUP = 2 * IN_FLIGHT + 2
@@ -75,23 +76,30 @@ def _stream_clip_flash(paths, preprocess, decode, model, device, dtype, batch, t
                                       executor=executor) as prep, ThreadPoolExecutor(IN_FLIGHT) as producers:
         on_batch.executor = prep.executor  # what "auto" chose, for the results
         # How long the host waited for each batch's decode: near zero when decoding keeps ahead of the device.
-        on_batch.decode_waits = waits = []
+        # Where the host's loop spends each batch (seconds): waiting for its decode, the device step's
+        # launches, the encoder's launches, and waiting for the device to come within IN_FLIGHT batches.
+        on_batch.host_steps = steps = {name: [] for name in HOST_STEPS}
         pending = collections.deque(producers.submit(prep.decode, files) for files in batches[:IN_FLIGHT])
         done_events: collections.deque = collections.deque()
         for number in range(total):
             started = time.perf_counter()
             decoded = pending.popleft().result()
-            waits.append(time.perf_counter() - started)
+            decoded_at = time.perf_counter()
             if number + IN_FLIGHT < total:
                 pending.append(producers.submit(prep.decode, batches[number + IN_FLIGHT]))
             prepared = prep.prepare(decoded)
+            prepared_at = time.perf_counter()
             embeddings = model.encode_image(prepared.pixels)
+            launched_at = time.perf_counter()
             if device.type == "cuda":  # keep the host at most IN_FLIGHT batches ahead of the device
                 event = torch.cuda.Event()
                 event.record()
                 done_events.append(event)
                 if len(done_events) > IN_FLIGHT:
                     done_events.popleft().synchronize()
+            for name, seconds in zip(HOST_STEPS, (decoded_at - started, prepared_at - decoded_at,
+                                                  launched_at - prepared_at, time.perf_counter() - launched_at)):
+                steps[name].append(seconds)
             reasons = [f"{batches[number][index]}: {reason}" for index, reason in prepared.failures]
             on_batch(number, embeddings, reasons, prepared.routes)
 
@@ -124,7 +132,7 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
                                batch, total, workers, executor, on_batch)
         clip_flash_sync(device)
     seconds = time.perf_counter() - state["start"]
-    waits = getattr(on_batch, "decode_waits", [])[warmup:]
+    host_steps = {name: values[warmup:] for name, values in getattr(on_batch, "host_steps", {}).items()}
     return {
         "pipeline": pipeline,
         "note": PIPELINE_NOTES[pipeline],
@@ -137,7 +145,9 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
         "seconds": seconds,
         "images_per_s": state["images"] / seconds,
         "routes": dict(state["routes"]),
-        "decode_wait_ms_median": 1e3 * statistics.median(waits) if waits else None,
+        "decode_wait_ms_median": (1e3 * statistics.median(host_steps["decode_wait"])
+                                  if host_steps.get("decode_wait") else None),
+        "host_ms_median": {name: 1e3 * statistics.median(values) for name, values in host_steps.items() if values},
         "skipped_files": sorted(state["failures"].values()),
         "first_batch_embeddings": state["first_batch"],
     }
@@ -256,7 +266,8 @@ def format_image_pipelines(data: Dict[str, Any]) -> str:
     encoder_rate = data["encoder_only"]["images_per_s"]
     stock = next((row["images_per_s"] for row in data["pipelines"] if row["pipeline"] == "stock"), None)
     columns = ("pipeline", "images/s", "vs stock (x)", "of encoder alone", "CPU workers", "skipped files", "routes",
-               "1st batch vs stock: max abs diff / min cos", "host waited for decode (median ms per batch)")
+               "1st batch vs stock: max abs diff / min cos", "host waited for decode (median ms per batch)",
+               "host per batch: prepare / encoder launch / device wait (median ms)")
     table_rows = []
     for row in data["pipelines"]:
         routes = ", ".join(f"{name} {count}" for name, count in sorted(row["routes"].items())) or "-"
@@ -271,6 +282,8 @@ def format_image_pipelines(data: Dict[str, Any]) -> str:
             (f"{row['first_batch_vs_stock']['max_abs_diff']:.3g} / {row['first_batch_vs_stock']['min_cosine']:.6f}"
              if "first_batch_vs_stock" in row else "-"),
             f"{row['decode_wait_ms_median']:.1f}" if row.get("decode_wait_ms_median") is not None else "-",
+            (" / ".join(f"{row['host_ms_median'][name]:.1f}" for name in HOST_STEPS[1:])
+             if row.get("host_ms_median") else "-"),
         ))
     first = data["pipelines"][0] if data["pipelines"] else {"batch": "-", "timed_batches": "-"}
     text = (f"Images end to end: {data['files']} files from the folder, streamed in batches of {first['batch']}, "
