@@ -110,6 +110,9 @@ class ArenaPool:
         self.bytes_per_image = INITIAL_BYTES_PER_IMAGE
         self._free: Deque[Arena] = collections.deque()
         self._lock = threading.Lock()
+        self._made_ahead = threading.Condition(self._lock)  # notified when reserve() adds an arena
+        self._reserving = 0            # arenas reserve() is making now ...
+        self._reserving_size = 0       # ... and their size
         self._closed = False
 
     def lease(self, images: int) -> Tuple[Lease, int]:
@@ -117,7 +120,12 @@ class ArenaPool:
         per_image = self.bytes_per_image
         need = max(1, images) * per_image
         with self._lock:
-            fitting = [arena for arena in self._free if arena.size >= need]
+            while True:
+                fitting = [arena for arena in self._free if arena.size >= need]
+                if fitting or self._closed or not (self._reserving and self._reserving_size >= need):
+                    break
+                # An arena being made ahead fits: wait for it rather than make (and page-lock) one more.
+                self._made_ahead.wait()
             arena = min(fitting, key=lambda candidate: candidate.size) if fitting else None
             if arena is not None:
                 self._free.remove(arena)
@@ -150,13 +158,20 @@ class ArenaPool:
             with self._lock:
                 if self._closed or len(self._free) >= min(count, MAX_FREE_ARENAS):
                     break
-            arena = Arena(size, self.pin)
-            if not arena.pinned:
-                arena.touch()  # page-locking touched every page already
-            with self._lock:
-                keep = not self._closed and len(self._free) < MAX_FREE_ARENAS
-                if keep:
-                    self._free.append(arena)
+                self._reserving += 1
+                self._reserving_size = size
+            arena = None
+            try:
+                arena = Arena(size, self.pin)
+                if not arena.pinned:
+                    arena.touch()  # page-locking touched every page already
+            finally:
+                with self._lock:
+                    self._reserving -= 1
+                    keep = arena is not None and not self._closed and len(self._free) < MAX_FREE_ARENAS
+                    if keep:
+                        self._free.append(arena)
+                    self._made_ahead.notify_all()
             if not keep:
                 arena.close()
                 break
@@ -175,12 +190,14 @@ class ArenaPool:
         with self._lock:
             if not self._closed:
                 self._free.append(arena)
+                self._made_ahead.notify_all()  # a lease waiting for an arena made ahead may take this one
                 return
         arena.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._made_ahead.notify_all()
             arenas, self._free = list(self._free), collections.deque()
         for arena in arenas:
             arena.close()

@@ -138,3 +138,31 @@ def test_a_pil_only_batch_never_starts_processes_it_does_not_need(vit_b32_prepro
         prepared = prep(images)
         assert prep.pool._processes is None  # in-memory inputs stay in this process
     assert_same_as_reference(prepared, vit_b32_preprocess, images)
+
+
+@pytest.mark.skipif(not pixel_arena.arenas_supported(), reason="pixel arenas need Linux memfd")
+def test_a_lease_waits_for_the_arena_being_made_ahead_instead_of_making_another(monkeypatch):
+    import threading
+    import time
+
+    made = []
+    real_init = pixel_arena.Arena.__init__
+
+    def slow_init(self, size, pin):  # page-locking a large arena takes a while on a GPU machine
+        time.sleep(0.3)
+        real_init(self, size, pin)
+        made.append(self)
+
+    monkeypatch.setattr(pixel_arena.Arena, "__init__", slow_init)
+    arenas = pixel_arena.ArenaPool(pin=False)
+    reserver = threading.Thread(target=arenas.reserve, args=(4, 2))
+    reserver.start()
+    time.sleep(0.05)  # the first arena is being made
+    lease, _ = arenas.lease(4)  # the first batch, arriving meanwhile
+    reserver.join()
+    assert lease.arena is made[0]
+    assert len(made) == 2  # the two made ahead, none for the lease
+    bigger, _ = arenas.lease(4 * 64)  # nothing made ahead fits: made now, without waiting
+    assert len(made) == 3 and bigger.arena is made[2]
+    del lease, bigger
+    arenas.close()
