@@ -13,7 +13,9 @@ For each case it runs ``clip_flash.embed`` (the job ``scripts/embed.py`` runs) i
   ceiling each end-to-end rate is compared with.
 
 Rates are inputs per second over the pipeline's wall time after its first shard (warm-up and the first
-file reads excluded) and over the whole run; the number of CPU cores that fed them is recorded. The
+file reads excluded), over the whole run, and with the setup (model load, decoding workers' start) counted
+too; the setup's seconds and the first batch's (from the pipeline's start) are given beside them, and the
+number of CPU cores that fed them is recorded. The
 embeddings of each clip_flash run are compared with the stock run of the same inputs (cosine, max |diff|).
 Writes ``embed_bench.json`` and ``embed_bench.md`` under ``--results``.
 """
@@ -44,7 +46,8 @@ from clip_flash.benchmark.workloads import caption_prompts  # noqa: E402
 from clip_flash.jobs.record import cpu_cores  # noqa: E402
 
 COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)", "items/s (whole run)",
-           "x stock", "of encoder-only", "GPU peak MiB", "cos vs stock (min)", "max abs diff vs stock")
+           "items/s (with setup)", "setup s", "first batch s", "x stock", "of encoder-only", "GPU peak MiB",
+           "cos vs stock (min)", "max abs diff vs stock")
 
 
 def encoder_only_rates(model_name: str, device: torch.device, precision: str, calls: int = 30) -> Dict[str, float]:
@@ -195,6 +198,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def _maybe(value: Optional[float], form: str) -> str:
+    return "n/a" if value is None else form.format(value)
+
+
 def _row(model: str, inputs: str, pipeline: str, case: Dict[str, Any], stock: Dict[str, Any], ceiling: float,
          versus_stock: Dict[str, float]) -> Dict[str, Any]:
     summary = case["summary"]
@@ -204,7 +211,11 @@ def _row(model: str, inputs: str, pipeline: str, case: Dict[str, Any], stock: Di
     return {
         "model": model, "inputs": inputs, "pipeline": pipeline, "items": summary["items"],
         "failures": summary["failures"], "items/s (steady)": f"{steady:,.0f}",
-        "items/s (whole run)": f"{summary['items_per_s']:,.0f}", "x stock": f"{steady / stock_steady:.2f}",
+        "items/s (whole run)": f"{summary['items_per_s']:,.0f}",
+        "items/s (with setup)": _maybe(summary.get("job_items_per_s"), "{:,.0f}"),
+        "setup s": _maybe(summary.get("setup_seconds"), "{:.2f}"),
+        "first batch s": _maybe(summary.get("first_batch_seconds"), "{:.2f}"),
+        "x stock": f"{steady / stock_steady:.2f}",
         "of encoder-only": f"{steady / ceiling:.1%} of {ceiling:,.0f}",
         "GPU peak MiB": f"{summary['gpu_peak_mib']:,.0f}" if summary["gpu_peak_mib"] else "n/a",
         "cos vs stock (min)": "-" if same else f"{versus_stock.get('cos_min', float('nan')):.5f}",

@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"inputs per output shard (default {DEFAULT_SHARD_SIZE}; a WebDataset tar is one shard)")
     parser.add_argument("--workers", type=positive_int, default=None,
                         help="decoding workers (default: every core) / stock: DataLoader workers (cores - 1)")
-    parser.add_argument("--executor", choices=("thread", "process"), default="thread",
-                        help="decoding in threads, or in processes (past the GIL's cap on many cores)")
+    parser.add_argument("--executor", choices=("auto", "thread", "process"), default="auto",
+                        help="decoding in threads, or in processes (past the GIL's cap on many cores); auto: "
+                             "processes on a GPU (threads in --ray actors), threads on a CPU")
     parser.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw embeddings")
     parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument("--no-captions", dest="captions", action="store_false", default=None,
@@ -90,6 +91,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.ray is not None:
             from clip_flash.jobs.ray_data import embed_with_ray
 
+            if options["executor"] == "auto":
+                options["executor"] = "thread"
             summary = embed_with_ray(args.input, args.out, args.model, address=args.ray,
                                      actors=args.ray_workers, num_cpus=args.ray_num_cpus, **options)
         else:

@@ -5,13 +5,26 @@ header parsing, Python bookkeeping) caps a thread pool below what the cores coul
 pool has no such cap; each task there decodes a chunk of inputs and returns their pixels in one
 shared-memory block (torch's multiprocessing reductions). Inputs already in memory (PIL images,
 arrays) always stay in the calling process.
+
+Starting processes is what costs: a spawned worker is a fresh interpreter that imports torch, torchvision
+and clip_flash before its first image (seconds, times the workers, all at once). So workers come from a
+fork server where there is one: a fresh interpreter (started by fork and exec, so no CUDA context is ever
+inherited) that imports the decoding modules once (:data:`WORKER_MODULES`); each worker is a fork of it,
+started in milliseconds with those modules already loaded. :func:`prestart` starts that server early (a
+job calls it before loading its model) and :meth:`DecodePool.start` starts the workers in the background.
+Where there is no fork server, workers are spawned, as before. Never plain fork: the calling process may
+hold a CUDA context.
 """
 from __future__ import annotations
 
+import functools
+import io
+import logging
 import math
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
@@ -20,10 +33,16 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .image_decoding import DecodedItem, DecodeOptions, decode_item, decode_items
+from .image_decoding import DecodedItem, DecodeOptions, decode_item, decode_items, describe_error
 from .pixel_arena import ArenaRef, Lease, attach, write_pixels
 
+logger = logging.getLogger(__name__)
+
 EXECUTORS = ("thread", "process")
+# Imported once by the fork server, so that every worker forked from it starts with them loaded. Each one
+# that cannot be imported there is skipped (the worker then imports what it needs itself, as a spawned one).
+WORKER_MODULES = ("numpy", "torch", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", "torchvision.io",
+                  __name__)
 # Inputs per task: enough to amortize a task's overhead, few enough to balance the workers.
 MAX_CHUNK = 16
 COPY_THREADS = 4  # memory copies into the kernel's page-locked buffer
@@ -37,6 +56,57 @@ def default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def process_start_method() -> str:
+    """``forkserver`` where this platform has it (workers fork from a server holding the decoding modules),
+    else ``spawn``; never ``fork`` (this process may hold a CUDA context)."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+_preload_lock = threading.Lock()
+
+
+def process_context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context decoding workers start in; for a fork server, :data:`WORKER_MODULES` are
+    added to what it preloads (a server already running keeps what it has: workers then import the rest)."""
+    method = process_start_method()
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        from multiprocessing import forkserver
+
+        with _preload_lock:
+            # The default list is ["__main__"] (the main script, imported under its guard); kept, then ours.
+            current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or [])
+            wanted = current + [name for name in WORKER_MODULES if name not in current]
+            if wanted != current:
+                context.set_forkserver_preload(wanted)
+    return context
+
+
+def prestart() -> None:
+    """Start the fork server now: it imports the decoding modules in its own process while this one goes on
+    (a job calls this before loading its model). Returns at once; without a fork server, does nothing."""
+    context = process_context()
+    if context.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+@functools.lru_cache(maxsize=1)
+def warm_up_jpeg() -> bytes:
+    """A small JPEG whose decoding loads and initialises every step a worker runs on a photo."""
+    pixels = np.arange(24 * 32 * 3, dtype=np.uint8).reshape(24, 32, 3)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _warm_up_process(data: bytes) -> int:
+    """In a worker process: one decode, so that the first real task pays nothing for a first use."""
+    decode_item(-1, data, _worker_options)
+    return os.getpid()
 
 
 def _init_process_worker(options: DecodeOptions) -> None:
@@ -125,7 +195,8 @@ def chunked(pairs: List[Tuple[int, Any]], workers: int) -> List[List[Tuple[int, 
 
 
 class DecodePool:
-    """A lazily started pool of ``workers`` threads or processes running the CPU step."""
+    """A pool of ``workers`` threads or processes running the CPU step: started by :meth:`start` (in the
+    background), or else on the first call."""
 
     def __init__(self, options: DecodeOptions, workers: int, executor: str = "thread") -> None:
         if executor not in EXECUTORS:
@@ -139,12 +210,52 @@ class DecodePool:
         self._processes: Optional[Executor] = None
         self._copies: Optional[Executor] = None
         self._lock = threading.Lock()  # decode() may be called from several threads at once
+        self._starter: Optional[threading.Thread] = None
+        self.start_method = process_start_method() if executor == "process" else None
+        self.start_seconds: Optional[float] = None  # start() to every warm-up task done
+
+    def start(self, wait: bool = False) -> None:
+        """Start the workers now rather than on the first call: processes are forked from the fork server
+        (or spawned) and each runs one warm-up decode. In a background thread unless ``wait``; calls made
+        meanwhile queue behind the warm-up, and a start that fails only leaves it to the first call to report."""
+        with self._lock:
+            starter = self._starter
+            if starter is None:
+                threads = self._start_threads()
+                processes = self._start_processes() if self.executor == "process" else None
+                starter = threading.Thread(target=self._warm_up, args=(threads, processes), daemon=True,
+                                           name="clip_flash-decode-start")
+                self._starter, self.start_seconds = starter, None
+                starter.start()
+        if wait:
+            starter.join()
+
+    def _warm_up(self, threads: Executor, processes: Optional[Executor]) -> None:
+        started = time.perf_counter()
+        sample = warm_up_jpeg()
+        try:
+            if processes is not None:
+                # Submitted back to back, before any worker is idle: one process is started for each.
+                futures = [processes.submit(_warm_up_process, sample) for _ in range(self.workers)]
+            else:
+                futures = [threads.submit(decode_item, -1, sample, self.options) for _ in range(self.workers)]
+            for future in futures:
+                future.result()
+        except BaseException as error:  # noqa: BLE001 - closed meanwhile, or a broken pool the next call reports
+            logger.debug("decoding workers' warm-up stopped: %s", describe_error(error))
+            return
+        self.start_seconds = time.perf_counter() - started
+        logger.debug("%d %s decoding workers (%s) ready in %.2f s", self.workers, self.executor,
+                     self.start_method or "threads", self.start_seconds)
 
     def _thread_pool(self) -> Executor:
         with self._lock:
-            if self._threads is None:
-                self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="clip_flash-decode")
-            return self._threads
+            return self._start_threads()
+
+    def _start_threads(self) -> Executor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="clip_flash-decode")
+        return self._threads
 
     def _copy_pool(self) -> Executor:
         # Its own few threads: copies of a decoded batch must not queue behind the next batch's decoding.
@@ -160,8 +271,7 @@ class DecodePool:
 
     def _start_processes(self) -> Executor:
         if self._processes is None:
-            # spawn: forking a process that has a CUDA context is unsafe.
-            context = multiprocessing.get_context("spawn")
+            context = process_context()
             self._processes = ProcessPoolExecutor(self.workers, mp_context=context,
                                                   initializer=_init_process_worker, initargs=(self.options,))
         return self._processes
@@ -233,10 +343,13 @@ class DecodePool:
             future.result()
 
     def close(self) -> None:
-        """Stop the workers (they start again on the next call)."""
+        """Stop the workers (they start again on the next call, or :meth:`start`)."""
         with self._lock:
             pools = (self._threads, self._processes, self._copies)
             self._threads = self._processes = self._copies = None
+            starter, self._starter = self._starter, None
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+        if starter is not None:
+            starter.join()

@@ -32,6 +32,7 @@ from .pixel_arena import ArenaPool, Lease, arenas_supported
 
 logger = logging.getLogger(__name__)
 
+ARENAS_AHEAD = 4  # arenas start() makes for the first batches: those decoding and those queued behind them
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
 DECODERS = ("cpu", "gpu")
 
@@ -107,8 +108,10 @@ class ImagePreprocessor:
         executor: ``"auto"`` (default: ``"process"`` where decoded pixels go to the GPU kernel through
             shared arenas, i.e. a CUDA device on Linux; ``"thread"`` otherwise), ``"thread"`` (the
             decoders release the GIL, but Pillow's header parsing and the bookkeeping do not: a cap on
-            many cores) or ``"process"`` (no GIL cap; spawned workers start on first use, a few seconds,
-            so a script using it needs the usual ``if __name__ == "__main__":`` guard).
+            many cores) or ``"process"`` (no GIL cap; workers are forked from a fork server that imported
+            the decoding modules once, or spawned where there is none; a script using them needs the usual
+            ``if __name__ == "__main__":`` guard).
+        start: start the workers now, in the background (see :meth:`start`); False: on first use.
         resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
             (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
         gpu_chroma: with ``decode="gpu"``: ``"libjpeg"`` recovers the chroma from nvJPEG's output and
@@ -131,7 +134,8 @@ class ImagePreprocessor:
 
     def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
                  dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
-                 executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg") -> None:
+                 executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg",
+                 start: bool = True) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -167,6 +171,40 @@ class ImagePreprocessor:
         self.pool = DecodePool(self.options, self.workers, executor)
         self._arenas: Optional[ArenaPool] = None
         self._arena_lock = threading.Lock()
+        self._reserver: Optional[threading.Thread] = None
+        if start:
+            self.start()
+
+    def start(self, batch_size: Optional[int] = None, arenas: int = ARENAS_AHEAD, wait: bool = False) -> None:
+        """Start what the first batches need, in the background, so that it overlaps other work (a model
+        loading): the decoding workers (processes forked or spawned, each warmed up by one decode) and, given
+        ``batch_size`` on the arena route (a GPU), ``arenas`` page-locked pixel arenas for batches that size.
+        Idempotent; calls made meanwhile wait only for what they use. ``wait``: return when all is ready."""
+        self.pool.start(wait=wait)
+        if batch_size and arenas > 0 and self.resize.packs and arenas_supported():
+            reserver = threading.Thread(target=self._reserve_arenas, args=(batch_size, arenas), daemon=True,
+                                        name="clip_flash-arenas")
+            with self._arena_lock:
+                self._reserver = reserver
+            reserver.start()
+            if wait:
+                reserver.join()
+
+    def _arena_pool(self) -> ArenaPool:
+        with self._arena_lock:
+            if self._arenas is None:
+                self._arenas = ArenaPool(pin=self.device.type == "cuda")
+            return self._arenas
+
+    def _reserve_arenas(self, batch_size: int, count: int) -> None:
+        try:
+            if self.device.type == "cuda":
+                with torch.cuda.device(self.device):  # page-locked for this device's context
+                    self._arena_pool().reserve(batch_size, count)
+            else:
+                self._arena_pool().reserve(batch_size, count)
+        except Exception as error:  # noqa: BLE001 - the first batch makes its arena itself, and reports
+            logger.debug("pixel arenas not made ahead: %s", describe_error(error))
 
     @property
     def output_size(self) -> Tuple[int, int]:
@@ -201,17 +239,15 @@ class ImagePreprocessor:
     def _decode_into_arena(self, items: List[ImageInput]) -> DecodedImages:
         """The kernel's route: workers write pixels straight into a reused page-locked arena, each task
         into its own region; the plan (meta rows, tap tables) is made here from the sizes alone."""
-        with self._arena_lock:
-            if self._arenas is None:
-                self._arenas = ArenaPool(pin=self.device.type == "cuda")
-        lease, bytes_per_image = self._arenas.lease(len(items))
+        arenas = self._arena_pool()
+        lease, bytes_per_image = arenas.lease(len(items))
         regions = self.pool.decode_into(items, lease, bytes_per_image)
         packed_items: List[DecodedItem] = []
         shapes: List[Tuple[int, int, int]] = []
         runs: List[Tuple[int, int, int]] = []  # (host_start, nbytes, first image of the run)
         for region in regions:
             if region.items:
-                self._arenas.observe(region.needed / len(region.items))
+                arenas.observe(region.needed / len(region.items))
             first = len(shapes)
             for item, offset in zip(region.items, region.offsets):
                 if offset < 0:
@@ -329,11 +365,16 @@ class ImagePreprocessor:
         return out, indices
 
     def close(self) -> None:
-        """Stop the decoding workers."""
+        """Stop the decoding workers and free the arenas (a later call, or :meth:`start`, starts them again)."""
         self.pool.close()
-        if self._arenas is not None:
-            self._arenas.close()
-            self._arenas = None
+        with self._arena_lock:
+            reserver, self._reserver = self._reserver, None
+        if reserver is not None:
+            reserver.join()
+        with self._arena_lock:
+            arenas, self._arenas = self._arenas, None
+        if arenas is not None:
+            arenas.close()
 
     def __enter__(self) -> "ImagePreprocessor":
         return self

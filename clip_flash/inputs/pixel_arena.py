@@ -61,6 +61,10 @@ class Arena:
                 logger.warning("cudaHostRegister of a %d MiB pixel arena failed (cudaError %d): uploads from it "
                                "are not asynchronous", size >> 20, code)
 
+    def touch(self) -> None:
+        """Give the mapping its memory now (one write per page), rather than in the first batch's workers."""
+        self.array[::mmap.PAGESIZE] = 0
+
     @property
     def ref(self) -> ArenaRef:
         return self.id, f"/proc/{os.getpid()}/fd/{self.fd}", self.size
@@ -106,6 +110,9 @@ class ArenaPool:
         self.bytes_per_image = INITIAL_BYTES_PER_IMAGE
         self._free: Deque[Arena] = collections.deque()
         self._lock = threading.Lock()
+        self._made_ahead = threading.Condition(self._lock)  # notified when reserve() adds an arena
+        self._reserving = 0            # arenas reserve() is making now ...
+        self._reserving_size = 0       # ... and their size
         self._closed = False
 
     def lease(self, images: int) -> Tuple[Lease, int]:
@@ -113,7 +120,12 @@ class ArenaPool:
         per_image = self.bytes_per_image
         need = max(1, images) * per_image
         with self._lock:
-            fitting = [arena for arena in self._free if arena.size >= need]
+            while True:
+                fitting = [arena for arena in self._free if arena.size >= need]
+                if fitting or self._closed or not (self._reserving and self._reserving_size >= need):
+                    break
+                # An arena being made ahead fits: wait for it rather than make (and page-lock) one more.
+                self._made_ahead.wait()
             arena = min(fitting, key=lambda candidate: candidate.size) if fitting else None
             if arena is not None:
                 self._free.remove(arena)
@@ -135,6 +147,38 @@ class ArenaPool:
         finalizer.atexit = False  # at exit the process frees it all; no CUDA calls from a dying interpreter
         return Lease(arena, torch.from_numpy(array)), per_image
 
+    def reserve(self, images: int, count: int) -> int:
+        """Make up to ``count`` arenas for batches of ``images`` now (page-locked when pinning, every page
+        touched), so that the first batches find them ready; returns how many were made. Never more free
+        arenas than are kept; arenas already free count."""
+        need = max(1, images) * self.bytes_per_image
+        size = -(-need // ARENA_GRANULE) * ARENA_GRANULE
+        made = 0
+        while made < count:
+            with self._lock:
+                if self._closed or len(self._free) >= min(count, MAX_FREE_ARENAS):
+                    break
+                self._reserving += 1
+                self._reserving_size = size
+            arena = None
+            try:
+                arena = Arena(size, self.pin)
+                if not arena.pinned:
+                    arena.touch()  # page-locking touched every page already
+            finally:
+                with self._lock:
+                    self._reserving -= 1
+                    keep = arena is not None and not self._closed and len(self._free) < MAX_FREE_ARENAS
+                    if keep:
+                        self._free.append(arena)
+                    self._made_ahead.notify_all()
+            if not keep:
+                arena.close()
+                break
+            made += 1
+        logger.debug("%d pixel arenas of %d MiB made ahead (pinned: %s)", made, size >> 20, self.pin)
+        return made
+
     def observe(self, bytes_per_image: float) -> None:
         """A task needed this many bytes per image: give later batches that much room (and some)."""
         wanted = min(MAX_BYTES_PER_IMAGE, int(bytes_per_image * 1.25) + 4096)
@@ -146,12 +190,14 @@ class ArenaPool:
         with self._lock:
             if not self._closed:
                 self._free.append(arena)
+                self._made_ahead.notify_all()  # a lease waiting for an arena made ahead may take this one
                 return
         arena.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._made_ahead.notify_all()
             arenas, self._free = list(self._free), collections.deque()
         for arena in arenas:
             arena.close()

@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -23,7 +24,7 @@ import torch
 
 from .pipeline import EmbeddingPipeline, PipelineStats
 from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
-from .sources import Shard, Source, open_source
+from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
 from .writer import OutputFolder
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ DEFAULT_IMAGE_BATCH = 256
 DEFAULT_TEXT_BATCH = 1024
 OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
+EXECUTORS = ("auto", "thread", "process")
 DECODES = ("cpu", "gpu")
 SETTINGS_VERSION = 1
 
@@ -112,12 +114,27 @@ def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset")
 
 
+def _caption_file(input: Union[str, Path]) -> bool:
+    """Whether the input names a caption file (a text-only job: no images to decode)."""
+    return Path(str(input)).suffix.lower() in CAPTION_FILE_SUFFIXES
+
+
+def decoding_workers(runner: Any) -> Dict[str, Any]:
+    """How the run's images were decoded: the executor chosen, how its processes started, their start time."""
+    preparer = getattr(runner, "image_preparer", None)
+    pool = getattr(preparer, "pool", None)
+    if pool is None:
+        return {}
+    return {"decode_executor": pool.executor, "decode_workers": pool.workers,
+            "decode_start_method": pool.start_method, "decode_workers_ready_s": pool.start_seconds}
+
+
 def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32", *,
           device: Union[str, torch.device, None] = None, precision: Optional[str] = None, patch: bool = True,
           pipeline: str = "clip_flash", decode: str = "cpu", batch_size: Optional[int] = None,
           shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
           captions: Optional[bool] = None, caption_column: Optional[str] = None, workers: Optional[int] = None,
-          executor: str = "thread", repeat: int = 1, progress: bool = True,
+          executor: str = "auto", repeat: int = 1, progress: bool = True,
           command: Optional[str] = None) -> JobSummary:
     """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
 
@@ -139,8 +156,10 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
         captions: None reads captions when the input has them; False ignores them. caption_column: for CSV/parquet.
         workers: decoding workers (default: the cores this process may use; stock: DataLoader workers = cores - 1).
-        executor: ``thread`` or ``process`` decoding workers (processes are not capped by the GIL; a script
-            using them needs the ``if __name__ == "__main__":`` guard).
+        executor: ``auto`` (processes where the exact path decodes into the GPU kernel's arenas, i.e. a CUDA
+            device; threads otherwise), ``thread`` or ``process`` decoding workers (processes are not capped by
+            the GIL; they fork from a fork server started while the model loads; a script using them needs the
+            ``if __name__ == "__main__":`` guard).
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 
@@ -150,19 +169,32 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     Raises:
         SourceError, OutputError (including SettingsMismatchError), ModelLoadError: with one clear message.
     """
+    setup_started = time.perf_counter()
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     device = resolve_device(device)
+    if pipeline == "clip_flash" and decode == "cpu" and (executor == "process" or (
+            executor == "auto" and device.type == "cuda")) and not _caption_file(input):
+        from clip_flash.inputs.decode_pool import prestart
+
+        prestart()  # the fork server imports the decoding modules while the job plans and the model loads
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
                    decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
                    caption_column=caption_column, repeat=repeat)
     try:
         batch_size = batch_size or (DEFAULT_IMAGE_BATCH if job.source.has_images else DEFAULT_TEXT_BATCH)
         stats = PipelineStats()
+        setup_seconds = None
         if job.todo:  # nothing left to embed: no model to load
             loaded = load_job_model(job, device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
                                  workers, executor)
+            start = getattr(runner, "start", None)
+            if start is not None:
+                start()  # workers and first arenas, in the background while the run begins
+            setup_seconds = time.perf_counter() - setup_started
             known = [shard.size for shard in job.todo]
             total = sum(known) if all(size is not None for size in known) else None
             try:
@@ -171,8 +203,10 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             finally:
                 runner.close()
         options = {"batch_size": batch_size, "workers": workers, "executor": executor, "device": str(device)}
+        if job.todo:
+            options.update(decoding_workers(runner))
         return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
-                          command=command, options=options, environment_device=device)
+                          command=command, options=options, environment_device=device, setup_seconds=setup_seconds)
     finally:
         job.output.close()
 
@@ -235,7 +269,8 @@ def load_job_model(job: PlannedJob, device: torch.device) -> Any:
 
 
 def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: str, gpu_peak: Optional[float],
-               command: Optional[str], options: Dict[str, Any], environment_device: torch.device) -> JobSummary:
+               command: Optional[str], options: Dict[str, Any], environment_device: torch.device,
+               setup_seconds: Optional[float] = None) -> JobSummary:
     """Write failures.parquet and the run record; return the summary."""
     failures_total = job.output.collect_failures([shard.index for shard in job.plan])
     summary = JobSummary(
@@ -244,7 +279,8 @@ def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: 
         decode=job.decode if job.source.has_images else "n/a", shards_planned=len(job.plan),
         shards_skipped=len(job.plan) - len(job.todo), shards_written=stats.shards, rows=stats.rows,
         failures=stats.failures, failures_total=failures_total, seconds=stats.seconds, cpu_cores=cpu_cores(),
-        gpu_peak_mib=gpu_peak, steady_items_per_s=steady_rate(stats.marks), shard_marks=stats.marks)
+        gpu_peak_mib=gpu_peak, steady_items_per_s=steady_rate(stats.marks), shard_marks=stats.marks,
+        setup_seconds=setup_seconds, first_batch_seconds=stats.first_batch_seconds)
     command = command or "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
     record = run_record(summary, job.settings, environment_device, command, options)
     summary.record_path = str(job.output.write_run_record(record_name(), record))

@@ -90,6 +90,7 @@ class PipelineStats:
     shards: int = 0
     seconds: float = 0.0
     marks: List[Tuple[int, float]] = field(default_factory=list)  # (inputs so far, seconds) per shard
+    first_batch_seconds: Optional[float] = None  # run start to the first batch's embeddings on the host
 
 
 def finish_features(features: torch.Tensor, normalize: bool, out_dtype: np.dtype) -> torch.Tensor:
@@ -126,6 +127,14 @@ class EmbeddingPipeline:
         self.wds_key_column = wds_key_column
         self.cuda = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+
+    def start(self) -> None:
+        """Start the image preparer's workers and its first arenas (sized for this pipeline's batches, one
+        for each batch decoding or queued at the start) in the background: call it as early as the preparer
+        exists, so that this overlaps whatever comes before :meth:`run`."""
+        start = getattr(self.image_preparer, "start", None)
+        if start is not None:
+            start(batch_size=self.batch_size, arenas=min(self.decode_threads + 2, self.prefetch_batches + 1))
 
     # ----- reader and decoders (CPU threads) ------------------------------------------------------
     def _decode(self, items: List[Item]) -> Tuple[Any, Optional[torch.Tensor]]:
@@ -304,6 +313,12 @@ class EmbeddingPipeline:
         writer.start()
         current: Optional[_Accumulator] = None
         in_flight: "deque[_Launched]" = deque()
+
+        def collect(launched: _Launched) -> None:
+            self._collect(launched, progress)
+            if stats.first_batch_seconds is None:
+                stats.first_batch_seconds = time.perf_counter() - started
+
         closing: "deque[_Accumulator]" = deque()  # shards fully read, waiting for their last batches
 
         def hand_over_finished() -> None:
@@ -334,7 +349,7 @@ class EmbeddingPipeline:
                     current.outstanding += 1
                     in_flight.append(launched)
                     while len(in_flight) > self.batches_in_flight:
-                        self._collect(in_flight.popleft(), progress)
+                        collect(in_flight.popleft())
                     hand_over_finished()
                 elif isinstance(entry, _ShardEnd):
                     current.failures.extend(entry.failures)
@@ -344,7 +359,7 @@ class EmbeddingPipeline:
                     current = None
                     hand_over_finished()
             while in_flight:
-                self._collect(in_flight.popleft(), progress)
+                collect(in_flight.popleft())
             hand_over_finished()
         finally:
             stop.set()

@@ -2,7 +2,8 @@
 
 Rates count inputs (embedded + failed) from files or strings to committed ``.npy`` files, over the
 pipeline's wall time (model loading excluded, warm-up included); ``steady_items_per_s`` leaves the
-first written shard out, which is the rate a long job runs at.
+first written shard out, which is the rate a long job runs at; ``job_items_per_s`` counts the setup too
+(planning, model loading, the decoding workers' start: ``setup_seconds``), the rate a user waits for.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class JobSummary:
     cpu_cores: int
     gpu_peak_mib: Optional[float] = None
     steady_items_per_s: Optional[float] = None
+    setup_seconds: Optional[float] = None       # embed() called to the pipeline's start (model load included)
+    first_batch_seconds: Optional[float] = None  # the pipeline's start to its first batch's embeddings
     record_path: Optional[str] = None
     shard_marks: List[Tuple[int, float]] = field(default_factory=list, repr=False)  # (inputs so far, seconds)
 
@@ -48,9 +51,17 @@ class JobSummary:
     def items_per_s(self) -> float:
         return self.items / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def job_items_per_s(self) -> Optional[float]:
+        """Inputs per second from the call to the end, setup included (None when the setup was not timed)."""
+        if self.setup_seconds is None:
+            return None
+        total = self.setup_seconds + self.seconds
+        return self.items / total if total > 0 else 0.0
+
     def to_dict(self) -> Dict[str, Any]:
         record = asdict(self)
-        record.update(items=self.items, items_per_s=self.items_per_s)
+        record.update(items=self.items, items_per_s=self.items_per_s, job_items_per_s=self.job_items_per_s)
         return record
 
     def format(self) -> str:
@@ -66,6 +77,11 @@ class JobSummary:
             + (f", {self.steady_items_per_s:,.1f} items/s after the first shard" if self.steady_items_per_s else "")
             + f", fed by {self.cpu_cores} CPU cores",
         ]
+        if self.setup_seconds is not None:
+            lines.append(f"  setup: {self.setup_seconds:.2f} s before the first batch (model load, decoding workers)"
+                         + (f", first batch done {self.first_batch_seconds:.2f} s into the run"
+                            if self.first_batch_seconds is not None else "")
+                         + f"; {self.job_items_per_s:,.1f} items/s counting it")
         if self.gpu_peak_mib is not None:
             lines.append(f"  GPU memory: {self.gpu_peak_mib:,.0f} MiB peak allocated")
         lines.append(f"  output: {self.out}" + (f"; run record {self.record_path}" if self.record_path else ""))

@@ -61,8 +61,8 @@ def with_alpha(rgb: np.ndarray, seed: int) -> np.ndarray:
 
 
 def random_corpus(target: Tuple[int, int]) -> List[Named]:
-    """Uniform random pixels at every awkward size, RGB and L (RGBA for every third size), plus a 0/255 checkerboard (maximal
-    overshoot: bicubic clips at both ends)."""
+    """Uniform random pixels at every awkward size, RGB and L (RGBA for every third size), plus a 0/255
+    checkerboard (maximal overshoot: bicubic clips at both ends)."""
     corpus = []
     for index, (h, w) in enumerate(list(ABSOLUTE_SIZES) + sizes_around(target)):
         for channels in (3, 1):

@@ -42,7 +42,8 @@ def assert_kernel_exact(corpora, preprocess, corpus, dtypes=(torch.float32,), ag
         got, expected = got.cpu(), reference.to(dtype)
         bad = [f"{n} {tuple(i.shape)}: {(r != g).sum().item()} values differ"
                for n, i, r, g in zip(names, images, expected, got) if not torch.equal(r, g)]
-        assert not bad, f"{dtype}: {len(bad)} of {len(names)} images differ from preprocess(pil):\n" + "\n".join(bad[:20])
+        assert not bad, (f"{dtype}: {len(bad)} of {len(names)} images differ from preprocess(pil):\n"
+                         + "\n".join(bad[:20]))
         if against_cpu and dtype == torch.float32:  # the casts follow elementwise from float32
             assert torch.equal(got, preprocess_batch_cpu(images, spec, dtype))
     return len(names)
@@ -186,5 +187,6 @@ def test_kernel_thin_images_in_both_pass_orders(mode, interpolation, size, verti
     reference = torch.stack(references)
     for dtype in (torch.float32, torch.float16):
         got = kernel_in_order(images, spec, vertical_first, dtype)
-        bad = [f"{n}: {(g != r).sum().item()}" for n, g, r in zip(names, got, reference.to(dtype)) if not torch.equal(g, r)]
+        bad = [f"{n}: {(g != r).sum().item()}" for n, g, r in zip(names, got, reference.to(dtype))
+               if not torch.equal(g, r)]
         assert not bad, f"{dtype}: " + ", ".join(bad)

@@ -32,7 +32,8 @@ def _clip8(sums: np.ndarray) -> np.ndarray:
 def _axis(tables: np.ndarray, offset: int, outputs: int, taps: int):
     start = tables[offset: offset + outputs].astype(np.int64)
     count = tables[offset + outputs: offset + 2 * outputs].astype(np.int64)
-    weights = tables[offset + 2 * outputs: offset + 2 * outputs + outputs * taps].astype(np.int64).reshape(outputs, taps)
+    weights = tables[offset + 2 * outputs: offset + 2 * outputs + outputs * taps].astype(np.int64)
+    weights = weights.reshape(outputs, taps)
     return start, count, weights
 
 
@@ -147,7 +148,8 @@ class EmulatedExtension:
         emulate_kernel(pixels, meta, tables, lut, out, self.chunk_columns)
 
 
-@pytest.mark.parametrize("mode, chunk_columns", [("shortest", 4096), ("longest", 4096), ("squash", 4096), ("squash", 7)])
+@pytest.mark.parametrize("mode, chunk_columns",
+                         [("shortest", 4096), ("longest", 4096), ("squash", 4096), ("squash", 7)])
 def test_emulated_kernel_on_packed_batch_is_exact(mode, chunk_columns, corpora, monkeypatch):
     """Small chunks make the vertical-first rows span many shared-memory chunks."""
     from open_clip.transform import image_transform

@@ -32,7 +32,8 @@ def test_reads_every_open_clip_eval_shape(mode, interpolation, size):
 
 
 def test_reads_a_pretrained_config():
-    cfg = PreprocessCfg(size=256, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), interpolation="bilinear", resize_mode="squash")
+    cfg = PreprocessCfg(size=256, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), interpolation="bilinear",
+                        resize_mode="squash")
     spec = spec_from_preprocess(image_transform_v2(cfg, is_train=False))
     assert spec == ImageTransformSpec((256, 256), "squash", "bilinear", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
@@ -50,7 +51,8 @@ def _tail():
     "build, offending",
     [
         (lambda: image_transform(224, is_train=True), "RandomResizedCrop"),
-        (lambda: T.Compose(image_transform(224, is_train=False).transforms + [T.RandomHorizontalFlip()]), "RandomHorizontalFlip"),
+        (lambda: T.Compose(image_transform(224, is_train=False).transforms + [T.RandomHorizontalFlip()]),
+         "RandomHorizontalFlip"),
         (lambda: _with_steps(T.Resize(224, max_size=300), T.CenterCrop(224), *_tail()), "max_size"),
         (lambda: _with_steps(T.Resize(224, interpolation=T.InterpolationMode.NEAREST), T.CenterCrop(224), *_tail()),
          "interpolation"),

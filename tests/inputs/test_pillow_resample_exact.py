@@ -162,7 +162,8 @@ def test_pass_order_follows_pillow_at_the_boundary(corpora):
     assert orders == ({True, False} if PILLOW_MAJOR >= 13 else {False})
     for index, (in_h, in_w, out_h, out_w) in enumerate(cases):
         for interpolation in ("bicubic", "bilinear"):
-            preprocess = image_transform((out_h, out_w), is_train=False, resize_mode="squash", interpolation=interpolation)
+            preprocess = image_transform((out_h, out_w), is_train=False, resize_mode="squash",
+                                         interpolation=interpolation)
             image = corpora.random_image(in_h, in_w, 3, seed=index)
             assert_corpus_exact(corpora, preprocess, [(f"{in_h}x{in_w}->{out_h}x{out_w}", image)])
 
@@ -179,7 +180,8 @@ def test_self_check_catches_other_arithmetic(monkeypatch):
     from clip_flash.inputs.pillow_resample import pillow_disagreement
 
     monkeypatch.setattr(resample_plan, "pillow_vertical_first", lambda source, resized: not (
-        resized[1] != source[1] and resized[0] != source[0] and 0 < source[0] - resized[0] > 2 * (source[1] - resized[1])))
+        resized[1] != source[1] and resized[0] != source[0]
+        and 0 < source[0] - resized[0] > 2 * (source[1] - resized[1])))
     assert "differently" in (pillow_disagreement() or "")
 
 

@@ -64,7 +64,8 @@ def test_forced_order_cpu_and_emulated_kernel(mode, interpolation, vertical_firs
         plan.pixel_slot(buffer, index).copy_(torch.from_numpy(array))
     monkeypatch.setattr(image_resample_module, "load_extension", lambda: EmulatedExtension(4096))
     got = image_resample_module.resample_packed(buffer, plan, "cpu", torch.float32)
-    bad = [f"{name}: {(g != r).sum().item()}" for (name, _), g, r in zip(corpus, got, references) if not torch.equal(g, r)]
+    bad = [f"{name}: {(g != r).sum().item()}" for (name, _), g, r in zip(corpus, got, references)
+           if not torch.equal(g, r)]
     assert not bad, "emulated kernel differs: " + ", ".join(bad)
 
 

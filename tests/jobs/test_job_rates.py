@@ -1,0 +1,42 @@
+"""What a job reports about its speed: the setup before its first batch (model load, decoding workers), the
+first batch's time, the whole-run rate, the rate after the first shard and the rate counting the setup, in
+the summary and in the run record; and the decoding workers it ran with."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import clip_flash
+from .job_helpers import MODEL, read_output, write_photos
+
+
+@pytest.mark.parametrize("executor", ["auto", "process"])
+def test_summary_and_record_give_setup_first_batch_and_every_rate(tmp_path, checkpoint, executor):
+    write_photos(tmp_path / "photos", count=9, captions=False)
+    (tmp_path / "photos" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", f"{MODEL}::{checkpoint}", device="cpu",
+                               shard_size=4, batch_size=2, executor=executor, progress=False)
+    assert (summary.rows, summary.failures, summary.shards_written) == (9, 1, 3)
+    assert summary.setup_seconds > 0 and 0 < summary.first_batch_seconds <= summary.seconds
+    assert summary.steady_items_per_s > 0  # three shards: the rate after the first one
+    assert summary.job_items_per_s == pytest.approx(10 / (summary.setup_seconds + summary.seconds))
+    assert summary.job_items_per_s < summary.items_per_s
+    text = summary.format()
+    assert "after the first shard" in text and "setup:" in text and "counting it" in text
+    record = json.loads(open(summary.record_path).read())
+    for key in ("items_per_s", "steady_items_per_s", "job_items_per_s", "setup_seconds", "first_batch_seconds"):
+        assert record["summary"][key] == pytest.approx(getattr(summary, key))
+    options = record["options"]
+    assert options["executor"] == executor
+    # auto on a CPU: threads (no GPU kernel's arenas to decode into); asked for, processes
+    assert options["decode_executor"] == ("thread" if executor == "auto" else "process")
+    assert options["decode_workers"] >= 1
+    assert len(read_output(tmp_path / "out")["metadata"]["image_path"]) == 9
+
+
+def test_unknown_executor_is_refused(tmp_path):
+    write_photos(tmp_path / "photos", count=1)
+    with pytest.raises(ValueError, match="executor"):
+        clip_flash.embed(tmp_path / "photos", tmp_path / "out", MODEL, device="cpu", executor="fibers",
+                         progress=False)
