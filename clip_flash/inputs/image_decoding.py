@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin, UnidentifiedImageError
 
+from .jpeg_header import scan_jpeg_header
 from .resample_plan import plan_image
 from .transform_spec import ImageTransformSpec
 
@@ -124,6 +125,8 @@ def decode_item(index: int, item: Any, options: DecodeOptions) -> DecodedItem:
 
 def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) -> None:
     """Encoded bytes: Pillow reads the header, then the route by format and mode."""
+    if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9") and _route_to_nvjpeg(data, result):
+        return
     image = Image.open(io.BytesIO(data))
     mode, form = image.mode, image.format
     channels = EXACT_MODES.get(mode)
@@ -140,6 +143,19 @@ def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) ->
         if _try_torchvision(data, image, channels, result, "png"):
             return
     _decode_pil(image, options, result)
+
+
+def _route_to_nvjpeg(data: bytes, result: DecodedItem) -> bool:
+    """The fast path's CPU step without Pillow's header parse (see :mod:`.jpeg_header`): False for any JPEG
+    the scan declines or Pillow's decompression-bomb limit would warn about; Pillow's route then decides."""
+    header = scan_jpeg_header(data)
+    limit = Image.MAX_IMAGE_PIXELS
+    if header is None or (limit is not None and header.height * header.width > limit):
+        return False
+    result.route, result.encoded = "gpu-jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    result.image_size, result.channels = (header.height, header.width), header.channels
+    result.jpeg_sampling = header.sampling
+    return True
 
 
 def _plain_png(image: Image.Image) -> bool:
