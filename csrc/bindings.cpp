@@ -190,6 +190,9 @@ at::Tensor residual_add(const at::Tensor& residual_input, const at::Tensor& delt
 void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::Tensor& tables,
                     const at::Tensor& lut, at::Tensor& out);
 
+// Defined in jpeg_chroma_binding.cpp.
+at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertical);
+
 }  // namespace clip_flash
 
 // The calls only check arguments and launch kernels, but a launch blocks while the device's launch queue is
@@ -215,4 +218,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("image_resample", &clip_flash::image_resample, "OpenCLIP's eval image transform of a packed uint8 batch, "
              "bit-exact with Pillow; writes into out.", py::arg("pixels"), py::arg("meta"), py::arg("tables"),
              py::arg("lut"), py::arg("out"), NO_GIL);
+  module.def("jpeg_chroma", &clip_flash::jpeg_chroma, "nvJPEG's RGB of 4:2:2/4:2:0 JPEGs with the chroma "
+             "re-upsampled the libjpeg-turbo way (not exact); returns a new tensor.", py::arg("rgb"),
+             py::arg("horizontal"), py::arg("vertical"), NO_GIL);
 }

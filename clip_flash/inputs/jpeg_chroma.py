@@ -16,6 +16,8 @@ from typing import Tuple
 
 import torch
 
+from clip_flash.ops._extension import load_extension
+
 SCALE_BITS = 16
 ONE_HALF = 1 << (SCALE_BITS - 1)
 # JPEG sampling as Pillow's get_sampling names it -> (horizontal, vertical) chroma subsampling factors.
@@ -94,7 +96,21 @@ def _block_mean(values: torch.Tensor, weights: torch.Tensor, horizontal: int, ve
 def refine_nearest_chroma(rgb: torch.Tensor, sampling: int) -> torch.Tensor:
     """nvJPEG's uint8 (..., H, W, 3) RGB of 4:2:2 or 4:2:0 JPEGs (a batch of one size, or one image),
     re-upsampled and converted as libjpeg-turbo would (approximately: see the module docstring).
-    Other samplings are returned as they are."""
+    Other samplings are returned as they are. On a GPU with the extension built, one kernel pair
+    (``csrc/jpeg_chroma.cu``) does what :func:`refine_with_tensor_ops` does in some sixty tensor ops."""
+    if sampling not in SUBSAMPLING:
+        return rgb
+    extension = load_extension() if rgb.is_cuda and rgb.dim() in (3, 4) else None
+    if extension is not None and hasattr(extension, "jpeg_chroma"):
+        horizontal, vertical = SUBSAMPLING[sampling]
+        batch = rgb.unsqueeze(0) if rgb.dim() == 3 else rgb
+        refined = extension.jpeg_chroma(batch.contiguous(), horizontal, vertical)
+        return refined[0] if rgb.dim() == 3 else refined
+    return refine_with_tensor_ops(rgb, sampling)
+
+
+def refine_with_tensor_ops(rgb: torch.Tensor, sampling: int) -> torch.Tensor:
+    """:func:`refine_nearest_chroma` in tensor ops: anywhere (the CPU too), and the kernel's reference."""
     if sampling not in SUBSAMPLING:
         return rgb
     horizontal, vertical = SUBSAMPLING[sampling]

@@ -8,6 +8,8 @@ EXTENSION_SOURCES = (
     "csrc/elementwise_kernels.cu",
     "csrc/image_resample_binding.cpp",
     "csrc/image_resample.cu",
+    "csrc/jpeg_chroma_binding.cpp",
+    "csrc/jpeg_chroma.cu",
 )
 # Every file of these kinds under csrc/ (headers included) keys the build on first use.
 SOURCE_SUFFIXES = (".cpp", ".cu", ".cuh", ".h")

@@ -147,3 +147,39 @@ def test_a_failing_refinement_chunk_is_refused_not_raised(monkeypatch):
     assert [item.index for item, _ in refined] == [1]
     assert [item.index for item, _ in refused] == [0, 2]
     assert all("out of memory" in reason for _, reason in refused)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("sampling", [2, 1])
+@pytest.mark.parametrize("size", [(480, 640), (61, 97), (1, 1), (2, 3), (375, 500)])
+def test_chroma_kernel_matches_the_tensor_ops(sampling, size):
+    """The CUDA kernel against the tensor version it replaces, on real photos as nvJPEG decodes them (and
+    on noise, for clipped pixels and odd sizes): the same float steps, so at most a level apart where a
+    rounding lands on .5 the other way, and nearly everywhere equal."""
+    from clip_flash.inputs.jpeg_chroma import refine_with_tensor_ops
+    from clip_flash.ops._extension import load_extension
+    from torchvision.io import decode_jpeg
+
+    extension = load_extension()
+    if extension is None or not hasattr(extension, "jpeg_chroma"):
+        pytest.skip("clip_flash._C with jpeg_chroma is not built")
+    height, width = size
+    frames = []
+    for name in ("astronaut.png", "coffee.png", "chelsea.png"):
+        buffer = io.BytesIO()
+        skimage_photo(name).convert("RGB").resize((width, height), Image.BICUBIC).save(
+            buffer, "JPEG", quality=90, subsampling=sampling)
+        encoded = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        frames.append(decode_jpeg(encoded, device="cuda").permute(1, 2, 0).contiguous())
+    generator = torch.Generator(device="cuda").manual_seed(sampling)
+    noise = torch.randint(0, 256, (height, width, 3), generator=generator, device="cuda", dtype=torch.int32)
+    frames.append(noise.to(torch.uint8))
+    batch = torch.stack(frames)
+    kernel = refine_nearest_chroma(batch, sampling)
+    reference = refine_with_tensor_ops(batch, sampling)
+    single = refine_nearest_chroma(batch[0], sampling)
+    assert kernel.shape == reference.shape and kernel.dtype == torch.uint8
+    difference = (kernel.int() - reference.int()).abs()
+    assert difference.max().item() <= 1
+    assert (difference > 0).float().mean().item() < 1e-3
+    assert torch.equal(single, kernel[0])

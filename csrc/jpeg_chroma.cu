@@ -1,0 +1,149 @@
+// The fast path's chroma step, one thread per chroma block and then one per pixel, in place of
+// clip_flash/inputs/jpeg_chroma.py's chain of tensor ops (same arithmetic, same order of float operations
+// where it matters; not exact: nvJPEG's pixels never were).
+//
+// nvJPEG repeats each 4:2:x chroma sample over its block; libjpeg-turbo (Pillow's decoder) interpolates
+// ("fancy" upsampling) and converts with integer tables. Pass 1 recovers each block's Cb/Cr from the RGB
+// it shares (a weighted mean over the block, pixels with a clipped channel weighing 1e-3). Pass 2 recovers
+// each pixel's Y from its RGB and its block's chroma, upsamples the chroma libjpeg's way and converts.
+// Float steps use explicit round-to-nearest intrinsics so that no multiply-add is fused.
+#include <cstdint>
+
+#include "jpeg_chroma.h"
+
+namespace clip_flash {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kScaleBits = 16;
+constexpr int64_t kOneHalf = int64_t{1} << (kScaleBits - 1);
+
+__host__ __device__ constexpr int64_t fix(double value) {
+  return static_cast<int64_t>(value * (int64_t{1} << kScaleBits) + 0.5);
+}
+
+__device__ __forceinline__ float luma_of(float r, float g, float b) {
+  return __fadd_rn(__fadd_rn(__fmul_rn(0.299f, r), __fmul_rn(0.587f, g)), __fmul_rn(0.114f, b));
+}
+
+__device__ __forceinline__ bool inside(uint8_t value) { return value > 0 && value < 255; }
+
+__device__ __forceinline__ float clamp255(float value) { return fminf(fmaxf(value, 0.0f), 255.0f); }
+
+__device__ __forceinline__ uint8_t to_byte(int64_t value) {
+  return static_cast<uint8_t>(value < 0 ? 0 : (value > 255 ? 255 : value));
+}
+
+// Pass 1: each block's Cb and Cr, rounded half to even and clamped, as in the tensor version.
+__global__ void __launch_bounds__(kThreads) chroma_blocks_kernel(JpegChromaArgs args) {
+  const int64_t blocks = args.images * args.rows * args.cols;
+  const float inv_cb = 1.0f / 1.772f;  // dividing by a scalar is a multiply by its float reciprocal there
+  const float inv_cr = 1.0f / 1.402f;
+  for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < blocks;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int col = static_cast<int>(index % args.cols);
+    const int row = static_cast<int>((index / args.cols) % args.rows);
+    const int64_t image = index / (static_cast<int64_t>(args.cols) * args.rows);
+    const uint8_t* pixels = args.rgb + image * args.height * args.width * 3;
+    float weight_sum = 0.0f, cb_sum = 0.0f, cr_sum = 0.0f;
+    for (int dy = 0; dy < args.vertical; ++dy) {
+      // Blocks past the edge repeat the last row/column, as the tensor version pads them.
+      const int y = min(row * args.vertical + dy, args.height - 1);
+      for (int dx = 0; dx < args.horizontal; ++dx) {
+        const int x = min(col * args.horizontal + dx, args.width - 1);
+        const uint8_t* p = pixels + (static_cast<int64_t>(y) * args.width + x) * 3;
+        const float r = p[0], g = p[1], b = p[2];
+        const float luma = luma_of(r, g, b);
+        const float weight = (inside(p[0]) && inside(p[1]) && inside(p[2]) ? 1.0f : 0.0f) + 1e-3f;
+        const float cb = __fadd_rn(__fmul_rn(__fsub_rn(b, luma), inv_cb), 128.0f);
+        const float cr = __fadd_rn(__fmul_rn(__fsub_rn(r, luma), inv_cr), 128.0f);
+        weight_sum = __fadd_rn(weight_sum, weight);
+        cb_sum = __fadd_rn(cb_sum, __fmul_rn(cb, weight));
+        cr_sum = __fadd_rn(cr_sum, __fmul_rn(cr, weight));
+      }
+    }
+    const float denominator = fmaxf(weight_sum, 1e-6f);
+    uint8_t* out = args.chroma + index * 2;
+    out[0] = static_cast<uint8_t>(clamp255(rintf(__fdiv_rn(cb_sum, denominator))));
+    out[1] = static_cast<uint8_t>(clamp255(rintf(__fdiv_rn(cr_sum, denominator))));
+  }
+}
+
+// libjpeg-turbo's fancy upsampling of one chroma plane at output pixel (y, x): h2v1 or h2v2.
+__device__ __forceinline__ int64_t fancy_sample(const uint8_t* plane, int rows, int cols, int horizontal,
+                                                int vertical, int y, int x, int channel) {
+  auto at = [&](int r, int c) -> int64_t {
+    r = min(max(r, 0), rows - 1);
+    c = min(max(c, 0), cols - 1);
+    return plane[(static_cast<int64_t>(r) * cols + c) * 2 + channel];
+  };
+  const int col = x / horizontal;
+  const bool odd_col = x % horizontal;
+  if (vertical == 1) {
+    const int64_t near = 3 * at(y, col);
+    return odd_col ? (near + at(y, col + 1) + 2) >> 2 : (near + at(y, col - 1) + 1) >> 2;
+  }
+  const int row = y / 2;
+  const int far_row = (y % 2) ? row + 1 : row - 1;  // even output rows lean on the row above, odd on below
+  auto column_sum = [&](int c) -> int64_t { return 3 * at(row, c) + at(far_row, c); };
+  const int64_t here = 3 * column_sum(col);
+  return odd_col ? (here + column_sum(min(col + 1, cols - 1)) + 7) >> 4
+                 : (here + column_sum(max(col - 1, 0)) + 8) >> 4;
+}
+
+// Pass 2: each pixel's Y, the upsampled chroma, and libjpeg's integer YCbCr -> RGB.
+__global__ void __launch_bounds__(kThreads) chroma_pixels_kernel(JpegChromaArgs args) {
+  const int64_t pixels_per_image = static_cast<int64_t>(args.height) * args.width;
+  const int64_t total = args.images * pixels_per_image;
+  for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t image = index / pixels_per_image;
+    const int y = static_cast<int>((index % pixels_per_image) / args.width);
+    const int x = static_cast<int>(index % args.width);
+    const uint8_t* p = args.rgb + index * 3;
+    const uint8_t* plane = args.chroma + image * args.rows * args.cols * 2;
+    const uint8_t* block = plane + (static_cast<int64_t>(y / args.vertical) * args.cols + x / args.horizontal) * 2;
+    const float cb_here = static_cast<float>(block[0]) - 128.0f;
+    const float cr_here = static_cast<float>(block[1]) - 128.0f;
+    const float r = p[0], g = p[1], b = p[2];
+    // Each channel's own estimate of Y; clipped channels are left out.
+    const float estimate_r = __fsub_rn(r, __fmul_rn(1.402f, cr_here));
+    const float estimate_g = __fadd_rn(__fadd_rn(g, __fmul_rn(0.344136f, cb_here)), __fmul_rn(0.714136f, cr_here));
+    const float estimate_b = __fsub_rn(b, __fmul_rn(1.772f, cb_here));
+    const float in_r = inside(p[0]) ? 1.0f : 0.0f, in_g = inside(p[1]) ? 1.0f : 0.0f;
+    const float in_b = inside(p[2]) ? 1.0f : 0.0f;
+    const float counted = __fadd_rn(__fadd_rn(in_r, in_g), in_b);
+    float luma;
+    if (counted > 0.0f) {
+      const float sum = __fadd_rn(__fadd_rn(__fmul_rn(estimate_r, in_r), __fmul_rn(estimate_g, in_g)),
+                                  __fmul_rn(estimate_b, in_b));
+      luma = __fdiv_rn(sum, counted);
+    } else {
+      luma = luma_of(r, g, b);
+    }
+    const int64_t y_value = static_cast<int64_t>(clamp255(rintf(luma)));
+    const int64_t cb = fancy_sample(plane, args.rows, args.cols, args.horizontal, args.vertical, y, x, 0) - 128;
+    const int64_t cr = fancy_sample(plane, args.rows, args.cols, args.horizontal, args.vertical, y, x, 1) - 128;
+    const int64_t red = y_value + ((fix(1.40200) * cr + kOneHalf) >> kScaleBits);
+    const int64_t green = y_value + ((-fix(0.34414) * cb + kOneHalf - fix(0.71414) * cr) >> kScaleBits);
+    const int64_t blue = y_value + ((fix(1.77200) * cb + kOneHalf) >> kScaleBits);
+    uint8_t* out = args.out + index * 3;
+    out[0] = to_byte(red);
+    out[1] = to_byte(green);
+    out[2] = to_byte(blue);
+  }
+}
+
+unsigned int grid_for(int64_t work) {
+  const int64_t blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<unsigned int>(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
+}
+
+}  // namespace
+
+void launch_jpeg_chroma(const JpegChromaArgs& args, cudaStream_t stream) {
+  chroma_blocks_kernel<<<grid_for(args.images * args.rows * args.cols), kThreads, 0, stream>>>(args);
+  chroma_pixels_kernel<<<grid_for(args.images * args.height * args.width), kThreads, 0, stream>>>(args);
+}
+
+}  // namespace clip_flash
