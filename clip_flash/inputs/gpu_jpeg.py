@@ -11,13 +11,16 @@ writes them from its own decoder stream, which does not wait for the current one
 still queued on the current stream read (freed by Python, reusable there in stream order) can thus be
 overwritten before they run: under a busy GPU this corrupted the chroma step's int64 index planes (an
 out-of-bounds device assert). So the decode runs with a private stream current, on which nothing else
-runs, and its outputs are recorded on the caller's stream, so that their memory is handed out again only
-after the caller's work on them is done.
+runs, and its outputs are recorded on the stream that uses them next, so that their memory is handed out
+again only after that work is done. That next stream is a second private one, for the copies and the
+chroma step: :meth:`ImagePreprocessor.decode` queues all of it from a decode thread, ahead of the batch
+on the device, and ``prepare`` makes its own stream wait for it (:meth:`GpuDecoded.hand_over`).
 """
 from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -33,14 +36,37 @@ CHROMA = ("nvjpeg", "libjpeg")
 REFINE_CHUNK = 32
 
 
-def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg"
-                        ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
-    """``(item, (H, W, C) uint8 on device)`` for each JPEG nvJPEG decoded; the others with the reason."""
-    decoded, refused = _decode(items, device)
-    if chroma == "libjpeg":
-        decoded, failed = _refine_chroma(decoded)
-        refused = refused + failed
-    return decoded, refused
+@dataclass
+class GpuDecoded:
+    """nvJPEG's work for one batch, queued on the fast path's streams; :meth:`hand_over` gives it to the
+    current stream."""
+
+    decoded: List[Tuple[DecodedItem, torch.Tensor]]  # (item, (H, W, C) uint8 on the device)
+    refused: List[Tuple[DecodedItem, str]]           # what nvJPEG or the chroma step could not do, and why
+    ready: "torch.cuda.Event"                        # recorded after the last of that work
+    device: torch.device
+
+    def hand_over(self) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
+        """Make the current stream wait for the work, and keep the pixels' memory until it is done with them."""
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(self.ready)
+        for _, pixels in self.decoded:
+            pixels.record_stream(stream)
+        return self.decoded, self.refused
+
+
+def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg") -> GpuDecoded:
+    """Queue nvJPEG's decode of ``items`` (and with ``chroma="libjpeg"`` the chroma step) on the fast path's
+    own streams, without waiting for it: a decode thread can run it ahead of the batch on the device."""
+    work = _stream("work", device)
+    with torch.cuda.stream(work):
+        decoded, refused = _decode(items, device)
+        if chroma == "libjpeg":
+            decoded, failed = _refine_chroma(decoded)
+            refused = refused + failed
+        ready = torch.cuda.Event()
+        ready.record(work)
+    return GpuDecoded(decoded, refused, ready, device)
 
 
 def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]
@@ -72,8 +98,9 @@ def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]
 
 
 @functools.lru_cache(maxsize=None)
-def _decoder_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The stream made current while torchvision's nvJPEG allocates its outputs (see the module docstring)."""
+def _stream(role: str, device: torch.device) -> "torch.cuda.Stream":
+    """The fast path's two streams per device: ``decoder``, current while torchvision's nvJPEG allocates its
+    outputs and nothing else (see the module docstring); ``work``, for everything after it."""
     return torch.cuda.Stream(device)
 
 
@@ -82,7 +109,7 @@ def _nvjpeg(encoded: "torch.Tensor | Sequence[torch.Tensor]", device: torch.devi
     from torchvision.io import decode_jpeg
 
     caller = torch.cuda.current_stream(device)
-    private = _decoder_stream(device)
+    private = _stream("decoder", device)
     with torch.cuda.stream(private):
         outputs = decode_jpeg(encoded, device=device)
     caller.wait_stream(private)  # torchvision made ``private`` wait for its decoder: the pixels are ready

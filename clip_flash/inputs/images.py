@@ -24,7 +24,7 @@ from PIL import Image
 
 from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .decoder_check import decoder_agreement
-from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
+from .gpu_jpeg import CHROMA, GpuDecoded, decode_jpegs_on_gpu
 from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
 from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
@@ -63,6 +63,7 @@ class DecodedImages:
     items: List[DecodedItem]
     failures: List[Tuple[int, str]]
     packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
+    on_gpu: Optional[GpuDecoded] = None  # decode="gpu": nvJPEG's work, queued by decode() on its own streams
 
     @property
     def indices(self) -> List[int]:
@@ -213,10 +214,20 @@ class ImagePreprocessor:
 
     # ----- the two steps ------------------------------------------------------------------
     def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
-        """The CPU step: read and decode every input (in the worker pool). Never raises for a bad input."""
+        """The CPU step: read and decode every input (in the worker pool). Never raises for a bad input.
+
+        With ``decode="gpu"`` it also queues nvJPEG's decode of the JPEGs (and the chroma step) on side
+        streams of the device, so that a pipeline calling it ahead overlaps that work with the model's;
+        :meth:`prepare` makes its stream wait for it."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
-        items = list(items)
+        decoded = self._cpu_step(list(items))
+        jpeg_items = [item for item in decoded.items if item.encoded is not None]
+        if jpeg_items:
+            decoded.on_gpu = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma)
+        return decoded
+
+    def _cpu_step(self, items: List[ImageInput]) -> DecodedImages:
         if self.resize.packs and items and arenas_supported():
             return self._decode_into_arena(items)
         decoded = self.pool.decode(items)
@@ -294,7 +305,8 @@ class ImagePreprocessor:
             pixel_items = [item for item in pixel_items if item.index not in in_buffer]
         device_pixels = [item.pixels for item in pixel_items]
         if jpeg_items:
-            on_gpu, refused = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma)
+            queued = decoded.on_gpu or decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma)
+            on_gpu, refused = queued.hand_over()
             for item, pixels in on_gpu:
                 pixel_items.append(item)
                 device_pixels.append(pixels)
