@@ -1,6 +1,7 @@
 // The fast path's chroma step, one thread per chroma block and then one per pixel, in place of
 // clip_flash/inputs/jpeg_chroma.py's chain of tensor ops (same arithmetic, same order of float operations
-// where it matters; not exact: nvJPEG's pixels never were).
+// where it matters, but not bit for bit: a block mean whose rounding lands on the other side of .5 moves
+// that block's chroma by one level and its pixels by up to two or three; nvJPEG's pixels were not exact).
 //
 // nvJPEG repeats each 4:2:x chroma sample over its block; libjpeg-turbo (Pillow's decoder) interpolates
 // ("fancy" upsampling) and converts with integer tables. Pass 1 recovers each block's Cb/Cr from the RGB
@@ -45,8 +46,10 @@ __global__ void __launch_bounds__(kThreads) chroma_blocks_kernel(JpegChromaArgs 
     const int row = static_cast<int>((index / args.cols) % args.rows);
     const int64_t image = index / (static_cast<int64_t>(args.cols) * args.rows);
     const uint8_t* pixels = args.rgb + image * args.height * args.width * 3;
+    // Each block row is summed first, then the rows: the pairwise order of the tensor version's reduction.
     float weight_sum = 0.0f, cb_sum = 0.0f, cr_sum = 0.0f;
     for (int dy = 0; dy < args.vertical; ++dy) {
+      float weight_row = 0.0f, cb_row = 0.0f, cr_row = 0.0f;
       // Blocks past the edge repeat the last row/column, as the tensor version pads them.
       const int y = min(row * args.vertical + dy, args.height - 1);
       for (int dx = 0; dx < args.horizontal; ++dx) {
@@ -57,10 +60,13 @@ __global__ void __launch_bounds__(kThreads) chroma_blocks_kernel(JpegChromaArgs 
         const float weight = (inside(p[0]) && inside(p[1]) && inside(p[2]) ? 1.0f : 0.0f) + 1e-3f;
         const float cb = __fadd_rn(__fmul_rn(__fsub_rn(b, luma), inv_cb), 128.0f);
         const float cr = __fadd_rn(__fmul_rn(__fsub_rn(r, luma), inv_cr), 128.0f);
-        weight_sum = __fadd_rn(weight_sum, weight);
-        cb_sum = __fadd_rn(cb_sum, __fmul_rn(cb, weight));
-        cr_sum = __fadd_rn(cr_sum, __fmul_rn(cr, weight));
+        weight_row = __fadd_rn(weight_row, weight);
+        cb_row = __fadd_rn(cb_row, __fmul_rn(cb, weight));
+        cr_row = __fadd_rn(cr_row, __fmul_rn(cr, weight));
       }
+      weight_sum = __fadd_rn(weight_sum, weight_row);
+      cb_sum = __fadd_rn(cb_sum, cb_row);
+      cr_sum = __fadd_rn(cr_sum, cr_row);
     }
     const float denominator = fmaxf(weight_sum, 1e-6f);
     uint8_t* out = args.chroma + index * 2;

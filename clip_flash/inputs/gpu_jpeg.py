@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -45,6 +45,7 @@ class GpuDecoded:
     refused: List[Tuple[DecodedItem, str]]           # what nvJPEG or the chroma step could not do, and why
     ready: "torch.cuda.Event"                        # recorded after the last of that work
     device: torch.device
+    packed: Optional[Tuple[Any, torch.Tensor]] = None  # the decoded pixels laid out for the resize kernel
 
     def hand_over(self) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
         """Make the current stream wait for the work, and keep the pixels' memory until it is done with them."""
@@ -52,21 +53,33 @@ class GpuDecoded:
         stream.wait_event(self.ready)
         for _, pixels in self.decoded:
             pixels.record_stream(stream)
+        if self.packed is not None:
+            self.packed[1].record_stream(stream)
         return self.decoded, self.refused
 
 
-def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg") -> GpuDecoded:
+def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg",
+                        pack: Optional[Callable[[List[torch.Tensor]], Tuple[Any, torch.Tensor]]] = None
+                        ) -> GpuDecoded:
     """Queue nvJPEG's decode of ``items`` (and with ``chroma="libjpeg"`` the chroma step) on the fast path's
-    own streams, without waiting for it: a decode thread can run it ahead of the batch on the device."""
+    own streams, without waiting for it: a decode thread can run it ahead of the batch on the device.
+    ``pack`` (the resize's packing) also lays the pixels out for the resize kernel there, when all of them
+    were decoded; if it fails, the pixels are handed over unpacked."""
     work = _stream("work", device)
+    packed = None
     with torch.cuda.stream(work):
         decoded, refused = _decode(items, device)
         if chroma == "libjpeg":
             decoded, failed = _refine_chroma(decoded)
             refused = refused + failed
+        if pack is not None and decoded and not refused:
+            try:
+                packed = pack([pixels for _, pixels in decoded])
+            except Exception as error:  # noqa: BLE001 - prepare() then resizes them image by image
+                logger.debug("packing nvJPEG's pixels failed (%s); prepare() packs them", describe_error(error))
         ready = torch.cuda.Event()
         ready.record(work)
-    return GpuDecoded(decoded, refused, ready, device)
+    return GpuDecoded(decoded, refused, ready, device, packed)
 
 
 def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]

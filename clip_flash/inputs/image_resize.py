@@ -105,7 +105,7 @@ class ExactResize:
         ``segments``, one copy per run of pixels, see ``resample_packed``), one launch."""
         return resample_packed(buffer, plan, self.device, self.dtype, segments)
 
-    def _pack_on_device(self, images: Sequence[torch.Tensor]) -> Tuple[BatchPlan, torch.Tensor]:
+    def pack_on_device(self, images: Sequence[torch.Tensor]) -> Tuple[BatchPlan, torch.Tensor]:
         """The packed layout built on the GPU, for pixels already there (nvJPEG's): no round trip."""
         plan = plan_batch([tuple(int(size) for size in image.shape) for image in images], self.spec)
         head = torch.zeros(plan.pixels_at, dtype=torch.uint8)
@@ -126,7 +126,7 @@ class ExactResize:
             return torch.empty((0, 3, height, width), dtype=self.dtype, device=self.device)
         if self.implementation == "kernel":
             if all(image.device == self.device for image in pixels):
-                return self.run_packed(*self._pack_on_device(pixels))
+                return self.run_packed(*self.pack_on_device(pixels))
             plan, buffer, _ = self.pack_on_host([image.cpu() for image in pixels])
             return self.run_packed(plan, buffer)
         if self.implementation == "torch":

@@ -224,7 +224,8 @@ class ImagePreprocessor:
         decoded = self._cpu_step(list(items))
         jpeg_items = [item for item in decoded.items if item.encoded is not None]
         if jpeg_items:
-            decoded.on_gpu = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma)
+            pack = self.resize.pack_on_device if self.resize.implementation == "kernel" else None
+            decoded.on_gpu = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma, pack)
         return decoded
 
     def _cpu_step(self, items: List[ImageInput]) -> DecodedImages:
@@ -307,6 +308,10 @@ class ImagePreprocessor:
         if jpeg_items:
             queued = decoded.on_gpu or decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma)
             on_gpu, refused = queued.hand_over()
+            if queued.packed is not None and not pixel_items:
+                # Packed by the decode thread: one kernel launch here, no per-image work on this thread.
+                groups.append(([item.index for item, _ in on_gpu], self.resize.run_packed(*queued.packed)))
+                on_gpu = []
             for item, pixels in on_gpu:
                 pixel_items.append(item)
                 device_pixels.append(pixels)

@@ -154,8 +154,9 @@ def test_a_failing_refinement_chunk_is_refused_not_raised(monkeypatch):
 @pytest.mark.parametrize("size", [(480, 640), (61, 97), (1, 1), (2, 3), (375, 500)])
 def test_chroma_kernel_matches_the_tensor_ops(sampling, size):
     """The CUDA kernel against the tensor version it replaces, on real photos as nvJPEG decodes them (and
-    on noise, for clipped pixels and odd sizes): the same float steps, so at most a level apart where a
-    rounding lands on .5 the other way, and nearly everywhere equal."""
+    on noise, for clipped pixels and odd sizes): the same float steps, summed in a possibly different order,
+    so a block mean near .5 may round the other way: that block's chroma moves a level, its pixels up to
+    three (the colour conversion scales chroma by up to 1.772). Anything else is a bug."""
     from clip_flash.inputs.jpeg_chroma import refine_with_tensor_ops
     from clip_flash.ops._extension import load_extension
     from torchvision.io import decode_jpeg
@@ -180,6 +181,6 @@ def test_chroma_kernel_matches_the_tensor_ops(sampling, size):
     single = refine_nearest_chroma(batch[0], sampling)
     assert kernel.shape == reference.shape and kernel.dtype == torch.uint8
     difference = (kernel.int() - reference.int()).abs()
-    assert difference.max().item() <= 1
-    assert (difference > 0).float().mean().item() < 1e-3
+    assert difference.max().item() <= 3
+    assert (difference > 0).float().mean().item() < 5e-3
     assert torch.equal(single, kernel[0])
