@@ -28,10 +28,11 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .cleaning_pool import CleaningPool, clean_and_split
+from .chunk_ids import ChunkIds
+from .ftfy_replay import replay_basic_clean, replay_refusal
 from .fast_bpe import (BOUNDARY_WORD, WordIds, as_long_tensor, causal_merge_violations, fill_rows, new_result,
                        ordered_merges)
-from .text_cleaning import (SPECIAL_TOKEN_TEXTS, all_plain_ascii, lowered_plain_batch, plain_ascii_mask,
-                            spells_special_token, split_plain_texts)
+from .text_cleaning import SPECIAL_TOKEN_TEXTS, fast_chunks, suspect_rows
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +75,18 @@ class FastCLIPTokenizer:
                              "could merge in a different order than OpenCLIP's")
         self.openclip_tokenizer = openclip_tokenizer
         self.word_ids = WordIds(openclip_tokenizer.encoder, openclip_tokenizer.bpe_ranks, parallel=parallel)
+        special_ids = {text: openclip_tokenizer.encoder[text] for text in SPECIAL_TOKEN_TEXTS}
+        self.chunk_ids = ChunkIds(self.word_ids, openclip_tokenizer.pat.findall, special_ids)
         self.cleaning_pool = CleaningPool(openclip_tokenizer.clean_fn, openclip_tokenizer.pat, BOUNDARY_WORD,
                                           clean_workers)
         # Counts of texts per route since construction, for reports and tests.
-        self.route_counts = {"plain": 0, "cleaned": 0, "openclip": 0}
+        self.route_counts = {"plain": 0, "replayed": 0, "cleaned": 0, "openclip": 0}
+        # Why OpenCLIP's ftfy cleaning cannot be replayed here (then suspects take OpenCLIP's own), or None.
+        self.replay_refusal = replay_refusal()
+        self.replay = self.replay_refusal is None
+        if not self.replay:
+            logger.info("clip_flash tokenizer: %s; non-plain texts take OpenCLIP's own cleaning (same ids, slower)",
+                        self.replay_refusal)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names this class lacks: everything else is OpenCLIP's tokenizer's.
@@ -107,29 +116,38 @@ class FastCLIPTokenizer:
             return self.openclip_tokenizer(texts, context_length=context_length)
         result = new_result(len(texts), context_length)
         sot, eot = self.openclip_tokenizer.sot_token_id, self.openclip_tokenizer.eot_token_id
-        if all_plain_ascii(texts):
-            plain_rows, other_rows = list(range(len(texts))), []
+        openclip_rows = [row for row, text in enumerate(texts) if not isinstance(text, str)]
+        if openclip_rows:
+            string_rows = [row for row, text in enumerate(texts) if isinstance(text, str)]
+            suspects = [string_rows[index] for index in suspect_rows([texts[row] for row in string_rows])]
         else:
-            mask = plain_ascii_mask(texts)
-            plain_rows = [row for row, plain in enumerate(mask) if plain]
-            other_rows = [row for row, plain in enumerate(mask) if not plain]
-
-        openclip_rows = [row for row in other_rows if not isinstance(texts[row], str)]
-        other_rows = [row for row in other_rows if isinstance(texts[row], str)]
+            suspects = suspect_rows(texts)
+        # Suspects: OpenCLIP's basic_clean replayed (ftfy's own steps, the identities skipped), if allowed.
+        replayed_rows: List[int] = []
+        replayed_texts: List[str] = []
+        other_rows = []
+        for row in suspects:
+            cleaned = replay_basic_clean(texts[row]) if self.replay else None
+            if cleaned is None or BOUNDARY_WORD in cleaned:
+                other_rows.append(row)
+            else:
+                replayed_rows.append(row)
+                replayed_texts.append(cleaned)
         other_texts = [texts[row] for row in other_rows]
-        # Non-plain texts start cleaning in the worker processes (if any) while this thread does the rest.
+        # Texts left to OpenCLIP's cleaning start in the worker processes (if any) while this thread does the rest.
         pending = self.cleaning_pool.submit(other_texts) if self.cleaning_pool.usable_for(len(other_texts)) \
             else None
 
-        lowered = lowered_plain_batch([texts[row] for row in plain_rows], BOUNDARY_WORD)
-        if spells_special_token(lowered):
-            special = [spells_special_token(texts[row].lower()) for row in plain_rows]
-            openclip_rows += [row for row, is_special in zip(plain_rows, special) if is_special]
-            plain_rows = [row for row, is_special in zip(plain_rows, special) if not is_special]
-            lowered = lowered_plain_batch([texts[row] for row in plain_rows], BOUNDARY_WORD)
-        if plain_rows:
-            fill_rows(result, plain_rows, self.word_ids.flat_ids(split_plain_texts(lowered)), sot, eot)
+        plain_rows: List[int] = []
+        if len(suspects) < len(texts) - len(openclip_rows):
+            excluded = set(suspects).union(openclip_rows)
+            plain_rows = [row for row in range(len(texts)) if row not in excluded]
         self.route_counts["plain"] += len(plain_rows)
+        self.route_counts["replayed"] += len(replayed_rows)
+        fast_rows = plain_rows + replayed_rows
+        if fast_rows:
+            chunks = fast_chunks([texts[row] for row in plain_rows] + replayed_texts, BOUNDARY_WORD)
+            fill_rows(result, fast_rows, self.chunk_ids.flat_ids(chunks), sot, eot)
 
         if other_rows:
             if pending is not None:
