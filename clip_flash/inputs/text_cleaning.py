@@ -65,7 +65,3 @@ def fast_chunks(texts: Sequence[str], boundary: str) -> List[str]:
     separator = f" {boundary} "
     return (separator.join(texts) + separator).lower().split() if texts else []
 
-
-def spells_special_token(lowered_text: str) -> bool:
-    """True when a lower-cased text contains a special token's spelling."""
-    return any(special in lowered_text for special in SPECIAL_TOKEN_TEXTS)

@@ -4,17 +4,22 @@ For OpenCLIP's ``SimpleTokenizer`` in its default setting (OpenAI BPE, ``clean='
 extra special tokens: the ViT-* CLIP models) the result is a ``FastCLIPTokenizer``. Each text takes the
 cheapest route that still gives OpenCLIP's ids:
 
-- ``plain``: printable ASCII, ``&`` only before a space (most captions). OpenCLIP's cleaning reduces to
-  whitespace collapsing and lower-casing there, and its split to an ASCII pattern that Python's ``re``
-  runs over the whole lower-cased batch at once (proofs in ``text_cleaning``).
-- ``cleaned``: any other text. OpenCLIP's own cleaning and own compiled split pattern run in Python
-  (the same functions, so exact by construction).
-- ``openclip``: a text whose cleaned form spells ``<start_of_text>``/``<end_of_text>``, or that is not a
-  ``str``: OpenCLIP's own tokenizer, which turns such spellings into special ids (or raises for you).
+- ``plain``: printable ASCII without ``&`` (most captions). OpenCLIP's cleaning reduces to whitespace
+  collapsing and lower-casing there (proof in ``text_cleaning``); one regex scan of the batch finds them.
+- ``replayed``: any other text. OpenCLIP's ``basic_clean`` (ftfy, html unescaping) is replayed with ftfy's
+  own functions, skipping the steps proven to be the identity (``ftfy_replay``: several times faster than
+  ``ftfy.fix_text``, the same text), then whitespace collapsing and lower-casing as OpenCLIP does them.
+- ``cleaned``: where the replay is refused (another ftfy version, a text over ftfy's segment length):
+  OpenCLIP's own cleaning and own compiled split pattern run in Python (exact by construction), in
+  worker processes if ``clean_workers`` is set.
+- ``openclip``: a text that is not a ``str``, a cleaned text holding the batch boundary character, or a
+  ``context_length`` below 2: OpenCLIP's own tokenizer (which raises for you where it raises).
 
-On the first two routes the words' ids come from ``fast_bpe.WordIds``: OpenCLIP's vocabulary and merges
-in Hugging Face ``tokenizers`` (Rust; a batch's new words encoded together over all cores), remembered
-per word; SOT/EOT, truncation and padding are numpy array operations.
+On the first two routes the batch is cut into whitespace-free chunks in one pass (``fast_chunks``) and
+each chunk's ids come from ``chunk_ids.ChunkIds``: OpenCLIP's own split pattern and OpenCLIP's vocabulary
+and merges in Hugging Face ``tokenizers`` (Rust), once per distinct chunk, then one dictionary lookup per
+chunk and a numpy gather. On the ``cleaned`` route the words' ids come from ``fast_bpe.WordIds``. SOT/EOT,
+truncation and padding are numpy array operations.
 
 Any other tokenizer (``reduction_mask`` variants, ``clean='whitespace'``/``'canonicalize'``, SigLIP's and
 other Hugging Face tokenizers, extra special tokens) is returned unchanged: OpenCLIP's own object.
@@ -97,8 +102,10 @@ class FastCLIPTokenizer:
     def describe(self) -> str:
         """One line: what runs, and how many texts took each route so far."""
         counts = ", ".join(f"{route} {count}" for route, count in self.route_counts.items())
+        cleaning = ("OpenCLIP's ftfy cleaning replayed for non-plain text" if self.replay else
+                    f"OpenCLIP's own cleaning for non-plain text: {self.replay_refusal}")
         return ("clip_flash FastCLIPTokenizer over OpenCLIP's SimpleTokenizer (Rust BPE with OpenCLIP's "
-                f"vocabulary; OpenCLIP's own cleaning for non-plain text); texts so far: {counts}")
+                f"vocabulary; {cleaning}); texts so far: {counts}")
 
     def __repr__(self) -> str:
         return f"<{self.describe()}>"

@@ -73,10 +73,11 @@ def test_word_memory_bound_keeps_results_exact():
     stock = open_clip.get_tokenizer("ViT-B-32")
     fast = FastCLIPTokenizer(stock)
     fast.word_ids.max_words = 50
+    fast.chunk_ids.max_chunks = 40
     texts = [f"caption number {i} of a {w} photo" for i, w in enumerate(["red", "green", "blue"] * 40)]
     for start in range(0, len(texts), 7):
         assert torch.equal(fast(texts[start:start + 7]), stock(texts[start:start + 7]))
-    assert len(fast.word_ids.ids) <= 50 + 8
+    assert len(fast.word_ids.ids) <= 50 + 8 and len(fast.chunk_ids) <= 40 + 8
 
 
 def test_cleaning_pool_gives_the_same_ids():
@@ -102,6 +103,7 @@ def test_threads_share_one_tokenizer():
     stock = open_clip.get_tokenizer("ViT-B-32")
     fast = FastCLIPTokenizer(stock)
     fast.word_ids.max_words = 300  # resets happen while other threads look words up
+    fast.chunk_ids.max_chunks = 200
     batches = [[f"thread {i} caption {j} about word{(i * 7 + j) % 97}" for j in range(40)] for i in range(24)]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(fast, batches))
