@@ -10,8 +10,7 @@ cheapest route that still gives OpenCLIP's ids:
   own functions, skipping the steps proven to be the identity (``ftfy_replay``: several times faster than
   ``ftfy.fix_text``, the same text), then whitespace collapsing and lower-casing as OpenCLIP does them.
 - ``cleaned``: where the replay is refused (another ftfy version, a text over ftfy's segment length):
-  OpenCLIP's own cleaning and own compiled split pattern run in Python (exact by construction), in
-  worker processes if ``clean_workers`` is set.
+  OpenCLIP's own cleaning and own compiled split pattern run in Python (exact by construction).
 - ``openclip``: a text that is not a ``str``, a cleaned text holding the batch boundary character, or a
   ``context_length`` below 2: OpenCLIP's own tokenizer (which raises for you where it raises).
 
@@ -19,7 +18,8 @@ On the first two routes the batch is cut into whitespace-free chunks in one pass
 each chunk's ids come from ``chunk_ids.ChunkIds``: OpenCLIP's own split pattern and OpenCLIP's vocabulary
 and merges in Hugging Face ``tokenizers`` (Rust), once per distinct chunk, then one dictionary lookup per
 chunk and a numpy gather. On the ``cleaned`` route the words' ids come from ``fast_bpe.WordIds``. SOT/EOT,
-truncation and padding are numpy array operations.
+truncation and padding are numpy array operations. With ``clean_workers=N`` large batches are cut into
+slices tokenized by N worker processes and the caller (``tokenizing_pool``).
 
 Any other tokenizer (``reduction_mask`` variants, ``clean='whitespace'``/``'canonicalize'``, SigLIP's and
 other Hugging Face tokenizers, extra special tokens) is returned unchanged: OpenCLIP's own object.
@@ -28,16 +28,17 @@ other Hugging Face tokenizers, extra special tokens) is returned unchanged: Open
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Sequence, Tuple, Union
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .cleaning_pool import CleaningPool, clean_and_split
 from .chunk_ids import ChunkIds
 from .ftfy_replay import replay_basic_clean, replay_refusal
 from .fast_bpe import (BOUNDARY_WORD, WordIds, as_long_tensor, causal_merge_violations, fill_rows, new_result,
                        ordered_merges)
 from .text_cleaning import SPECIAL_TOKEN_TEXTS, fast_chunks, suspect_rows
+from .tokenizing_pool import TokenizingPool
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +63,10 @@ class FastCLIPTokenizer:
 
     Every other attribute (``encode``, ``decode``, ``encoder``, ``sot_token_id`` ...) is the wrapped
     tokenizer's own. ``parallel=False`` keeps the Rust BPE of new words on the calling thread.
-    ``clean_workers=N`` cleans non-plain texts (OpenCLIP's own functions) in N worker processes while
-    the calling thread does the plain ones: worth it on many-core hosts for captions with much non-ASCII
-    text. Workers start from a fork server, so, as with a DataLoader's, a script using them needs the
-    ``if __name__ == "__main__":`` guard. 0 (the default) keeps everything in this process.
+    ``clean_workers=N``: N worker processes tokenize slices of batches of ``MIN_TEXTS_FOR_POOL`` (512)
+    texts or more, the calling thread one slice too (``tokenizing_pool``): how a many-core host goes past
+    one core's speed. Workers start from a fork server, so, as with a DataLoader's, a script using them
+    needs the ``if __name__ == "__main__":`` guard. 0 (the default) keeps everything in this process.
     """
 
     def __init__(self, openclip_tokenizer: Any, parallel: bool = True, clean_workers: int = 0) -> None:
@@ -82,10 +83,11 @@ class FastCLIPTokenizer:
         self.word_ids = WordIds(openclip_tokenizer.encoder, openclip_tokenizer.bpe_ranks, parallel=parallel)
         special_ids = {text: openclip_tokenizer.encoder[text] for text in SPECIAL_TOKEN_TEXTS}
         self.chunk_ids = ChunkIds(self.word_ids, openclip_tokenizer.pat.findall, special_ids)
-        self.cleaning_pool = CleaningPool(openclip_tokenizer.clean_fn, openclip_tokenizer.pat, BOUNDARY_WORD,
-                                          clean_workers)
+        self.pool = TokenizingPool(openclip_tokenizer, clean_workers)
         # Counts of texts per route since construction, for reports and tests.
         self.route_counts = {"plain": 0, "replayed": 0, "cleaned": 0, "openclip": 0}
+        # Seconds spent per stage in this process since construction (the bench prints them).
+        self.stage_seconds: Dict[str, float] = {}
         # Why OpenCLIP's ftfy cleaning cannot be replayed here (then suspects take OpenCLIP's own), or None.
         self.replay_refusal = replay_refusal()
         self.replay = self.replay_refusal is None
@@ -121,6 +123,17 @@ class FastCLIPTokenizer:
         if context_length < 2:
             self.route_counts["openclip"] += len(texts)
             return self.openclip_tokenizer(texts, context_length=context_length)
+        if self.pool.usable_for(len(texts)) and all(isinstance(text, str) for text in texts):
+            ids, worker_routes = self.pool.tokenize(
+                texts, context_length, lambda part: self._tokenize(part, context_length).numpy())
+            for route, count in worker_routes.items():
+                self.route_counts[route] += count
+            return as_long_tensor(ids)
+        return self._tokenize(texts, context_length)
+
+    def _tokenize(self, texts: Sequence[Any], context_length: int) -> torch.Tensor:
+        """``__call__`` in this process, for ``context_length`` >= 2."""
+        clock = self._stage_clock()
         result = new_result(len(texts), context_length)
         sot, eot = self.openclip_tokenizer.sot_token_id, self.openclip_tokenizer.eot_token_id
         openclip_rows = [row for row, text in enumerate(texts) if not isinstance(text, str)]
@@ -129,6 +142,7 @@ class FastCLIPTokenizer:
             suspects = [string_rows[index] for index in suspect_rows([texts[row] for row in string_rows])]
         else:
             suspects = suspect_rows(texts)
+        clock("find plain texts")
         # Suspects: OpenCLIP's basic_clean replayed (ftfy's own steps, the identities skipped), if allowed.
         replayed_rows: List[int] = []
         replayed_texts: List[str] = []
@@ -140,10 +154,7 @@ class FastCLIPTokenizer:
             else:
                 replayed_rows.append(row)
                 replayed_texts.append(cleaned)
-        other_texts = [texts[row] for row in other_rows]
-        # Texts left to OpenCLIP's cleaning start in the worker processes (if any) while this thread does the rest.
-        pending = self.cleaning_pool.submit(other_texts) if self.cleaning_pool.usable_for(len(other_texts)) \
-            else None
+        clock("replay ftfy cleaning")
 
         plain_rows: List[int] = []
         if len(suspects) < len(texts) - len(openclip_rows):
@@ -154,18 +165,19 @@ class FastCLIPTokenizer:
         fast_rows = plain_rows + replayed_rows
         if fast_rows:
             chunks = fast_chunks([texts[row] for row in plain_rows] + replayed_texts, BOUNDARY_WORD)
-            fill_rows(result, fast_rows, self.chunk_ids.flat_ids(chunks), sot, eot)
+            clock("cut chunks")
+            flat_ids = self.chunk_ids.flat_ids(chunks)
+            clock("chunk ids")
+            fill_rows(result, fast_rows, flat_ids, sot, eot)
+            clock("fill rows")
 
         if other_rows:
-            if pending is not None:
-                words_per_text = self.cleaning_pool.collect(pending, other_texts)
-            else:
-                words_per_text = clean_and_split(other_texts, self.openclip_tokenizer.clean_fn,
-                                                 self.openclip_tokenizer.pat, BOUNDARY_WORD)
+            words_per_text = self._clean_and_split([texts[row] for row in other_rows])
             cleaned_rows, words = self._flatten_words(other_rows, words_per_text, openclip_rows)
             if cleaned_rows:
                 fill_rows(result, cleaned_rows, self.word_ids.flat_ids(words), sot, eot)
             self.route_counts["cleaned"] += len(cleaned_rows)
+            clock("OpenCLIP cleaning (replay refused)")
         self.route_counts["openclip"] += len(openclip_rows)
         output = as_long_tensor(result)
         if openclip_rows:
@@ -173,6 +185,26 @@ class FastCLIPTokenizer:
             output[openclip_rows] = self.openclip_tokenizer([texts[row] for row in openclip_rows],
                                                             context_length=context_length)
         return output
+
+    def _stage_clock(self):
+        """A function that adds the seconds since its last call (or since now) to ``stage_seconds[name]``."""
+        last = [time.perf_counter()]
+
+        def clock(name: str) -> None:
+            now = time.perf_counter()
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + now - last[0]
+            last[0] = now
+        return clock
+
+    def _clean_and_split(self, texts: Sequence[str]) -> List[Optional[List[str]]]:
+        """Per text, OpenCLIP's words (its ``pat.findall(clean_fn(text))``), or None when the cleaned text
+        holds the boundary character (then OpenCLIP's own tokenizer does the text)."""
+        clean_fn, pattern = self.openclip_tokenizer.clean_fn, self.openclip_tokenizer.pat
+        out: List[Optional[List[str]]] = []
+        for text in texts:
+            cleaned = clean_fn(text)
+            out.append(None if BOUNDARY_WORD in cleaned else pattern.findall(cleaned))
+        return out
 
     @staticmethod
     def _flatten_words(rows: Sequence[int], words_per_text: Sequence[Optional[List[str]]],
