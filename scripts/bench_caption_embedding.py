@@ -88,7 +88,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cuda-graphs", action="store_true", help="patched model through clip_flash.GraphedEncoder")
     parser.add_argument("--clean-workers", type=int, default=None,
-                        help="clip_flash tokenizer's cleaning processes [default: usable cores - 1 from 3 up]")
+                        help="clip_flash tokenizer's worker processes, tokenizing slices of large batches "
+                             "[default: usable cores - 1 from 3 up]")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
