@@ -20,8 +20,9 @@ where the step is the identity:
   endpos)`` keeps ``^`` at the real start, as ``is_bad`` sees it): ``is_bad_in_windows``.
 - the eight character fixers touch only their own characters (the translate tables ``LIGATURES``,
   ``WIDTH_MAP``, ``CONTROL_CHARS``; the C1, curly-quote and surrogate classes; ``\\r``, U+2028, U+2029,
-  U+0085 for line breaks; ESC for terminal escapes): all eight are skipped when the segment holds none of
-  ``fixer_trigger_characters`` (read from ftfy at first use), and all eight run otherwise.
+  U+0085 for line breaks; ESC for terminal escapes: ``fixer_triggers``, read from ftfy at first use). Each
+  runs, in ftfy's order, only on a text holding some of its characters (checked on its own input, since an
+  earlier fixer may add them: C1 controls become curly quotes).
 - NFC: skipped when ``unicodedata.is_normalized('NFC', text)``.
 
 ``html.unescape`` is then called as OpenCLIP calls it (it returns a text without ``&`` at once). The
@@ -35,7 +36,7 @@ import functools
 import html
 import re
 import unicodedata
-from typing import FrozenSet, Optional, Pattern, Tuple
+from typing import Dict, FrozenSet, Optional, Pattern, Tuple
 
 # Characters fix_line_breaks rewrites (ftfy's fixes.fix_line_breaks).
 LINE_BREAK_CHARACTERS = "\r\u2028\u2029\x85"
@@ -44,16 +45,28 @@ _MAX_WINDOW_WIDTH = 32
 
 
 @functools.lru_cache(maxsize=None)
-def fixer_trigger_characters() -> FrozenSet[str]:
-    """Every character one of ftfy's default fixers (other than unescape_html and fix_encoding) may
-    change or remove, read from ftfy's own tables and regexes."""
+def fixer_triggers() -> Dict[str, FrozenSet[str]]:
+    """Per character fixer of ``fix_and_explain`` (by ftfy's name), the characters it may change or remove,
+    read from ftfy's own tables and regexes: the fixer returns any text without them unchanged."""
     from ftfy import chardata, fixes
-    triggers = set(map(chr, chardata.LIGATURES)) | set(map(chr, chardata.WIDTH_MAP))
-    triggers |= set(map(chr, chardata.CONTROL_CHARS)) | set(LINE_BREAK_CHARACTERS) | {"\x1b"}
-    for pattern in (chardata.C1_CONTROL_RE, chardata.SINGLE_QUOTE_RE, chardata.DOUBLE_QUOTE_RE,
-                    fixes.SURROGATE_RE):
-        triggers.update(map(chr, _class_characters(pattern)))
-    return frozenset(triggers)
+
+    def characters(*patterns: Pattern) -> FrozenSet[str]:
+        return frozenset(chr(point) for pattern in patterns for point in _class_characters(pattern))
+    return {
+        "fix_c1_controls": characters(chardata.C1_CONTROL_RE),
+        "fix_latin_ligatures": frozenset(map(chr, chardata.LIGATURES)),
+        "fix_character_width": frozenset(map(chr, chardata.WIDTH_MAP)),
+        "uncurl_quotes": characters(chardata.SINGLE_QUOTE_RE, chardata.DOUBLE_QUOTE_RE),
+        "fix_line_breaks": frozenset(LINE_BREAK_CHARACTERS),
+        "fix_surrogates": characters(fixes.SURROGATE_RE),
+        "remove_terminal_escapes": frozenset("\x1b"),  # every escape sequence starts with ESC
+        "remove_control_chars": frozenset(map(chr, chardata.CONTROL_CHARS)),
+    }
+
+
+def fixer_trigger_characters() -> FrozenSet[str]:
+    """Every character one of the eight character fixers may change or remove."""
+    return frozenset().union(*fixer_triggers().values())
 
 
 def _class_characters(pattern: Pattern) -> FrozenSet[int]:
@@ -161,12 +174,17 @@ class _Replay:
         from ftfy.fixes import unescape_html
         self.fix_encoding, self.is_bad, self.badness, self.unescape_html = ftfy.fix_encoding, is_bad, BADNESS_RE, \
             unescape_html
-        self.fixers = [ftfy.FIXERS[name] for name in _CHARACTER_FIXERS]
         self.max_length = ftfy.TextFixerConfig().max_decode_length
-        self.fixer_pattern = re.compile("[" + "".join(map(re.escape, sorted(fixer_trigger_characters()))) + "]")
+        self.fixer_pattern = _character_class(fixer_trigger_characters())
+        # (fixer, the characters it may touch), in fix_and_explain's order.
+        self.fixers = [(ftfy.FIXERS[name], _character_class(fixer_triggers()[name])) for name in _CHARACTER_FIXERS]
         triggers = badness_triggers()
         self.trigger_pattern = re.compile(triggers[0]) if triggers else None
         self.width = triggers[1] if triggers else 0
+
+
+def _character_class(characters: FrozenSet[str]) -> Pattern:
+    return re.compile("[" + "".join(map(re.escape, sorted(characters))) + "]")
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,8 +217,9 @@ def _fix_segment(text: str, unescape: bool, replay: _Replay) -> str:
         if not text.isascii() and is_bad_in_windows(text):
             text = replay.fix_encoding(text)
         if replay.fixer_pattern.search(text) is not None:
-            for fixer in replay.fixers:
-                text = fixer(text)
+            for fixer, touched in replay.fixers:  # each one only where its input holds what it touches
+                if touched.search(text) is not None:
+                    text = fixer(text)
         if not unicodedata.is_normalized("NFC", text):
             text = unicodedata.normalize("NFC", text)
         if text == original:
