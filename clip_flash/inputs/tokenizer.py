@@ -164,7 +164,9 @@ class FastCLIPTokenizer:
         self.route_counts["replayed"] += len(replayed_rows)
         fast_rows = plain_rows + replayed_rows
         if fast_rows:
-            chunks = fast_chunks([texts[row] for row in plain_rows] + replayed_texts, BOUNDARY_WORD)
+            # Two joins: the plain texts' stays ASCII, which str.lower and str.split run fastest on.
+            chunks = fast_chunks([texts[row] for row in plain_rows], BOUNDARY_WORD)
+            chunks += fast_chunks(replayed_texts, BOUNDARY_WORD)
             clock("cut chunks")
             flat_ids = self.chunk_ids.flat_ids(chunks)
             clock("chunk ids")
