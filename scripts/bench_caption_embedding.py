@@ -88,7 +88,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cuda-graphs", action="store_true", help="patched model through clip_flash.GraphedEncoder")
     parser.add_argument("--clean-workers", type=int, default=None,
-                        help="clip_flash tokenizer's cleaning processes [default: usable cores - 1 from 3 up]")
+                        help="clip_flash tokenizer's worker processes, tokenizing slices of large batches "
+                             "[default: usable cores - 1 from 3 up]")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     if args.cuda_graphs:
         patched_encode = clip_flash.GraphedEncoder(patched_model, batch_sizes=[args.batch]).encode_text
     openclip_tok = open_clip.get_tokenizer(args.model)
-    from clip_flash.inputs.cleaning_pool import default_workers
+    from clip_flash.inputs.tokenizing_pool import default_workers
     clean_workers = default_workers() if args.clean_workers is None else args.clean_workers
     fast_tok = clip_flash.get_tokenizer(args.model, clean_workers=clean_workers)
     width = patched_model.encode_text(openclip_tok(["a"]).to(device)).shape[-1]

@@ -26,6 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+STAGE_ORDER = ["find plain texts", "replay ftfy cleaning", "cut chunks", "chunk ids", "fill rows",
+               "OpenCLIP cleaning (replay refused)"]
+
+
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -58,9 +62,10 @@ def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: i
             pooled = get_tokenizer(model, clean_workers=clean_workers)
             calls["clip_flash_pool"] = lambda: pooled(texts)
         seconds: Dict[str, List[float]] = {side: [] for side in calls}
-        for side in calls:  # one untimed warm call each (starts the cleaning pool, if any)
+        for side in calls:  # one untimed warm call each (starts the worker processes, if any)
             if not torch.equal(calls[side](), expected):
                 raise SystemExit(f"{side} ids differ on the {set_name} set")
+        ours.stage_seconds.clear()  # stages of the warm calls only
         for repeat in range(repeats):
             for side in (list(calls) if repeat % 2 == 0 else list(calls)[::-1]):
                 started = time.perf_counter()
@@ -77,6 +82,8 @@ def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: i
             "warm_speedup": openclip_warm / ours_warm,
             "openclip_seconds": seconds["openclip"], "clip_flash_seconds": seconds["clip_flash"],
             "routes": dict(ours.route_counts), "ids_identical": True, "clean_workers": clean_workers,
+            "clip_flash_stage_ms_per_call": {stage: 1e3 * total / repeats
+                                             for stage, total in ours.stage_seconds.items()},
         })
         if clean_workers:
             pooled_warm = statistics.median(seconds["clip_flash_pool"])
@@ -129,7 +136,7 @@ def main(argv=None) -> int:
         return 0
 
     from clip_flash.benchmark.results import markdown_table, write_microbenchmark
-    from clip_flash.inputs.cleaning_pool import default_workers
+    from clip_flash.inputs.tokenizing_pool import default_workers
 
     if args.clean_workers is None:
         args.clean_workers = default_workers()
@@ -137,8 +144,8 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     rows = [row for cores in args.cores for row in run_setting(cores, args)]
     columns = ("captions", "cores", "mean tokens", "OpenCLIP warm /s", "clip_flash warm /s", "warm x",
-               "+ cleaning pool warm /s (x)", "OpenCLIP cold /s", "clip_flash cold /s", "cold x",
-               "texts per route over all calls (plain/cleaned/openclip)")
+               "+ worker processes warm /s (x)", "OpenCLIP cold /s", "clip_flash cold /s", "cold x",
+               "texts per route over all calls (plain/replayed/cleaned/openclip)")
     table = markdown_table(columns, [(
         f"{row['caption_set']} x{row['captions']}", str(row["cores"]), f"{row['mean_tokens']:.1f}",
         f"{row['openclip_warm_per_s']:,.0f}", f"{row['clip_flash_warm_per_s']:,.0f}", f"{row['warm_speedup']:.1f}",
@@ -147,15 +154,26 @@ def main(argv=None) -> int:
         f"{row['openclip_cold_per_s']:,.0f}", f"{row['clip_flash_cold_per_s']:,.0f}", f"{row['cold_speedup']:.1f}",
         "/".join(str(count) for count in row["routes"].values()),
     ) for row in rows])
+    stages = sorted({stage for row in rows for stage in row["clip_flash_stage_ms_per_call"]},
+                    key=lambda stage: STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER))
+    stage_table = markdown_table(("captions", "cores") + tuple(f"{stage} ms" for stage in stages) + ("sum ms",), [(
+        f"{row['caption_set']} x{row['captions']}", str(row["cores"]),
+        *(f"{row['clip_flash_stage_ms_per_call'].get(stage, 0.0):.2f}" for stage in stages),
+        f"{sum(row['clip_flash_stage_ms_per_call'].values()):.2f}") for row in rows])
     print(table)
+    print(stage_table)
     title = (f"Tokenizer throughput, `{args.model}`: OpenCLIP's `get_tokenizer` vs `clip_flash.get_tokenizer`, "
              f"{args.captions} captions per call; warm = median of {args.repeats} alternating calls; cold = "
              f"first call of a freshly built tokenizer (building it, ~0.3-0.5 s once, is not counted: see the "
-             f"JSON); cleaning pool = `clean_workers=N` processes cleaning the non-plain texts; ids identical "
+             f"JSON); worker processes = `clean_workers=N` processes each tokenizing slices of the batch, the "
+             f"caller one too; ids identical "
              f"(torch.equal) on every set. Host: {usable_cores()} usable cores, load average "
              f"{load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after the run (other work shares the host "
              f"when it is above 0).")
-    write_microbenchmark(args.json, args.markdown, title, table.splitlines(), rows)
+    stage_note = ("Where clip_flash's warm call spends its time in the calling process (ms per call of "
+                  f"{args.captions} captions, mean over the {args.repeats} warm calls, without worker processes):")
+    write_microbenchmark(args.json, args.markdown, title, table.splitlines() + ["", stage_note, ""]
+                         + stage_table.splitlines(), rows)
     return 0
 
 

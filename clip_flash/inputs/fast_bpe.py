@@ -116,6 +116,12 @@ class WordIds:
                 encodings = encode([[word] for word in chunk], is_pretokenized=True, add_special_tokens=False)
                 self.ids.update(zip(chunk, (tuple(encoding.ids) for encoding in encodings)))
 
+    def ids_of(self, words: Sequence[str]) -> Dict[str, Tuple[int, ...]]:
+        """The ids of each of ``words`` (distinct words), BPE-encoding the new ones in one Rust batch."""
+        with self._lock:
+            self.learn(words)
+            return {word: self.ids[word] for word in words}
+
     def flat_ids(self, words: Sequence[str]) -> np.ndarray:
         """The ids of ``words`` one after another (BOUNDARY_ID for each BOUNDARY_WORD), int64."""
         with self._lock:

@@ -4,17 +4,22 @@ For OpenCLIP's ``SimpleTokenizer`` in its default setting (OpenAI BPE, ``clean='
 extra special tokens: the ViT-* CLIP models) the result is a ``FastCLIPTokenizer``. Each text takes the
 cheapest route that still gives OpenCLIP's ids:
 
-- ``plain``: printable ASCII, ``&`` only before a space (most captions). OpenCLIP's cleaning reduces to
-  whitespace collapsing and lower-casing there, and its split to an ASCII pattern that Python's ``re``
-  runs over the whole lower-cased batch at once (proofs in ``text_cleaning``).
-- ``cleaned``: any other text. OpenCLIP's own cleaning and own compiled split pattern run in Python
-  (the same functions, so exact by construction).
-- ``openclip``: a text whose cleaned form spells ``<start_of_text>``/``<end_of_text>``, or that is not a
-  ``str``: OpenCLIP's own tokenizer, which turns such spellings into special ids (or raises for you).
+- ``plain``: printable ASCII without ``&`` (most captions). OpenCLIP's cleaning reduces to whitespace
+  collapsing and lower-casing there (proof in ``text_cleaning``); one regex scan of the batch finds them.
+- ``replayed``: any other text. OpenCLIP's ``basic_clean`` (ftfy, html unescaping) is replayed with ftfy's
+  own functions, skipping the steps proven to be the identity (``ftfy_replay``: several times faster than
+  ``ftfy.fix_text``, the same text), then whitespace collapsing and lower-casing as OpenCLIP does them.
+- ``cleaned``: where the replay is refused (another ftfy version, a text over ftfy's segment length):
+  OpenCLIP's own cleaning and own compiled split pattern run in Python (exact by construction).
+- ``openclip``: a text that is not a ``str``, a cleaned text holding the batch boundary character, or a
+  ``context_length`` below 2: OpenCLIP's own tokenizer (which raises for you where it raises).
 
-On the first two routes the words' ids come from ``fast_bpe.WordIds``: OpenCLIP's vocabulary and merges
-in Hugging Face ``tokenizers`` (Rust; a batch's new words encoded together over all cores), remembered
-per word; SOT/EOT, truncation and padding are numpy array operations.
+On the first two routes the batch is cut into whitespace-free chunks in one pass (``fast_chunks``) and
+each chunk's ids come from ``chunk_ids.ChunkIds``: OpenCLIP's own split pattern and OpenCLIP's vocabulary
+and merges in Hugging Face ``tokenizers`` (Rust), once per distinct chunk, then one dictionary lookup per
+chunk and a numpy gather. On the ``cleaned`` route the words' ids come from ``fast_bpe.WordIds``. SOT/EOT,
+truncation and padding are numpy array operations. With ``clean_workers=N`` large batches are cut into
+slices tokenized by N worker processes and the caller (``tokenizing_pool``).
 
 Any other tokenizer (``reduction_mask`` variants, ``clean='whitespace'``/``'canonicalize'``, SigLIP's and
 other Hugging Face tokenizers, extra special tokens) is returned unchanged: OpenCLIP's own object.
@@ -23,15 +28,17 @@ other Hugging Face tokenizers, extra special tokens) is returned unchanged: Open
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Sequence, Tuple, Union
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .cleaning_pool import CleaningPool, clean_and_split
+from .chunk_ids import ChunkIds
+from .ftfy_replay import replay_basic_clean, replay_refusal
 from .fast_bpe import (BOUNDARY_WORD, WordIds, as_long_tensor, causal_merge_violations, fill_rows, new_result,
                        ordered_merges)
-from .text_cleaning import (SPECIAL_TOKEN_TEXTS, all_plain_ascii, lowered_plain_batch, plain_ascii_mask,
-                            spells_special_token, split_plain_texts)
+from .text_cleaning import SPECIAL_TOKEN_TEXTS, fast_chunks, suspect_rows
+from .tokenizing_pool import TokenizingPool
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +63,10 @@ class FastCLIPTokenizer:
 
     Every other attribute (``encode``, ``decode``, ``encoder``, ``sot_token_id`` ...) is the wrapped
     tokenizer's own. ``parallel=False`` keeps the Rust BPE of new words on the calling thread.
-    ``clean_workers=N`` cleans non-plain texts (OpenCLIP's own functions) in N worker processes while
-    the calling thread does the plain ones: worth it on many-core hosts for captions with much non-ASCII
-    text. Workers start from a fork server, so, as with a DataLoader's, a script using them needs the
-    ``if __name__ == "__main__":`` guard. 0 (the default) keeps everything in this process.
+    ``clean_workers=N``: N worker processes tokenize slices of batches of ``MIN_TEXTS_FOR_POOL`` (512)
+    texts or more, the calling thread one slice too (``tokenizing_pool``): how a many-core host goes past
+    one core's speed. Workers start from a fork server, so, as with a DataLoader's, a script using them
+    needs the ``if __name__ == "__main__":`` guard. 0 (the default) keeps everything in this process.
     """
 
     def __init__(self, openclip_tokenizer: Any, parallel: bool = True, clean_workers: int = 0) -> None:
@@ -74,10 +81,19 @@ class FastCLIPTokenizer:
                              "could merge in a different order than OpenCLIP's")
         self.openclip_tokenizer = openclip_tokenizer
         self.word_ids = WordIds(openclip_tokenizer.encoder, openclip_tokenizer.bpe_ranks, parallel=parallel)
-        self.cleaning_pool = CleaningPool(openclip_tokenizer.clean_fn, openclip_tokenizer.pat, BOUNDARY_WORD,
-                                          clean_workers)
+        special_ids = {text: openclip_tokenizer.encoder[text] for text in SPECIAL_TOKEN_TEXTS}
+        self.chunk_ids = ChunkIds(self.word_ids, openclip_tokenizer.pat.findall, special_ids)
+        self.pool = TokenizingPool(openclip_tokenizer, clean_workers)
         # Counts of texts per route since construction, for reports and tests.
-        self.route_counts = {"plain": 0, "cleaned": 0, "openclip": 0}
+        self.route_counts = {"plain": 0, "replayed": 0, "cleaned": 0, "openclip": 0}
+        # Seconds spent per stage in this process since construction (the bench prints them).
+        self.stage_seconds: Dict[str, float] = {}
+        # Why OpenCLIP's ftfy cleaning cannot be replayed here (then suspects take OpenCLIP's own), or None.
+        self.replay_refusal = replay_refusal()
+        self.replay = self.replay_refusal is None
+        if not self.replay:
+            logger.info("clip_flash tokenizer: %s; non-plain texts take OpenCLIP's own cleaning (same ids, slower)",
+                        self.replay_refusal)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names this class lacks: everything else is OpenCLIP's tokenizer's.
@@ -88,8 +104,10 @@ class FastCLIPTokenizer:
     def describe(self) -> str:
         """One line: what runs, and how many texts took each route so far."""
         counts = ", ".join(f"{route} {count}" for route, count in self.route_counts.items())
+        cleaning = ("OpenCLIP's ftfy cleaning replayed for non-plain text" if self.replay else
+                    f"OpenCLIP's own cleaning for non-plain text: {self.replay_refusal}")
         return ("clip_flash FastCLIPTokenizer over OpenCLIP's SimpleTokenizer (Rust BPE with OpenCLIP's "
-                f"vocabulary; OpenCLIP's own cleaning for non-plain text); texts so far: {counts}")
+                f"vocabulary; {cleaning}); texts so far: {counts}")
 
     def __repr__(self) -> str:
         return f"<{self.describe()}>"
@@ -105,42 +123,63 @@ class FastCLIPTokenizer:
         if context_length < 2:
             self.route_counts["openclip"] += len(texts)
             return self.openclip_tokenizer(texts, context_length=context_length)
+        if self.pool.usable_for(len(texts)) and all(isinstance(text, str) for text in texts):
+            ids, worker_routes = self.pool.tokenize(
+                texts, context_length, lambda part: self._tokenize(part, context_length).numpy())
+            for route, count in worker_routes.items():
+                self.route_counts[route] += count
+            return as_long_tensor(ids)
+        return self._tokenize(texts, context_length)
+
+    def _tokenize(self, texts: Sequence[Any], context_length: int) -> torch.Tensor:
+        """``__call__`` in this process, for ``context_length`` >= 2."""
+        clock = self._stage_clock()
         result = new_result(len(texts), context_length)
         sot, eot = self.openclip_tokenizer.sot_token_id, self.openclip_tokenizer.eot_token_id
-        if all_plain_ascii(texts):
-            plain_rows, other_rows = list(range(len(texts))), []
+        openclip_rows = [row for row, text in enumerate(texts) if not isinstance(text, str)]
+        if openclip_rows:
+            string_rows = [row for row, text in enumerate(texts) if isinstance(text, str)]
+            suspects = [string_rows[index] for index in suspect_rows([texts[row] for row in string_rows])]
         else:
-            mask = plain_ascii_mask(texts)
-            plain_rows = [row for row, plain in enumerate(mask) if plain]
-            other_rows = [row for row, plain in enumerate(mask) if not plain]
+            suspects = suspect_rows(texts)
+        clock("find plain texts")
+        # Suspects: OpenCLIP's basic_clean replayed (ftfy's own steps, the identities skipped), if allowed.
+        replayed_rows: List[int] = []
+        replayed_texts: List[str] = []
+        other_rows = []
+        for row in suspects:
+            cleaned = replay_basic_clean(texts[row]) if self.replay else None
+            if cleaned is None or BOUNDARY_WORD in cleaned:
+                other_rows.append(row)
+            else:
+                replayed_rows.append(row)
+                replayed_texts.append(cleaned)
+        clock("replay ftfy cleaning")
 
-        openclip_rows = [row for row in other_rows if not isinstance(texts[row], str)]
-        other_rows = [row for row in other_rows if isinstance(texts[row], str)]
-        other_texts = [texts[row] for row in other_rows]
-        # Non-plain texts start cleaning in the worker processes (if any) while this thread does the rest.
-        pending = self.cleaning_pool.submit(other_texts) if self.cleaning_pool.usable_for(len(other_texts)) \
-            else None
-
-        lowered = lowered_plain_batch([texts[row] for row in plain_rows], BOUNDARY_WORD)
-        if spells_special_token(lowered):
-            special = [spells_special_token(texts[row].lower()) for row in plain_rows]
-            openclip_rows += [row for row, is_special in zip(plain_rows, special) if is_special]
-            plain_rows = [row for row, is_special in zip(plain_rows, special) if not is_special]
-            lowered = lowered_plain_batch([texts[row] for row in plain_rows], BOUNDARY_WORD)
-        if plain_rows:
-            fill_rows(result, plain_rows, self.word_ids.flat_ids(split_plain_texts(lowered)), sot, eot)
+        plain_rows: List[int] = []
+        if len(suspects) < len(texts) - len(openclip_rows):
+            excluded = set(suspects).union(openclip_rows)
+            plain_rows = [row for row in range(len(texts)) if row not in excluded]
         self.route_counts["plain"] += len(plain_rows)
+        self.route_counts["replayed"] += len(replayed_rows)
+        fast_rows = plain_rows + replayed_rows
+        if fast_rows:
+            # Two joins: the plain texts' stays ASCII, which str.lower and str.split run fastest on.
+            chunks = fast_chunks([texts[row] for row in plain_rows], BOUNDARY_WORD)
+            chunks += fast_chunks(replayed_texts, BOUNDARY_WORD)
+            clock("cut chunks")
+            flat_ids = self.chunk_ids.flat_ids(chunks)
+            clock("chunk ids")
+            fill_rows(result, fast_rows, flat_ids, sot, eot)
+            clock("fill rows")
 
         if other_rows:
-            if pending is not None:
-                words_per_text = self.cleaning_pool.collect(pending, other_texts)
-            else:
-                words_per_text = clean_and_split(other_texts, self.openclip_tokenizer.clean_fn,
-                                                 self.openclip_tokenizer.pat, BOUNDARY_WORD)
+            words_per_text = self._clean_and_split([texts[row] for row in other_rows])
             cleaned_rows, words = self._flatten_words(other_rows, words_per_text, openclip_rows)
             if cleaned_rows:
                 fill_rows(result, cleaned_rows, self.word_ids.flat_ids(words), sot, eot)
             self.route_counts["cleaned"] += len(cleaned_rows)
+            clock("OpenCLIP cleaning (replay refused)")
         self.route_counts["openclip"] += len(openclip_rows)
         output = as_long_tensor(result)
         if openclip_rows:
@@ -148,6 +187,26 @@ class FastCLIPTokenizer:
             output[openclip_rows] = self.openclip_tokenizer([texts[row] for row in openclip_rows],
                                                             context_length=context_length)
         return output
+
+    def _stage_clock(self):
+        """A function that adds the seconds since its last call (or since now) to ``stage_seconds[name]``."""
+        last = [time.perf_counter()]
+
+        def clock(name: str) -> None:
+            now = time.perf_counter()
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + now - last[0]
+            last[0] = now
+        return clock
+
+    def _clean_and_split(self, texts: Sequence[str]) -> List[Optional[List[str]]]:
+        """Per text, OpenCLIP's words (its ``pat.findall(clean_fn(text))``), or None when the cleaned text
+        holds the boundary character (then OpenCLIP's own tokenizer does the text)."""
+        clean_fn, pattern = self.openclip_tokenizer.clean_fn, self.openclip_tokenizer.pat
+        out: List[Optional[List[str]]] = []
+        for text in texts:
+            cleaned = clean_fn(text)
+            out.append(None if BOUNDARY_WORD in cleaned else pattern.findall(cleaned))
+        return out
 
     @staticmethod
     def _flatten_words(rows: Sequence[int], words_per_text: Sequence[Optional[List[str]]],

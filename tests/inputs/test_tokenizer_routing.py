@@ -73,28 +73,30 @@ def test_word_memory_bound_keeps_results_exact():
     stock = open_clip.get_tokenizer("ViT-B-32")
     fast = FastCLIPTokenizer(stock)
     fast.word_ids.max_words = 50
+    fast.chunk_ids.max_chunks = 40
     texts = [f"caption number {i} of a {w} photo" for i, w in enumerate(["red", "green", "blue"] * 40)]
     for start in range(0, len(texts), 7):
         assert torch.equal(fast(texts[start:start + 7]), stock(texts[start:start + 7]))
-    assert len(fast.word_ids.ids) <= 50 + 8
+    assert len(fast.word_ids.ids) <= 50 + 8 and len(fast.chunk_ids) <= 40 + 8
 
 
-def test_cleaning_pool_gives_the_same_ids():
-    """Worker processes run OpenCLIP's own cleaning; forced on here (it is off by default)."""
-    from clip_flash.inputs.cleaning_pool import MIN_TEXTS_FOR_POOL
+def test_tokenizing_pool_gives_the_same_ids():
+    """Worker processes tokenize slices of large batches; forced on here (it is off by default)."""
+    from clip_flash.inputs.tokenizing_pool import MIN_TEXTS_FOR_POOL
     stock = open_clip.get_tokenizer("ViT-B-32")
     pooled = get_tokenizer("ViT-B-32", clean_workers=2)
     rng = np.random.default_rng(1)
     texts = ["".join(chr(int(c)) for c in rng.integers(32, 0x3000, int(n))) for n in rng.integers(0, 30, 3000)]
-    texts += ["plain caption number %d" % i for i in range(500)] + [None, "x <start_of_text> y", "é <end_of_text>"]
+    texts += ["plain caption number %d" % i for i in range(500)] + ["x <start_of_text> y", "é <end_of_text>"]
     rng.shuffle(texts)
-    assert sum(1 for t in texts if t is not None and not t.isascii()) >= MIN_TEXTS_FOR_POOL
-    good = [t for t in texts if t is not None]
-    assert torch.equal(pooled(good), stock(good))
-    assert pooled.cleaning_pool.broken_reason is None and pooled.cleaning_pool._executor is not None
+    assert len(texts) >= MIN_TEXTS_FOR_POOL
+    assert torch.equal(pooled(texts), stock(texts))
+    assert torch.equal(pooled(texts, context_length=20), stock(texts, context_length=20))
+    assert pooled.pool.broken_reason is None and pooled.pool._executor is not None
+    assert sum(pooled.route_counts.values()) == 2 * len(texts)
     with pytest.raises(Exception):  # a non-str: OpenCLIP's error, as OpenCLIP would raise it
-        pooled(texts)
-    assert torch.equal(pooled(good[:10]), stock(good[:10]))  # small batches stay in this process
+        pooled(texts + [None])
+    assert torch.equal(pooled(texts[:10]), stock(texts[:10]))  # small batches stay in this process
 
 
 def test_threads_share_one_tokenizer():
@@ -102,6 +104,7 @@ def test_threads_share_one_tokenizer():
     stock = open_clip.get_tokenizer("ViT-B-32")
     fast = FastCLIPTokenizer(stock)
     fast.word_ids.max_words = 300  # resets happen while other threads look words up
+    fast.chunk_ids.max_chunks = 200
     batches = [[f"thread {i} caption {j} about word{(i * 7 + j) % 97}" for j in range(40)] for i in range(24)]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(fast, batches))
