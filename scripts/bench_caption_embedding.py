@@ -87,9 +87,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cuda-graphs", action="store_true", help="patched model through clip_flash.GraphedEncoder")
-    parser.add_argument("--clean-workers", type=int, default=None,
+    parser.add_argument("--clean-workers", type=int, default=0,
                         help="clip_flash tokenizer's worker processes, tokenizing slices of large batches "
-                             "[default: usable cores - 1 from 3 up]")
+                             "(-1: usable cores - 1) [default 0: none, as get_tokenizer and the embedding job]")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         patched_encode = clip_flash.GraphedEncoder(patched_model, batch_sizes=[args.batch]).encode_text
     openclip_tok = open_clip.get_tokenizer(args.model)
     from clip_flash.inputs.tokenizing_pool import default_workers
-    clean_workers = default_workers() if args.clean_workers is None else args.clean_workers
+    clean_workers = default_workers() if args.clean_workers < 0 else args.clean_workers
     fast_tok = clip_flash.get_tokenizer(args.model, clean_workers=clean_workers)
     width = patched_model.encode_text(openclip_tok(["a"]).to(device)).shape[-1]
     pipelines: Dict[str, tuple] = {
