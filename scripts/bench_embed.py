@@ -115,7 +115,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--photos", type=Path, required=True, help="folder of JPEG photos")
     parser.add_argument("--results", type=Path, required=True, help="where embed_bench.json/.md are written")
-    parser.add_argument("--models", nargs="+", default=["ViT-B-32", "ViT-L-14"])
+    parser.add_argument("--models", nargs="*", default=["ViT-B-32", "ViT-L-14"],
+                        help="image jobs to run (none: only the caption job)")
     parser.add_argument("--repeat", nargs="+", type=int, default=[60, 20],
                         help="how many times the photo list is embedded, per model (default 60 for B-32, 20 for L-14)")
     parser.add_argument("--captions", type=int, default=240_000, help="captions for the ViT-L-14 text job")

@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..patch.text_fast_path import takes_host_token_ids
 from .sources import Item, Shard
 from .writer import ShardResult
 
@@ -91,6 +93,11 @@ class PipelineStats:
     seconds: float = 0.0
     marks: List[Tuple[int, float]] = field(default_factory=list)  # (inputs so far, seconds) per shard
     first_batch_seconds: Optional[float] = None  # run start to the first batch's embeddings on the host
+    # Where the main thread's time went: what it waited on says which stage bounds the run.
+    main_thread_seconds: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_THREAD_STEPS, 0.0))
+
+
+MAIN_THREAD_STEPS = ("waiting for inputs", "launching", "waiting for the device", "handing to the writer")
 
 
 def finish_features(features: torch.Tensor, normalize: bool, out_dtype: np.dtype) -> torch.Tensor:
@@ -127,6 +134,9 @@ class EmbeddingPipeline:
         self.wds_key_column = wds_key_column
         self.cuda = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        # A patched text tower takes the pinned host ids itself and reads their lengths there: no device sync
+        # per batch, so the next batch queues while the device still encodes this one.
+        self.host_tokens = self.cuda and tokenizer is not None and takes_host_token_ids(model)
 
     def start(self) -> None:
         """Start the image preparer's workers and its first arenas (sized for this pipeline's batches, one
@@ -200,10 +210,11 @@ class EmbeddingPipeline:
                     pixels, keep, failures = self._prepare(decoded, items)
                     if tokens is not None:
                         tokens = self._select(tokens, keep, len(items))
-                        tokens = tokens.to(self.device, non_blocking=True) if tokens is not None else None
+                        if tokens is not None and not self.host_tokens:
+                            tokens = tokens.to(self.device, non_blocking=True)
                 compute.wait_stream(self.copy_stream)
                 for tensor in (pixels, tokens):
-                    if tensor is not None:
+                    if tensor is not None and tensor.is_cuda:
                         tensor.record_stream(compute)
             else:
                 pixels, keep, failures = self._prepare(decoded, items)
@@ -314,8 +325,18 @@ class EmbeddingPipeline:
         current: Optional[_Accumulator] = None
         in_flight: "deque[_Launched]" = deque()
 
+        spent = stats.main_thread_seconds
+        clock = [time.perf_counter()]
+
+        def lap(step: str) -> None:
+            now = time.perf_counter()
+            spent[step] += now - clock[0]
+            clock[0] = now
+
         def collect(launched: _Launched) -> None:
+            lap("launching")
             self._collect(launched, progress)
+            lap("waiting for the device")
             if stats.first_batch_seconds is None:
                 stats.first_batch_seconds = time.perf_counter() - started
 
@@ -331,11 +352,17 @@ class EmbeddingPipeline:
                 stats.marks.append((stats.rows + stats.failures, time.perf_counter() - started))
                 if writer_error:
                     raise writer_error[0]
+                lap("launching")
                 finished.put(result)
+                lap("handing to the writer")
 
         try:
             while True:
+                lap("launching")
                 entry = work.get()
+                if isinstance(entry, _Batch):
+                    wait_for([entry.decoded])  # decoding's wait counted as such, not as launching
+                lap("waiting for inputs")
                 if entry is _DONE:
                     break
                 if isinstance(entry, BaseException):
@@ -361,6 +388,7 @@ class EmbeddingPipeline:
             while in_flight:
                 collect(in_flight.popleft())
             hand_over_finished()
+            lap("launching")
         finally:
             stop.set()
             finished.put(_DONE)

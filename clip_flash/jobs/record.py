@@ -40,6 +40,7 @@ class JobSummary:
     setup_seconds: Optional[float] = None       # embed() called to the pipeline's start (model load included)
     first_batch_seconds: Optional[float] = None  # the pipeline's start to its first batch's embeddings
     record_path: Optional[str] = None
+    main_thread_seconds: Dict[str, float] = field(default_factory=dict)  # what the device stage waited on
     shard_marks: List[Tuple[int, float]] = field(default_factory=list, repr=False)  # (inputs so far, seconds)
 
     @property
@@ -82,6 +83,9 @@ class JobSummary:
                          + (f", first batch done {self.first_batch_seconds:.2f} s into the run"
                             if self.first_batch_seconds is not None else "")
                          + f"; {self.job_items_per_s:,.1f} items/s counting it")
+        if self.main_thread_seconds:
+            lines.append("  main thread: " + ", ".join(f"{step} {seconds:.2f} s"
+                                                       for step, seconds in self.main_thread_seconds.items()))
         if self.gpu_peak_mib is not None:
             lines.append(f"  GPU memory: {self.gpu_peak_mib:,.0f} MiB peak allocated")
         lines.append(f"  output: {self.out}" + (f"; run record {self.record_path}" if self.record_path else ""))

@@ -6,7 +6,10 @@ every other op is per token. So the tower may stop each row at its pooled token.
 - packed: only each row's real tokens, concatenated, with variable-length causal attention over cumulative
   offsets; every other op runs on the packed (tokens, width) matrix;
 - cut: the padded batch truncated after the batch's longest pooled position, with a causal flag.
-Both need the pooled positions' maximum (and sum) on the host: one small device-to-host copy per call.
+Both need the pooled positions' maximum (and sum) on the host: one small device-to-host copy per call,
+which waits for everything queued before it. Token ids given on the host (CPU, ideally pinned) to a tower on
+another device avoid that wait: the lengths are read on the host and the ids copied without blocking, so a
+pipeline can queue the next batch while the device still runs the last one.
 """
 from __future__ import annotations
 
@@ -65,23 +68,45 @@ def _can_skip(tower: nn.Module, text: torch.Tensor) -> bool:
     return not (tower.transformer.grad_checkpointing and torch.is_grad_enabled())
 
 
+def tower_device(tower: nn.Module) -> torch.device:
+    """Where the tower's token embedding (and so its computation) lives."""
+    return tower.token_embedding.weight.device
+
+
+def to_tower_device(tower: nn.Module, text: torch.Tensor) -> torch.Tensor:
+    """Host token ids moved to the tower's device (without blocking when they are pinned); others as given."""
+    device = tower_device(tower)
+    if text.device.type == "cpu" and device.type != "cpu":
+        return text.to(device, non_blocking=True)
+    return text
+
+
 def encode_pooled_text(tower: nn.Module, text: torch.Tensor, plan: TextPlan,
                        cut_length: Optional[int] = None) -> torch.Tensor:
     """Pooled, projected text features of ``text`` computed on real tokens only.
 
-    ``tower`` is a CLIP model or a TextTransformer (they name their parts alike). ``cut_length``, when given,
-    must be at least the longest pooled position + 1; it skips the host sync and forces the cut path (used by
-    CUDA-graph capture, which cannot read device values).
+    ``tower`` is a CLIP model or a TextTransformer (they name their parts alike). ``text`` may be on the
+    tower's device, or on the host for a tower elsewhere: then the lengths are read there (no device sync)
+    and the ids copied to the device. ``cut_length``, when given, must be at least the longest pooled
+    position + 1; it skips the host sync and forces the cut path (used by CUDA-graph capture, which cannot
+    read device values).
     """
     transformer = tower.transformer
     cast_dtype = transformer.get_cast_dtype()
     batch = text.shape[0]
+    host_lengths = None
+    if text.device.type == "cpu" and tower_device(tower).type != "cpu":
+        host_lengths = pooled_positions(text, plan.pool_type, plan.eos_id) + 1
+        text = to_tower_device(tower, text)
     pool_at = pooled_positions(text, plan.pool_type, plan.eos_id)
     lengths = pool_at + 1
 
     packed = False
     if cut_length is None:
-        longest, total = torch.stack([lengths.max(), lengths.sum()]).tolist()  # the one host sync
+        if host_lengths is not None:
+            longest, total = int(host_lengths.max()), int(host_lengths.sum())
+        else:
+            longest, total = torch.stack([lengths.max(), lengths.sum()]).tolist()  # the one host sync
         cut_length = longest
         can_pack = plan.packs(text.device.type, cast_dtype)
         packed = can_pack and total < PACK_WHEN_REAL_FRACTION_BELOW * batch * longest
@@ -115,8 +140,9 @@ class FlashTextCLIP(CLIP):
     _clip_flash_text: TextPlan
 
     def encode_text(self, text: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+        """Stock ``encode_text`` on real tokens only; ``text`` may also be host ids for a model on a GPU."""
         if not _can_skip(self, text):
-            return super().encode_text(text, normalize)
+            return super().encode_text(to_tower_device(self, text), normalize)
         pooled = encode_pooled_text(self, text, self._clip_flash_text)
         return F.normalize(pooled, dim=-1) if normalize else pooled
 
@@ -127,8 +153,9 @@ class FlashTextTransformer(TextTransformer):
     _clip_flash_text: TextPlan
 
     def forward(self, text: torch.Tensor) -> torch.Tensor:
+        """Stock ``forward`` on real tokens only; ``text`` may also be host ids for a tower on a GPU."""
         if not _can_skip(self, text):
-            return super().forward(text)
+            return super().forward(to_tower_device(self, text))
         return encode_pooled_text(self, text, self._clip_flash_text)
 
 
@@ -198,3 +225,9 @@ def plan_text_tower(tower: nn.Module, site: Site, context: PlanContext) -> None:
         else ""
     context.report.towers["text"] = (f"skips padding: {how}cut at the batch's longest pooled token "
                                      f"(exact: causal tower pooled at one token, {pool_type!r})")
+
+
+def takes_host_token_ids(model: nn.Module) -> bool:
+    """Whether ``model.encode_text`` (patched: it skips padding) accepts token ids still on the host and
+    moves them to its device itself, without a device sync."""
+    return isinstance(model, FlashTextCLIP) or isinstance(getattr(model, "text", None), FlashTextTransformer)
