@@ -195,26 +195,28 @@ at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertic
 
 }  // namespace clip_flash
 
-// The calls only check arguments and launch kernels, but a launch blocks while the device's launch queue is
-// full (the host batches ahead of the GPU). Holding the GIL then would stall every other Python thread of the
-// process, e.g. those feeding the image decoding pool, as torch's own operators do not: release it.
+// The image kernels run in the decoding threads, once per batch, beside a main thread that launches the
+// encoder: a launch there that blocks on a full launch queue must not stall the main thread, so those calls
+// release the GIL (NO_GIL). The per-layer ops run in the main thread, tens of times per batch: releasing the
+// GIL there would hand it to any busy Python thread (tokenizing, reading) at every op, and getting it back
+// takes up to the interpreter's switch interval (5 ms) each time. They hold it, as torch's own operators do.
 #define NO_GIL py::call_guard<py::gil_scoped_release>()
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "CUDA kernels of clip_flash (float16/bfloat16; inputs of any rank, taken as rows over the last dim; outputs "
       "contiguous, in the input's shape).";
   module.def("layer_norm", &clip_flash::layer_norm, "LayerNorm with fp32 statistics; returns a new tensor.",
-             py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"), NO_GIL);
+             py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"));
   module.def("add_layer_norm", &clip_flash::add_layer_norm,
              "(residual + scale * delta, LayerNorm of it); returns two new tensors.",
              py::arg("residual"), py::arg("delta"), py::arg("scale"), py::arg("weight"), py::arg("bias"),
-             py::arg("eps"), NO_GIL);
+             py::arg("eps"));
   module.def("bias_act", &clip_flash::bias_act,
              "activation(x); writes into x and returns it when in_place, else returns a new tensor.",
-             py::arg("x"), py::arg("activation"), py::arg("in_place"), NO_GIL);
+             py::arg("x"), py::arg("activation"), py::arg("in_place"));
   module.def("residual_add", &clip_flash::residual_add,
              "residual + scale * delta; returns a new tensor.", py::arg("residual"), py::arg("delta"),
-             py::arg("scale"), NO_GIL);
+             py::arg("scale"));
   module.def("image_resample", &clip_flash::image_resample, "OpenCLIP's eval image transform of a packed uint8 batch, "
              "bit-exact with Pillow; writes into out.", py::arg("pixels"), py::arg("meta"), py::arg("tables"),
              py::arg("lut"), py::arg("out"), NO_GIL);

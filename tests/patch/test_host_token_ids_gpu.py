@@ -43,12 +43,19 @@ def test_host_ids_give_the_device_ids_features(patched_model, pinned):
 
 
 def test_host_ids_on_the_stock_fallback(patched_model):
-    """Where the tower cannot skip padding (a length other than the context), the stock path gets the ids
-    moved to the device too."""
+    """Where the tower cannot skip padding (gradient checkpointing while grads are on), the stock path gets
+    the ids moved to the device too."""
     stock, model = patched_model
-    tokens = open_clip.get_tokenizer("ViT-B-32")(CAPTIONS)[:, :40]
-    with torch.inference_mode():
-        assert torch.equal(model.encode_text(tokens), stock.encode_text(tokens.cuda()))
+    tokens = open_clip.get_tokenizer("ViT-B-32")(CAPTIONS)
+    for tower in (stock, model):
+        tower.transformer.grad_checkpointing = True
+    try:
+        with torch.enable_grad():
+            ours, theirs = model.encode_text(tokens), stock.encode_text(tokens.cuda())
+    finally:
+        for tower in (stock, model):
+            tower.transformer.grad_checkpointing = False
+    assert ours.is_cuda and torch.equal(ours.detach(), theirs.detach())
 
 
 def test_host_ids_queue_without_waiting(patched_model):
