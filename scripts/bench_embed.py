@@ -43,6 +43,7 @@ from clip_flash.benchmark.model_spec import load_model, parse_model_spec  # noqa
 from clip_flash.benchmark.results import environment_record, markdown_table  # noqa: E402
 from clip_flash.benchmark.timing import synchronize  # noqa: E402
 from clip_flash.benchmark.workloads import caption_prompts  # noqa: E402
+from clip_flash.jobs.job import DEFAULT_TEXT_BATCH  # noqa: E402
 from clip_flash.jobs.record import cpu_cores  # noqa: E402
 
 COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)", "items/s (whole run)",
@@ -51,14 +52,15 @@ COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)
 
 
 def encoder_only_rates(model_name: str, device: torch.device, precision: str, calls: int = 30) -> Dict[str, float]:
-    """Items/s of the patched image encoder (batch 256) and text encoder (batch 1024, ImageNet captions) on
+    """Items/s of the patched image encoder (batch 256) and text encoder (the job's text batch, ImageNet captions) on
     inputs already on the device, after warm-up, synchronized."""
     loaded = load_model(parse_model_spec(model_name), device, precision)
     clip_flash.patch(loaded.model)
     height, width = loaded.image_size
     pixels = torch.randn(256, 3, height, width, device=device, dtype=loaded.dtype)
     towers = {"image": (loaded.model.encode_image, pixels),
-              "text": (loaded.model.encode_text, loaded.tokenizer()(caption_prompts(1024, seed=0)).to(device))}
+              "text": (loaded.model.encode_text,
+                       loaded.tokenizer()(caption_prompts(DEFAULT_TEXT_BATCH, seed=0)).to(device))}
     rates = {}
     with torch.inference_mode():
         for tower, (encode, inputs) in towers.items():
@@ -175,9 +177,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                                   calls=args.encoder_calls)
             ceiling = ceilings[args.caption_model]["text"]
             stock = run_case(scratch, "captions-stock", captions_file, args.caption_model, "stock", "cpu", 1,
-                             32768, 1024, device)
+                             32768, None, device)
             ours = run_case(scratch, "captions-clip_flash", captions_file, args.caption_model, "clip_flash", "cpu",
-                            1, 32768, 1024, device)
+                            1, 32768, None, device)  # the job's own text batch
             for case, label in ((stock, "stock OpenCLIP"), (ours, "clip_flash")):
                 rows.append(_row(args.caption_model, f"{args.captions} ImageNet captions", label, case, stock,
                                  ceiling, compare(case["out"], stock["out"])))
@@ -192,7 +194,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"Embedding job end to end (files or strings to committed .npy) on `{record['device_name']}`, "
             f"fed by {record['cpu_cores']} CPU cores (torch {env.get('torch')}, CUDA {env.get('cuda')}); {precision} "
             "random-init weights; steady = after the first shard of "
-            f"{args.shard_size} inputs; encoder-only = patched encoder at batch 256 (1024 for text) on inputs "
+            f"{args.shard_size} inputs; encoder-only = patched encoder at batch 256 "
+            f"({DEFAULT_TEXT_BATCH} for text, the job's batches) on inputs "
             "already on the GPU.\n\n" + table + "\n")
     (args.results / "embed_bench.md").write_text(text)
     print(text)

@@ -83,7 +83,7 @@ class JobSummary:
                          + (f", first batch done {self.first_batch_seconds:.2f} s into the run"
                             if self.first_batch_seconds is not None else "")
                          + f"; {self.job_items_per_s:,.1f} items/s counting it")
-        if self.main_thread_seconds:
+        if any(self.main_thread_seconds.values()):
             lines.append("  main thread: " + ", ".join(f"{step} {seconds:.2f} s"
                                                        for step, seconds in self.main_thread_seconds.items()))
         if self.gpu_peak_mib is not None:
