@@ -100,12 +100,12 @@ def compare(out: Path, reference: Path) -> Dict[str, float]:
 
 def run_case(scratch: Path, name: str, source: Any, model: str, pipeline: str, decode: str, repeat: int,
              shard_size: int, batch_size: Optional[int], device: torch.device,
-             executor: str = "thread", workers: Optional[int] = None) -> Dict[str, Any]:
+             executor: str = "thread") -> Dict[str, Any]:
     out = scratch / name
     shutil.rmtree(out, ignore_errors=True)
     summary = clip_flash.embed(source, out, model, device=device, patch=pipeline != "stock", pipeline=pipeline,
                                decode=decode, executor=executor, repeat=repeat, shard_size=shard_size,
-                               batch_size=batch_size, workers=workers, progress=False)
+                               batch_size=batch_size, progress=False)
     print(summary.format(), flush=True)
     gc.collect()
     if device.type == "cuda":
@@ -124,8 +124,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--captions", type=int, default=240_000, help="captions for the ViT-L-14 text job")
     parser.add_argument("--caption-model", default="ViT-L-14")
     parser.add_argument("--shard-size", type=int, default=2048)
-    parser.add_argument("--text-workers", type=int, nargs="+", default=[0],
-                        help="tokenizing processes of the clip_flash caption job; one job per value")
     parser.add_argument("--scratch", type=Path, default=None, help="where the embeddings go (deleted after)")
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu only to smoke-test the script")
     parser.add_argument("--encoder-calls", type=int, default=30, help="timed calls of the encoder-only ceiling")
@@ -180,13 +178,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ceiling = ceilings[args.caption_model]["text"]
             stock = run_case(scratch, "captions-stock", captions_file, args.caption_model, "stock", "cpu", 1,
                              32768, None, device)
-            cases = [(stock, "stock OpenCLIP")]
-            for text_workers in args.text_workers:  # the job's own text batch
-                cases.append((run_case(scratch, f"captions-clip_flash-{text_workers}", captions_file,
-                                       args.caption_model, "clip_flash", "cpu", 1, 32768, None, device,
-                                       workers=text_workers or None),
-                              "clip_flash" + (f", {text_workers} tokenizing processes" if text_workers else "")))
-            for case, label in cases:
+            ours = run_case(scratch, "captions-clip_flash", captions_file, args.caption_model, "clip_flash", "cpu",
+                            1, 32768, None, device)  # the job's own text batch
+            for case, label in ((stock, "stock OpenCLIP"), (ours, "clip_flash")):
                 rows.append(_row(args.caption_model, f"{args.captions} ImageNet captions", label, case, stock,
                                  ceiling, compare(case["out"], stock["out"])))
     finally:

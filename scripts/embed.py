@@ -53,8 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shard-size", type=positive_int, default=DEFAULT_SHARD_SIZE,
                         help=f"inputs per output shard (default {DEFAULT_SHARD_SIZE}; a WebDataset tar is one shard)")
     parser.add_argument("--workers", type=positive_int, default=None,
-                        help="decoding workers (default: every core) / stock: DataLoader workers (cores - 1); "
-                             "text-only jobs: tokenizing processes (default none)")
+                        help="decoding workers (default: every core) / stock: DataLoader workers (cores - 1)")
     parser.add_argument("--executor", choices=("auto", "thread", "process"), default="auto",
                         help="decoding in threads, or in processes (past the GIL's cap on many cores); auto: "
                              "processes on a GPU (threads in --ray actors), threads on a CPU")

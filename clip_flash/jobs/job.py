@@ -97,9 +97,7 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
         preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
                                      workers=workers, executor=executor)
     if source.has_captions:
-        # A text-only job has no decoding workers: ``workers`` are then tokenizing processes, which take the
-        # tokenizer's per-text Python off this process's GIL (the thread launching the text tower needs it).
-        base = get_tokenizer(loaded.spec.name, clean_workers=0 if source.has_images else workers or 0)
+        base = get_tokenizer(loaded.spec.name)
         context = loaded.context_length
         tokenizer = lambda texts: base(texts, context_length=context)  # noqa: E731
     return preparer, tokenizer
@@ -159,8 +157,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             (folders and caption files; a WebDataset tar is one shard).
         normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
         captions: None reads captions when the input has them; False ignores them. caption_column: for CSV/parquet.
-        workers: decoding workers (default: the cores this process may use; stock: DataLoader workers = cores - 1);
-            in a text-only job, processes tokenizing slices of each batch (default none).
+        workers: decoding workers (default: the cores this process may use; stock: DataLoader workers = cores - 1).
         executor: ``auto`` (processes where the exact path decodes into the GPU kernel's arenas, i.e. a CUDA
             device; threads otherwise), ``thread`` or ``process`` decoding workers (processes are not capped by
             the GIL; they fork from a fork server started while the model loads; a script using them needs the
