@@ -3,8 +3,8 @@
 
     python scripts/profile_caption_job.py --model ViT-L-14 --captions 65536 --out $OUT/caption_job_profile.txt
 
-Runs ``clip_flash.embed`` on a caption file (ImageNet class names x templates) once untimed, then once under
-the profiler (CPU and CUDA activity), and writes: the job's summary (its main thread's waits), the GPU's busy
+Runs ``clip_flash.embed`` on a caption file (ImageNet class names x templates) once untimed (not with
+``--cold``), then once under the profiler (CPU and CUDA activity), and writes: the job's summary (its main thread's waits), the GPU's busy
 time over the run's wall time, and the host operations and CUDA runtime calls that took the most time
 (synchronizing calls and page-locked allocations among them name what the host waited on).
 """
@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     parser.add_argument("--captions", type=int, default=65536)
     parser.add_argument("--batch-size", type=int, default=None, help="default: the job's")
     parser.add_argument("--rows", type=int, default=30, help="host operations listed")
+    parser.add_argument("--cold", action="store_true", help="profile the process's first job (no untimed job before)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -43,7 +44,8 @@ def main(argv=None) -> int:
         captions = scratch / "captions.txt"
         captions.write_text("\n".join(caption_prompts(args.captions, seed=0)) + "\n")
         job = dict(device="cuda", batch_size=args.batch_size, shard_size=32768, progress=False)
-        clip_flash.embed(captions, scratch / "warm", args.model, **job)
+        if not args.cold:
+            clip_flash.embed(captions, scratch / "warm", args.model, **job)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             started = time.perf_counter()
             summary = clip_flash.embed(captions, scratch / "profiled", args.model, **job)
