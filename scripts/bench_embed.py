@@ -46,6 +46,8 @@ from clip_flash.benchmark.workloads import caption_prompts  # noqa: E402
 from clip_flash.jobs.job import DEFAULT_TEXT_BATCH  # noqa: E402
 from clip_flash.jobs.record import cpu_cores  # noqa: E402
 
+CAPTION_SHARD = 32768  # captions per shard of the caption jobs: a steady rate over several shards of 8 batches
+
 COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)", "items/s (whole run)",
            "items/s (with setup)", "setup s", "first batch s", "x stock", "of encoder-only", "GPU peak MiB",
            "cos vs stock (min)", "max abs diff vs stock")
@@ -177,9 +179,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                                   calls=args.encoder_calls)
             ceiling = ceilings[args.caption_model]["text"]
             stock = run_case(scratch, "captions-stock", captions_file, args.caption_model, "stock", "cpu", 1,
-                             32768, None, device)
+                             CAPTION_SHARD, None, device)
             ours = run_case(scratch, "captions-clip_flash", captions_file, args.caption_model, "clip_flash", "cpu",
-                            1, 32768, None, device)  # the job's own text batch
+                            1, CAPTION_SHARD, None, device)  # the job's own text batch
             for case, label in ((stock, "stock OpenCLIP"), (ours, "clip_flash")):
                 rows.append(_row(args.caption_model, f"{args.captions} ImageNet captions", label, case, stock,
                                  ceiling, compare(case["out"], stock["out"])))
@@ -194,7 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"Embedding job end to end (files or strings to committed .npy) on `{record['device_name']}`, "
             f"fed by {record['cpu_cores']} CPU cores (torch {env.get('torch')}, CUDA {env.get('cuda')}); {precision} "
             "random-init weights; steady = after the first shard of "
-            f"{args.shard_size} inputs; encoder-only = patched encoder at batch 256 "
+            f"{args.shard_size} inputs ({CAPTION_SHARD} for captions); encoder-only = patched encoder at batch 256 "
             f"({DEFAULT_TEXT_BATCH} for text, the job's batches) on inputs "
             "already on the GPU.\n\n" + table + "\n")
     (args.results / "embed_bench.md").write_text(text)
