@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_SHARD_SIZE = 10240          # 40 batches of 256: at most this many inputs are redone after a kill
 DEFAULT_IMAGE_BATCH = 256
 # A text batch's launches cost the host about as much at 1,024 captions as at 4,096 (the tower skips padding,
-# so its GPU time follows the tokens): larger batches keep the GPU, not Python, the limit.
+# so its GPU time follows the tokens): larger batches spread that host time over more captions.
 DEFAULT_TEXT_BATCH = 4096
 OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
