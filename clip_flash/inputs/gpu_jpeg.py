@@ -47,14 +47,18 @@ class GpuDecoded:
     device: torch.device
     packed: Optional[Tuple[Any, torch.Tensor]] = None  # the decoded pixels laid out for the resize kernel
 
-    def hand_over(self) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
-        """Make the current stream wait for the work, and keep the pixels' memory until it is done with them."""
+    def hand_over(self, use_packed: bool = False
+                  ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
+        """Make the current stream wait for the work, and keep the memory it will read until it is done:
+        the packed buffer when ``use_packed`` (the per-image pixels were read only by the packing, on the
+        work stream), else each image's pixels."""
         stream = torch.cuda.current_stream(self.device)
         stream.wait_event(self.ready)
-        for _, pixels in self.decoded:
-            pixels.record_stream(stream)
-        if self.packed is not None:
+        if use_packed:
             self.packed[1].record_stream(stream)
+        else:
+            for _, pixels in self.decoded:
+                pixels.record_stream(stream)
         return self.decoded, self.refused
 
 

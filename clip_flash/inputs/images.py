@@ -12,6 +12,7 @@ and resamples on the device; see :mod:`clip_flash.inputs.image_decoding` for the
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -198,11 +199,10 @@ class ImagePreprocessor:
             return self._arenas
 
     def _reserve_arenas(self, batch_size: int, count: int) -> None:
+        # Page-locked for this device's context.
+        on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
         try:
-            if self.device.type == "cuda":
-                with torch.cuda.device(self.device):  # page-locked for this device's context
-                    self._arena_pool().reserve(batch_size, count)
-            else:
+            with on_device:
                 self._arena_pool().reserve(batch_size, count)
         except Exception as error:  # noqa: BLE001 - the first batch makes its arena itself, and reports
             logger.debug("pixel arenas not made ahead: %s", describe_error(error))
@@ -307,8 +307,9 @@ class ImagePreprocessor:
         device_pixels = [item.pixels for item in pixel_items]
         if jpeg_items:
             queued = decoded.on_gpu or decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma)
-            on_gpu, refused = queued.hand_over()
-            if queued.packed is not None and not pixel_items:
+            use_packed = queued.packed is not None and not pixel_items
+            on_gpu, refused = queued.hand_over(use_packed)
+            if use_packed:
                 # Packed by the decode thread: one kernel launch here, no per-image work on this thread.
                 groups.append(([item.index for item, _ in on_gpu], self.resize.run_packed(*queued.packed)))
                 on_gpu = []
