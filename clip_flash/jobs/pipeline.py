@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from ..patch.text_fast_path import takes_host_token_ids
-from .sources import Item, Shard
+from .batches import ItemBatch, shard_batches
+from .sources import Shard
 from .writer import ShardResult
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ _DONE = object()
 @dataclass
 class _Batch:
     shard: Shard
-    items: List[Item]                 # the items that go to the preparers (no known errors)
+    items: ItemBatch                  # the inputs that go to the preparers (no known errors)
     decoded: "Future"                 # -> (decoded images or None, tokens or None)
 
 
@@ -75,7 +76,7 @@ class _Accumulator:
 class _Launched:
     """A batch whose embeddings are on their way to pinned host memory."""
 
-    items: List[Item]
+    items: ItemBatch                  # the inputs that became rows
     host_image: Optional[torch.Tensor]
     host_text: Optional[torch.Tensor]
     ready: Optional["torch.cuda.Event"]
@@ -147,11 +148,11 @@ class EmbeddingPipeline:
             start(batch_size=self.batch_size, arenas=min(self.decode_threads + 2, self.prefetch_batches + 1))
 
     # ----- reader and decoders (CPU threads) ------------------------------------------------------
-    def _decode(self, items: List[Item]) -> Tuple[Any, Optional[torch.Tensor]]:
-        decoded = self.image_preparer.decode([item.image for item in items]) if self.image_preparer else None
+    def _decode(self, items: ItemBatch) -> Tuple[Any, Optional[torch.Tensor]]:
+        decoded = self.image_preparer.decode(items.images) if self.image_preparer else None
         tokens = None
         if self.tokenizer is not None:
-            tokens = self.tokenizer([item.caption for item in items])
+            tokens = self.tokenizer(items.captions)
             if self.cuda:
                 tokens = tokens.pin_memory()
         return decoded, tokens
@@ -170,19 +171,12 @@ class EmbeddingPipeline:
             for shard in shards:
                 put(_ShardStart(shard))
                 known_failures: List[Tuple[str, str]] = []
-                batch: List[Item] = []
-                for item in shard.load():
+                for batch, failures in shard_batches(shard, self.batch_size):
                     if stop.is_set():
                         return
-                    if item.error is not None:
-                        known_failures.append((item.path, item.error))
-                        continue
-                    batch.append(item)
-                    if len(batch) == self.batch_size:
+                    known_failures.extend(failures)
+                    if batch is not None:
                         put(_Batch(shard, batch, pool.submit(self._decode, batch)))
-                        batch = []
-                if batch:
-                    put(_Batch(shard, batch, pool.submit(self._decode, batch)))
                 put(_ShardEnd(shard, known_failures))
             put(_DONE)
         except BaseException as error:  # noqa: BLE001 - handed to the main thread, which re-raises it
@@ -220,9 +214,9 @@ class EmbeddingPipeline:
                 pixels, keep, failures = self._prepare(decoded, items)
                 if tokens is not None:
                     tokens = self._select(tokens, keep, len(items))
-            kept = [items[index] for index in keep]
+            kept = items.select(keep)
             if not kept:
-                return _Launched([], None, None, None, failures)
+                return _Launched(kept, None, None, None, failures)
             host_image = self._to_host(self._finish(self.model.encode_image(pixels))) if pixels is not None else None
             host_text = self._to_host(self._finish(self.model.encode_text(tokens))) if tokens is not None else None
         ready = None
@@ -238,14 +232,14 @@ class EmbeddingPipeline:
             return None
         return tokens if len(keep) == count else tokens[keep]
 
-    def _prepare(self, decoded: Any, items: List[Item]):
+    def _prepare(self, decoded: Any, items: ItemBatch):
         """Pixels on the device, the kept item indices, and (path, reason) of those that failed."""
         if decoded is None:
             return None, list(range(len(items))), []
         prepared = self.image_preparer.prepare(decoded)
         indices = prepared.indices
         keep = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
-        failures = [(items[index].path, str(reason)) for index, reason in prepared.failures]
+        failures = [(items.paths[index], str(reason)) for index, reason in prepared.failures]
         pixels = prepared.pixels if keep else None
         return pixels, keep, failures
 
@@ -266,14 +260,14 @@ class EmbeddingPipeline:
         if progress is not None:
             progress.update(len(launched.items) + len(launched.failures))
 
-    def _metadata_columns(self, items: Sequence[Item]) -> Dict[str, List[Any]]:
-        columns: Dict[str, List[Any]] = {}
+    def _metadata_columns(self, items: ItemBatch) -> Dict[str, Sequence[Any]]:
+        columns: Dict[str, Sequence[Any]] = {}
         if self.image_preparer is not None:
-            columns["image_path"] = [item.path for item in items]
+            columns["image_path"] = items.paths
         if self.tokenizer is not None:
-            columns["caption"] = [item.caption for item in items]
+            columns["caption"] = items.captions
         if self.wds_key_column:
-            columns["key"] = [item.key for item in items]
+            columns["key"] = items.keys
         return columns
 
     def _result(self, shard: _Accumulator) -> ShardResult:

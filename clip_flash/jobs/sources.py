@@ -22,7 +22,9 @@ import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+
+from .batches import Failure, ItemBatch, caption_batches
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,9 @@ class Shard:
     description: str
     size: Optional[int]                         # items, when known before reading (not for tars)
     load: Callable[[], Iterator[Item]]
+    # The shard as batches of columns (``batch_size`` -> (batch, failures) pairs), where it can do better than
+    # grouping ``load()``'s items: see :mod:`clip_flash.jobs.batches`.
+    load_batches: Optional[Callable[[int], Iterator[Tuple[Optional[ItemBatch], List[Failure]]]]] = None
 
 
 class Source:
@@ -336,13 +341,16 @@ class CaptionFileSource(Source):
         return {**super().settings(), "column": self.column, "shard_size": self.shard_size}
 
     def shards(self) -> List[Shard]:
-        return [Shard(index=index,
-                      fingerprint=_digest([self.location, str(rows.start)]
-                                          + [caption or "" for caption in self.captions[rows.start:rows.stop]]),
-                      description=f"captions {rows.start}..{rows.stop - 1} of {self.location}", size=len(rows),
-                      load=functools.partial(load_caption_items, self.location, rows.start,
-                                             self.captions[rows.start:rows.stop]))
-                for index, rows in enumerate(_chunks(len(self.captions), self.shard_size))]
+        plan = []
+        for index, rows in enumerate(_chunks(len(self.captions), self.shard_size)):
+            captions = self.captions[rows.start:rows.stop]
+            plan.append(Shard(index=index,
+                              fingerprint=_digest([self.location, str(rows.start)] + [text or "" for text in captions]),
+                              description=f"captions {rows.start}..{rows.stop - 1} of {self.location}",
+                              size=len(rows), load=functools.partial(load_caption_items, self.location, rows.start,
+                                                                     captions),
+                              load_batches=functools.partial(caption_batches, self.location, rows.start, captions)))
+        return plan
 
 
 # ----- which source ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from clip_flash.jobs.sources import (
     SourceError,
     WebDatasetSource,
     expand_braces,
+    load_caption_items,
     open_source,
 )
 from .job_helpers import MODEL, read_output, write_photos
@@ -173,3 +174,46 @@ def test_expand_braces():
     assert expand_braces("d/{000..002}.tar") == ["d/000.tar", "d/001.tar", "d/002.tar"]
     assert expand_braces("{a,b}-{8..10}") == ["a-8", "a-9", "a-10", "b-8", "b-9", "b-10"]
     assert expand_braces("plain.tar") == ["plain.tar"]
+
+
+def test_caption_batches_match_the_items_grouped(tmp_path):
+    """A caption shard's batches of columns hold what its items, grouped, hold: rows, names, failures."""
+    from clip_flash.jobs.batches import batches_from_items, caption_batches
+
+    rng = np.random.default_rng(0)
+    captions = [None if rng.random() < 0.2 else f"caption {row}" for row in range(103)]
+    source_location = str(tmp_path / "c.parquet")
+    for batch_size in (1, 7, 50, 200):
+        fast = list(caption_batches(source_location, 1000, captions, batch_size))
+        grouped = list(batches_from_items(load_caption_items(source_location, 1000, captions), batch_size))
+
+        def flat(batches):
+            rows = [(path, text) for batch, _ in batches if batch is not None
+                    for path, text in zip(batch.paths, batch.captions)]
+            return rows, [failure for _, failures in batches for failure in failures]
+
+        assert flat(fast) == flat(grouped)
+        assert all(batch is None or len(batch) <= batch_size for batch, _ in fast)
+    rows, failures = flat(fast)
+    assert all(path == f"{source_location}:{1000 + int(text.split()[1])}" for path, text in rows)
+    assert len(rows) + len(failures) == 103 and all(reason == "empty (null) caption" for _, reason in failures)
+
+
+def test_text_job_with_null_captions_lists_them_and_embeds_the_rest(tmp_path, checkpoint, stock_model):
+    import open_clip
+
+    captions = ["a dog", None, "two cats", None, None, "a bird", "the last one"]
+    path = tmp_path / "captions.parquet"
+    pq.write_table(pa.table({"caption": captions}), path)
+    summary = clip_flash.embed(path, tmp_path / "out", f"{MODEL}::{checkpoint}", device="cpu", patch=False,
+                               normalize=False, out_dtype="float32", shard_size=4, batch_size=2, progress=False)
+    assert (summary.rows, summary.failures) == (4, 3)
+    output = read_output(tmp_path / "out")
+    kept = [text for text in captions if text is not None]
+    assert output["metadata"] == {"caption": kept}
+    assert [(failure["path"], failure["reason"]) for failure in output["failures"]] == [
+        (f"{path.resolve()}:{row}", "empty (null) caption") for row in (1, 3, 4)]
+    model, _ = stock_model
+    with torch.no_grad():
+        expected = model.encode_text(open_clip.get_tokenizer(MODEL)(kept))
+    np.testing.assert_allclose(output["text_emb"], expected.numpy(), atol=1e-5)
