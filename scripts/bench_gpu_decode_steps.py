@@ -4,10 +4,9 @@
     python scripts/bench_gpu_decode_steps.py --photos .device/photos --json out.json
 
 Each step is timed on its own with the device synchronized before and after (median of ``--repeats``
-after two warm-up calls): the CPU step (files read, headers scanned), ``decode()`` (the CPU step, then
-nvJPEG and the chroma step queued on the fast path's streams), torchvision's batched nvJPEG decode
-alone, the HWC copy, the libjpeg-style chroma step, and ``prepare`` after ``decode`` with each
-``gpu_chroma``. The exact path's device step is given beside it.
+after two warm-up calls): the CPU step (``decode()``: files read, headers scanned), torchvision's batched
+nvJPEG decode alone, the HWC copy, the libjpeg-style chroma step, and ``prepare`` after ``decode`` (nvJPEG,
+chroma step, packing, resize kernel) with each ``gpu_chroma``. The exact path's device step is given beside it.
 """
 from __future__ import annotations
 
@@ -66,17 +65,15 @@ def main() -> None:
         decoded = fast.decode(batch)
         jpegs = [item for item in decoded.items if item.encoded is not None]
         steps["CPU step: read files, scan headers (threads)"] = timed_ms(lambda: fast._cpu_step(batch), args.repeats)
-        steps["decode(): CPU step + nvJPEG + chroma step, libjpeg chroma"] = timed_ms(lambda: fast.decode(batch),
-                                                                                     args.repeats)
         steps["nvJPEG batched decode (torchvision)"] = timed_ms(
             lambda: gpu_jpeg._nvjpeg([item.encoded for item in jpegs], device), args.repeats)
         steps["nvJPEG decode + HWC copies"] = timed_ms(lambda: gpu_jpeg._decode(jpegs, device), args.repeats)
         pairs, _ = gpu_jpeg._decode(jpegs, device)
         steps["libjpeg-style chroma step"] = timed_ms(lambda: gpu_jpeg._refine_chroma(pairs), args.repeats)
         groups = {(tuple(pixels.shape), item.jpeg_sampling) for item, pixels in pairs}
-        steps["prepare() after decode(), libjpeg chroma"] = timed_ms(lambda: fast.prepare(decoded), args.repeats)
+        steps["prepare() after decode(): nvJPEG, libjpeg chroma, resize"] = timed_ms(lambda: fast.prepare(decoded), args.repeats)
         decoded_nvjpeg = fast_nvjpeg.decode(batch)
-        steps["prepare() after decode(), nvJPEG chroma"] = timed_ms(lambda: fast_nvjpeg.prepare(decoded_nvjpeg),
+        steps["prepare() after decode(): nvJPEG, its own chroma, resize"] = timed_ms(lambda: fast_nvjpeg.prepare(decoded_nvjpeg),
                                                                     args.repeats)
         decoded_exact = exact.decode(batch)
         steps["exact path: prepare() (upload + resize kernel)"] = timed_ms(lambda: exact.prepare(decoded_exact),

@@ -13,8 +13,8 @@ overwritten before they run: under a busy GPU this corrupted the chroma step's i
 out-of-bounds device assert). So the decode runs with a private stream current, on which nothing else
 runs, and its outputs are recorded on the stream that uses them next, so that their memory is handed out
 again only after that work is done. That next stream is a second private one, for the copies and the
-chroma step: :meth:`ImagePreprocessor.decode` queues all of it from a decode thread, ahead of the batch
-on the device, and ``prepare`` makes its own stream wait for it (:meth:`GpuDecoded.hand_over`).
+chroma step: :meth:`ImagePreprocessor.prepare` queues all of it, then makes its own stream wait for it
+(:meth:`GpuDecoded.hand_over`).
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: 
                         pack: Optional[Callable[[List[torch.Tensor]], Tuple[Any, torch.Tensor]]] = None
                         ) -> GpuDecoded:
     """Queue nvJPEG's decode of ``items`` (and with ``chroma="libjpeg"`` the chroma step) on the fast path's
-    own streams, without waiting for it: a decode thread can run it ahead of the batch on the device.
+    own streams, without waiting for it on the caller's stream.
     ``pack`` (the resize's packing) also lays the pixels out for the resize kernel there, when all of them
     were decoded; if it fails, the pixels are handed over unpacked."""
     work = _stream("work", device)

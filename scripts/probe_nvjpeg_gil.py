@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Does torchvision's batched nvJPEG decode keep to itself, or does it wait on the GIL beside busy Python?
+
+    python scripts/probe_nvjpeg_gil.py --photos .device/photos --json out.json
+
+A second thread runs a pure-Python counting loop (as a thread launching a model or scanning files runs
+Python) while this one times ``decode_jpeg(batch, device="cuda")``, then the same with the counter idle.
+A call that released the GIL once and took it back once would take as long either way; one that takes
+it back per image waits up to the interpreter's switch interval (5 ms) each time. Each is repeated
+(``--repeats``) and the median reported, with the counter's rate beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from clip_flash.benchmark.results import environment_record  # noqa: E402
+from clip_flash.benchmark.workloads import image_files  # noqa: E402
+
+
+def _timed(call, busy: bool):
+    counter, stop = [0], threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+
+    thread = threading.Thread(target=count, daemon=True) if busy else None
+    if thread is not None:
+        thread.start()
+        time.sleep(0.01)
+    torch.cuda.synchronize()
+    before, started = counter[0], time.perf_counter()
+    call()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    counted = counter[0] - before
+    stop.set()
+    if thread is not None:
+        thread.join()
+    return seconds, counted / seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--photos", type=Path, required=True)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU here", file=sys.stderr)
+        return 2
+    from torchvision.io import decode_jpeg
+
+    files = image_files(args.photos)[:args.batch]
+    encoded = [torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8) for path in files]
+    decode = lambda: decode_jpeg(encoded, device="cuda")  # noqa: E731
+    for _ in range(3):
+        decode()
+    rows = {}
+    for label, busy in (("alone", False), ("beside a busy Python thread", True)):
+        runs = [_timed(decode, busy) for _ in range(args.repeats)]
+        rows[label] = {"median_ms": statistics.median(run[0] for run in runs) * 1e3,
+                       "runs_ms": [run[0] * 1e3 for run in runs],
+                       "python_loop_per_s_median": statistics.median(run[1] for run in runs)}
+        print(f"{args.batch} photos, nvJPEG batched decode {label}: median {rows[label]['median_ms']:.1f} ms "
+              f"(runs {', '.join(f'{run[0] * 1e3:.0f}' for run in runs)} ms)")
+    env = environment_record(torch.device("cuda"), "python " + " ".join(sys.argv))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"environment": env, "batch": len(files), "switch_interval_s": sys.getswitchinterval(),
+                                     "results": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
