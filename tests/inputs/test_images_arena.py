@@ -36,6 +36,7 @@ def kernel_route_prep(vit_b32_preprocess):
         if executor not in made:
             made[executor] = clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32,
                                                           workers=2, executor=executor)
+            made[executor].start(wait=True)  # the processes' route, not the threads that stand in until then
         prep = made[executor]
         prep.resize.implementation = "kernel"
         if prep._arenas is not None:

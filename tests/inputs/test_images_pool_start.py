@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import threading
 
 import pytest
 import torch
@@ -76,6 +77,7 @@ def test_prestarted_processes_give_the_thread_pools_rows_and_failures(vit_b32_pr
         expected = threads(mixed_inputs)
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2,
                                       executor="process") as processes:  # started in the background here
+        processes.start(wait=True)  # the processes decode, not the threads standing in until they are up
         got = processes(mixed_inputs)
         assert processes.executor == "process"
     _same(got, expected)
@@ -83,6 +85,28 @@ def test_prestarted_processes_give_the_thread_pools_rows_and_failures(vit_b32_pr
     reasons = dict(got.failures)
     assert "FileNotFoundError" in reasons[4] and "UnidentifiedImageError" in reasons[5]
     assert_same_as_reference(got, vit_b32_preprocess, mixed_inputs)
+
+
+def test_threads_decode_until_the_processes_are_up(vit_b32_preprocess, mixed_inputs, monkeypatch):
+    """A first batch does not wait for the workers' start: the threads decode it, with the same rows."""
+    release = threading.Event()
+    warm_up = decode_pool.DecodePool._warm_up
+
+    def held_warm_up(pool, threads, processes):
+        assert release.wait(60)
+        warm_up(pool, threads, processes)
+
+    monkeypatch.setattr(decode_pool.DecodePool, "_warm_up", held_warm_up)
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2,
+                                      executor="process") as prep:
+        early = prep(mixed_inputs)
+        assert not prep.pool._processes_ready()
+        release.set()
+        prep.start(wait=True)
+        assert prep.pool._processes_ready()
+        late = prep(mixed_inputs)
+    _same(early, late)
+    assert_same_as_reference(early, vit_b32_preprocess, mixed_inputs)
 
 
 def test_close_restart_and_close_during_the_start(vit_b32_preprocess, mixed_inputs):
