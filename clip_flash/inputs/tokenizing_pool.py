@@ -74,8 +74,12 @@ class TokenizingPool:
 
     def _executor_here(self) -> ProcessPoolExecutor:
         if self._executor is None or self._owner_pid != os.getpid():  # a forked copy never uses its parent's
-            # forkserver: workers forked from a clean server, not from this (threaded) process.
-            context = multiprocessing.get_context("forkserver")
+            # The decoding workers' fork server (spawn where there is none): workers forked from a clean
+            # server that has imported clip_flash once, not from this (threaded) process, and not each
+            # importing it themselves (seconds apiece, all at once).
+            from .decode_pool import process_context
+
+            context = process_context()
             self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
                                                  initargs=(self.openclip_tokenizer,))
             self._owner_pid = os.getpid()
