@@ -117,6 +117,7 @@ def main() -> int:
         workers = int(workers) if workers else None
         with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16 if device.type == "cuda"
                                           else torch.float32, workers=workers, executor=executor) as prep:
+            prep.start(wait=True)  # the workers' steady rate, not the threads standing in while they start
             decode_rate = stream(prep, batches, args.warmup, prepare=False)
             prepared_rate = stream(prep, batches, args.warmup, prepare=True)
             rows.append({"executor": executor if executor != "auto" else f"auto ({prep.executor})",

@@ -82,6 +82,8 @@ def _stream_clip_flash(paths, preprocess, pipeline, model, device, dtype, batch,
                                       executor=executor, gpu_chroma=chroma) as prep, \
             ThreadPoolExecutor(IN_FLIGHT) as producers:
         on_batch.executor = prep.executor  # what "auto" chose, for the results
+        # Steady-state rates: the worker processes, not the threads that decode until they are up.
+        prep.start(wait=True)
         # How long the host waited for each batch's decode: near zero when decoding keeps ahead of the device.
         # Where the host's loop spends each batch (seconds): waiting for its decode, the device step's
         # launches, the encoder's launches, and waiting for the device to come within IN_FLIGHT batches.
