@@ -8,12 +8,14 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "kernel_args.h"
@@ -193,6 +195,10 @@ void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::
 // Defined in jpeg_chroma_binding.cpp.
 at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertical);
 
+// Defined in nvjpeg_decode.cpp.
+std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, int64_t device,
+                                         const std::string& library_path);
+
 }  // namespace clip_flash
 
 // The image kernels run in the decoding threads, once per batch, beside a main thread that launches the
@@ -223,4 +229,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("jpeg_chroma", &clip_flash::jpeg_chroma, "nvJPEG's RGB of 4:2:2/4:2:0 JPEGs with the chroma "
              "re-upsampled the libjpeg-turbo way (not exact); returns a new tensor.", py::arg("rgb"),
              py::arg("horizontal"), py::arg("vertical"), NO_GIL);
+  module.def("nvjpeg_hw_decode", &clip_flash::nvjpeg_hw_decode, "Baseline 3-component JPEGs decoded by nvJPEG's "
+             "hardware decoder into new (H, W, 3) uint8 RGB tensors on the device (None for the others); waits for "
+             "them, without the GIL.", py::arg("encoded"), py::arg("device"), py::arg("library_path"), NO_GIL);
 }

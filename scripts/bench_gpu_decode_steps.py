@@ -5,7 +5,7 @@
 
 Each step is timed on its own with the device synchronized before and after (median of ``--repeats``
 after two warm-up calls): the CPU step (``decode()``: files read, headers scanned), torchvision's batched
-nvJPEG decode alone, the HWC copy, the libjpeg-style chroma step, and ``prepare`` after ``decode`` (nvJPEG,
+nvJPEG decode alone, clip_flash's hardware decode call, the fast path's whole decode, the libjpeg-style chroma step, and ``prepare`` after ``decode`` (nvJPEG,
 chroma step, packing, resize kernel) with each ``gpu_chroma``. The exact path's device step is given beside it.
 """
 from __future__ import annotations
@@ -67,7 +67,11 @@ def main() -> None:
         steps["CPU step: read files, scan headers (threads)"] = timed_ms(lambda: fast._cpu_step(batch), args.repeats)
         steps["nvJPEG batched decode (torchvision)"] = timed_ms(
             lambda: gpu_jpeg._nvjpeg([item.encoded for item in jpegs], device), args.repeats)
-        steps["nvJPEG decode + HWC copies"] = timed_ms(lambda: gpu_jpeg._decode(jpegs, device), args.repeats)
+        if gpu_jpeg.hardware_decoder_usable():
+            steps["nvJPEG hardware decode (clip_flash's call, no GIL held)"] = timed_ms(
+                lambda: gpu_jpeg._hardware_decode(jpegs, device), args.repeats)
+        steps["fast path's nvJPEG decode, (H, W, C) pixels"] = timed_ms(lambda: gpu_jpeg._decode(jpegs, device),
+                                                                        args.repeats)
         pairs, _ = gpu_jpeg._decode(jpegs, device)
         steps["libjpeg-style chroma step"] = timed_ms(lambda: gpu_jpeg._refine_chroma(pairs), args.repeats)
         groups = {(tuple(pixels.shape), item.jpeg_sampling) for item, pixels in pairs}

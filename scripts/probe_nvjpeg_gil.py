@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Does torchvision's batched nvJPEG decode keep to itself, or does it wait on the GIL beside busy Python?
+"""Do the batched nvJPEG decodes keep to themselves, or wait on the GIL beside busy Python?
 
     python scripts/probe_nvjpeg_gil.py --photos .device/photos --json out.json
 
 A second thread runs a pure-Python counting loop (as a thread launching a model or scanning files runs
-Python) while this one times ``decode_jpeg(batch, device="cuda")``, then the same with the counter idle.
+Python) while this one times ``decode_jpeg(batch, device="cuda")`` (torchvision), then the same with the
+counter idle; likewise clip_flash's own call (``nvjpeg_hw_decode``), where the extension has it.
 A call that released the GIL once and took it back once would take as long either way; one that takes
 it back per image waits up to the interpreter's switch interval (5 ms) each time. Each is repeated
 (``--repeats``) and the median reported, with the counter's rate beside it.
@@ -25,6 +26,8 @@ import torch  # noqa: E402
 
 from clip_flash.benchmark.results import environment_record  # noqa: E402
 from clip_flash.benchmark.workloads import image_files  # noqa: E402
+from clip_flash.inputs import gpu_jpeg  # noqa: E402
+from clip_flash.ops._extension import load_extension  # noqa: E402
 
 
 def _timed(call, busy: bool):
@@ -67,14 +70,23 @@ def main(argv=None) -> int:
     decode = lambda: decode_jpeg(encoded, device="cuda")  # noqa: E731
     for _ in range(3):
         decode()
+    decoders = {"torchvision": decode}
+    extension = load_extension()
+    if extension is not None and hasattr(extension, "nvjpeg_hw_decode"):
+        library = gpu_jpeg._nvjpeg_library()
+        device = torch.cuda.current_device()
+        decoders["clip_flash"] = lambda: extension.nvjpeg_hw_decode(encoded, device, library)  # noqa: E731
+        decoders["clip_flash"]()
     rows = {}
-    for label, busy in (("alone", False), ("beside a busy Python thread", True)):
-        runs = [_timed(decode, busy) for _ in range(args.repeats)]
-        rows[label] = {"median_ms": statistics.median(run[0] for run in runs) * 1e3,
-                       "runs_ms": [run[0] * 1e3 for run in runs],
-                       "python_loop_per_s_median": statistics.median(run[1] for run in runs)}
-        print(f"{args.batch} photos, nvJPEG batched decode {label}: median {rows[label]['median_ms']:.1f} ms "
-              f"(runs {', '.join(f'{run[0] * 1e3:.0f}' for run in runs)} ms)")
+    for name, call in decoders.items():
+        for label, busy in (("alone", False), ("beside a busy Python thread", True)):
+            runs = [_timed(call, busy) for _ in range(args.repeats)]
+            key = f"{name}, {label}"
+            rows[key] = {"median_ms": statistics.median(run[0] for run in runs) * 1e3,
+                         "runs_ms": [run[0] * 1e3 for run in runs],
+                         "python_loop_per_s_median": statistics.median(run[1] for run in runs)}
+            print(f"{args.batch} photos, {name} batched nvJPEG decode {label}: median {rows[key]['median_ms']:.1f} ms "
+                  f"(runs {', '.join(f'{run[0] * 1e3:.0f}' for run in runs)} ms)")
     env = environment_record(torch.device("cuda"), "python " + " ".join(sys.argv))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"environment": env, "batch": len(files), "switch_interval_s": sys.getswitchinterval(),

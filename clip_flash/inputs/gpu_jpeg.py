@@ -6,7 +6,14 @@ the chroma is recovered and re-upsampled the libjpeg-turbo way (:mod:`.jpeg_chro
 close (not exact). ``scripts/image_fast_path_deviation.py`` measures both against the exact path.
 Whatever nvJPEG refuses, and any group whose chroma step fails, goes back to the exact CPU decode.
 
-Streams: torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
+Two calls reach nvJPEG. Where the extension is built, clip_flash's own (``csrc/nvjpeg_decode.cpp``) gives
+the batch's baseline colour JPEGs to the hardware decoder, as torchvision's does, but holds no GIL meanwhile
+and writes (H, W, 3) pixels directly; torchvision's batched call takes the GIL back about once per image
+(``scripts/probe_nvjpeg_gil.py``), so it only decodes what the hardware call leaves (progressive, grayscale)
+or everything where that call cannot run.
+
+Streams: clip_flash's call allocates and writes its outputs on the current stream (the work stream below)
+and waits for them. torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
 writes them from its own decoder stream, which does not wait for the current one. Memory that kernels
 still queued on the current stream read (freed by Python, reusable there in stream order) can thus be
 overwritten before they run: under a busy GPU this corrupted the chroma step's int64 index planes (an
@@ -21,10 +28,12 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..ops._extension import load_extension
 from .image_decoding import DecodedItem, describe_error
 from .jpeg_chroma import SUBSAMPLING, refine_nearest_chroma
 
@@ -32,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 
 CHROMA = ("nvjpeg", "libjpeg")
+Decoded = Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]  # (pixels, refused)
 # Images refined together: bounds the chroma step's temporaries (a few int64 / float32 planes per image).
 REFINE_CHUNK = 32
 
@@ -62,17 +72,30 @@ class GpuDecoded:
         return self.decoded, self.refused
 
 
+def hardware_decoder_usable() -> bool:
+    """Whether clip_flash's GIL-free nvJPEG call is built and has not found it cannot run here: then a
+    decoding thread can run nvJPEG ahead (:func:`decode_on_gpu`) without stalling the thread that launches."""
+    extension = load_extension()
+    return extension is not None and hasattr(extension, "nvjpeg_hw_decode") and _HARDWARE["unavailable"] is None
+
+
+def decode_on_gpu(items: List[DecodedItem], device: torch.device) -> Decoded:
+    """nvJPEG's decode of ``items`` on the fast path's work stream: (H, W, C) pixels, and what it refused."""
+    with torch.cuda.stream(_stream("work", device)):
+        return _decode(items, device)
+
+
 def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg",
-                        pack: Optional[Callable[[List[torch.Tensor]], Tuple[Any, torch.Tensor]]] = None
-                        ) -> GpuDecoded:
-    """Queue nvJPEG's decode of ``items`` (and with ``chroma="libjpeg"`` the chroma step) on the fast path's
-    own streams, without waiting for it on the caller's stream.
-    ``pack`` (the resize's packing) also lays the pixels out for the resize kernel there, when all of them
-    were decoded; if it fails, the pixels are handed over unpacked."""
+                        pack: Optional[Callable[[List[torch.Tensor]], Tuple[Any, torch.Tensor]]] = None,
+                        predecoded: Optional[Decoded] = None) -> GpuDecoded:
+    """Queue nvJPEG's decode of ``items`` (unless ``predecoded`` by :func:`decode_on_gpu`) and, with
+    ``chroma="libjpeg"``, the chroma step on the fast path's own streams, without waiting for it on the
+    caller's stream. ``pack`` (the resize's packing) also lays the pixels out for the resize kernel there,
+    when all of them were decoded; if it fails, the pixels are handed over unpacked."""
     work = _stream("work", device)
     packed = None
     with torch.cuda.stream(work):
-        decoded, refused = _decode(items, device)
+        decoded, refused = predecoded if predecoded is not None else _decode(items, device)
         if chroma == "libjpeg":
             decoded, failed = _refine_chroma(decoded)
             refused = refused + failed
@@ -135,10 +158,55 @@ def _nvjpeg(encoded: "torch.Tensor | Sequence[torch.Tensor]", device: torch.devi
     return outputs
 
 
-def _decode(items: List[DecodedItem], device: torch.device
-            ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
+_HARDWARE: Dict[str, Optional[str]] = {"unavailable": None}  # why clip_flash's nvJPEG call cannot run here
+
+
+@functools.lru_cache(maxsize=1)
+def _nvjpeg_library() -> str:
+    """The libnvjpeg to open: torchvision's own copy (what its decoder runs, matched to torch's CUDA), else
+    the one the dynamic loader finds."""
+    try:
+        import torchvision
+
+        bundled = sorted((Path(torchvision.__file__).resolve().parent.parent / "torchvision.libs").glob("libnvjpeg*.so*"))
+    except Exception:  # noqa: BLE001 - no torchvision copy: the loader's search path decides
+        bundled = []
+    return str(bundled[0]) if bundled else "libnvjpeg.so.13"
+
+
+def _hardware_decode(items: List[DecodedItem], device: torch.device) -> List[Optional[torch.Tensor]]:
+    """nvJPEG's hardware decoder through clip_flash's extension, GIL released for the whole batch: (H, W, 3)
+    pixels per item, None for those it leaves to torchvision's decoder (progressive, grayscale, ...) and for
+    all of them where it cannot run."""
+    extension = load_extension()
+    if _HARDWARE["unavailable"] is not None or extension is None or not hasattr(extension, "nvjpeg_hw_decode"):
+        return [None] * len(items)
+    try:
+        return extension.nvjpeg_hw_decode([item.encoded for item in items], device.index, _nvjpeg_library())
+    except RuntimeError as error:
+        if "nvJPEG unavailable" in str(error):
+            _HARDWARE["unavailable"] = describe_error(error)
+            logger.info("clip_flash's nvJPEG hardware decode cannot run here (%s); torchvision's decodes",
+                        _HARDWARE["unavailable"])
+        else:  # e.g. one bad file failed the batch: torchvision's decoder retries them one by one
+            logger.debug("nvJPEG hardware batch failed (%s); torchvision decodes it", describe_error(error))
+        return [None] * len(items)
+
+
+def _decode(items: List[DecodedItem], device: torch.device) -> Decoded:
     if not items:
         return [], []
+    hardware = _hardware_decode(items, device)
+    done, refused = _check_shapes([(item, pixels) for item, pixels in zip(items, hardware) if pixels is not None],
+                                  [], planar=False)
+    rest = [item for item, pixels in zip(items, hardware) if pixels is None]
+    if rest:
+        more, more_refused = _decode_with_torchvision(rest, device)
+        done, refused = done + more, refused + more_refused
+    return done, refused
+
+
+def _decode_with_torchvision(items: List[DecodedItem], device: torch.device) -> Decoded:
     try:
         outputs = _nvjpeg([item.encoded for item in items], device)
         pairs = list(zip(items, outputs))
@@ -154,12 +222,15 @@ def _decode(items: List[DecodedItem], device: torch.device
     return _check_shapes(pairs, [])
 
 
-def _check_shapes(pairs, refused):
+def _check_shapes(pairs, refused, planar: bool = True):
+    """Pixels whose shape is the one Pillow's header gave, as (H, W, C); the others refused."""
     decoded = []
-    for item, chw in pairs:
-        if tuple(chw.shape) != (item.channels, *item.image_size):
-            refused.append((item, f"nvJPEG gave shape {tuple(chw.shape)}, Pillow's header says "
-                                  f"{(item.channels, *item.image_size)}"))
+    for item, pixels in pairs:
+        expected = (item.channels, *item.image_size) if planar else (*item.image_size, item.channels)
+        if tuple(pixels.shape) != expected:
+            refused.append((item, f"nvJPEG gave shape {tuple(pixels.shape)}, Pillow's header says {expected}"))
+        elif planar:  # torchvision's nvJPEG writes planes; the resize reads HWC
+            decoded.append((item, pixels.permute(1, 2, 0).contiguous()))
         else:
-            decoded.append((item, chw.permute(1, 2, 0).contiguous()))  # nvJPEG writes planes; the resize reads HWC
+            decoded.append((item, pixels))
     return decoded, refused

@@ -25,7 +25,7 @@ from PIL import Image
 
 from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .decoder_check import decoder_agreement
-from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
+from .gpu_jpeg import CHROMA, Decoded, decode_jpegs_on_gpu, decode_on_gpu, hardware_decoder_usable
 from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
 from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
@@ -68,6 +68,7 @@ class DecodedImages:
     items: List[DecodedItem]
     failures: List[Tuple[int, str]]
     packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
+    on_gpu: Optional[Decoded] = None  # decode="gpu": nvJPEG's pixels, when decode() could run it (see there)
 
     @property
     def indices(self) -> List[int]:
@@ -220,10 +221,17 @@ class ImagePreprocessor:
     def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
         """The CPU step: read and decode every input (in the worker pool). Never raises for a bad input.
 
-        With ``decode="gpu"`` it reads the JPEGs and their headers; :meth:`prepare` hands them to nvJPEG."""
+        With ``decode="gpu"`` it reads the JPEGs and their headers, and where clip_flash's own nvJPEG call is
+        built it decodes them too: that call holds no GIL while the hardware decoder works, so it runs here,
+        ahead of the batch on the device. Otherwise :meth:`prepare` runs torchvision's nvJPEG decode."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
-        return self._cpu_step(list(items))
+        decoded = self._cpu_step(list(items))
+        if self.decoder == "gpu" and hardware_decoder_usable():
+            jpeg_items = [item for item in decoded.items if item.encoded is not None]
+            if jpeg_items:
+                decoded.on_gpu = decode_on_gpu(jpeg_items, self.device)
+        return decoded
 
     def _cpu_step(self, items: List[ImageInput]) -> DecodedImages:
         if self.resize.packs and items and arenas_supported():
@@ -289,11 +297,12 @@ class ImagePreprocessor:
     def prepare(self, decoded: DecodedImages) -> PreparedImages:
         """The device step: resample the decoded pixels exactly and assemble the batch in input order.
 
-        With ``decode="gpu"`` it first queues nvJPEG's decode of the JPEGs (and the chroma step) on side
-        streams. That runs here, on the thread that also launches the model, not ahead on a decoding thread:
-        torchvision's batched nvJPEG call takes the GIL again for each image, so beside a thread running
-        Python (launches) both crawl (measured: a 256-image decode took 0.6-1.4 s beside a busy Python
-        thread, 19 ms alone; ViT-B-32 end to end 4,492 img/s with it ahead, 5,123 here)."""
+        With ``decode="gpu"`` it first queues the chroma step and the packing on side streams, and nvJPEG's
+        decode too unless :meth:`decode` ran it. torchvision's decode runs here, on the thread that also
+        launches the model, not ahead on a decoding thread: its batched call takes the GIL again for each
+        image, so beside a thread running Python (launches) both crawl (measured: a 256-photo decode took
+        1.0-1.5 s beside a busy Python thread, 13.5 ms alone; ViT-B-32 end to end 4,492 img/s with it ahead,
+        5,123 here)."""
         failures = list(decoded.failures)
         route_of = {item.index: item.route for item in decoded.items}
         pixel_items = [item for item in decoded.items if item.pixels is not None]
@@ -311,7 +320,7 @@ class ImagePreprocessor:
         if jpeg_items:
             # Laid out for the resize kernel on the side stream too, unless other pixels join them.
             pack = self.resize.pack_on_device if self.resize.implementation == "kernel" and not pixel_items else None
-            queued = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma, pack)
+            queued = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma, pack, decoded.on_gpu)
             use_packed = queued.packed is not None
             on_gpu, refused = queued.hand_over(use_packed)
             if use_packed:

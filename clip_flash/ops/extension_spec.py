@@ -10,6 +10,7 @@ EXTENSION_SOURCES = (
     "csrc/image_resample.cu",
     "csrc/jpeg_chroma_binding.cpp",
     "csrc/jpeg_chroma.cu",
+    "csrc/nvjpeg_decode.cpp",
 )
 # Every file of these kinds under csrc/ (headers included) keys the build on first use.
 SOURCE_SUFFIXES = (".cpp", ".cu", ".cuh", ".h")

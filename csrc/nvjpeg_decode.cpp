@@ -1,0 +1,166 @@
+// Batched JPEG decoding on nvJPEG's hardware decoder (A100/H100 and later), without the GIL: the fast path's
+// decode (clip_flash/inputs/gpu_jpeg.py). torchvision's batched decode takes the GIL back about once per image,
+// which stalls it beside any thread running Python; this call releases the GIL once for the whole batch.
+//
+// nvJPEG is opened with dlopen at first use (the library path comes from Python), so the extension neither
+// links against it nor needs it to import; without <nvjpeg.h> at build time only a stub is compiled.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if __has_include(<nvjpeg.h>)
+#include <dlfcn.h>
+#include <nvjpeg.h>
+#define CLIP_FLASH_HAVE_NVJPEG 1
+#else
+#define CLIP_FLASH_HAVE_NVJPEG 0
+#endif
+
+namespace clip_flash {
+
+#if CLIP_FLASH_HAVE_NVJPEG
+namespace {
+
+// The nvJPEG entry points used, resolved from the library by name (prototypes from the toolkit's header).
+struct NvjpegApi {
+  decltype(&nvjpegCreateEx) create_ex = nullptr;
+  decltype(&nvjpegJpegStateCreate) state_create = nullptr;
+  decltype(&nvjpegJpegStreamCreate) stream_create = nullptr;
+  decltype(&nvjpegJpegStreamParseHeader) parse_header = nullptr;
+  decltype(&nvjpegJpegStreamGetFrameDimensions) frame_dimensions = nullptr;
+  decltype(&nvjpegJpegStreamGetComponentsNum) components = nullptr;
+  decltype(&nvjpegDecodeBatchedSupported) batched_supported = nullptr;
+  decltype(&nvjpegDecodeBatchedInitialize) batched_initialize = nullptr;
+  decltype(&nvjpegDecodeBatched) decode_batched = nullptr;
+};
+
+// One hardware decoder per device; nvJPEG's state is not thread-safe, so every call holds `decoder_mutex`.
+struct HardwareDecoder {
+  nvjpegHandle_t handle = nullptr;
+  nvjpegJpegState_t state = nullptr;
+  nvjpegJpegStream_t stream = nullptr;
+};
+
+std::mutex decoder_mutex;
+NvjpegApi api;
+bool api_loaded = false;
+std::vector<std::unique_ptr<HardwareDecoder>> decoders;  // by device index; never destroyed (as torchvision)
+
+template <typename Function>
+void resolve(void* library, const char* name, Function* target) {
+  *target = reinterpret_cast<Function>(dlsym(library, name));
+  TORCH_CHECK(*target != nullptr, "nvJPEG unavailable: ", name, " not found in the library");
+}
+
+void load_api(const std::string& library_path) {
+  if (api_loaded) {
+    return;
+  }
+  void* library = dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(library != nullptr, "nvJPEG unavailable: cannot open ", library_path, ": ", dlerror());
+  resolve(library, "nvjpegCreateEx", &api.create_ex);
+  resolve(library, "nvjpegJpegStateCreate", &api.state_create);
+  resolve(library, "nvjpegJpegStreamCreate", &api.stream_create);
+  resolve(library, "nvjpegJpegStreamParseHeader", &api.parse_header);
+  resolve(library, "nvjpegJpegStreamGetFrameDimensions", &api.frame_dimensions);
+  resolve(library, "nvjpegJpegStreamGetComponentsNum", &api.components);
+  resolve(library, "nvjpegDecodeBatchedSupported", &api.batched_supported);
+  resolve(library, "nvjpegDecodeBatchedInitialize", &api.batched_initialize);
+  resolve(library, "nvjpegDecodeBatched", &api.decode_batched);
+  api_loaded = true;
+}
+
+HardwareDecoder& decoder_for(int device) {
+  if (decoders.size() <= static_cast<size_t>(device)) {
+    decoders.resize(device + 1);
+  }
+  if (!decoders[device]) {
+    auto decoder = std::make_unique<HardwareDecoder>();
+    nvjpegStatus_t status =
+        api.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &decoder->handle);
+    TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvJPEG unavailable: no hardware decoder on device ", device,
+                " (nvjpegCreateEx status ", static_cast<int>(status), ")");
+    status = api.state_create(decoder->handle, &decoder->state);
+    TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegJpegStateCreate failed: ", static_cast<int>(status));
+    status = api.stream_create(decoder->handle, &decoder->stream);
+    TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegJpegStreamCreate failed: ", static_cast<int>(status));
+    decoders[device] = std::move(decoder);
+  }
+  return *decoders[device];
+}
+
+}  // namespace
+
+// Decodes the 3-component JPEGs the hardware decoder takes (baseline Huffman) into new (H, W, 3) uint8 RGB
+// tensors on `device`, written on the current CUDA stream, and waits for them. Returns one entry per input:
+// the pixels, or an undefined tensor (None in Python) for an image it leaves to another decoder (progressive,
+// grayscale, unparsable). Throws when the batch itself fails; "nvJPEG unavailable" when it cannot run here.
+std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, int64_t device,
+                                         const std::string& library_path) {
+  for (const auto& data : encoded) {
+    TORCH_CHECK(!data.is_cuda() && data.scalar_type() == at::kByte && data.dim() == 1 && data.is_contiguous(),
+                "each encoded image must be a contiguous 1-D uint8 CPU tensor");
+  }
+  std::lock_guard<std::mutex> lock(decoder_mutex);
+  load_api(library_path);
+  const c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
+  HardwareDecoder& decoder = decoder_for(static_cast<int>(device));
+  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
+
+  std::vector<at::Tensor> outputs(encoded.size());
+  std::vector<const unsigned char*> data;
+  std::vector<size_t> lengths;
+  std::vector<nvjpegImage_t> images;
+  for (size_t index = 0; index < encoded.size(); ++index) {
+    const auto* bytes = encoded[index].data_ptr<uint8_t>();
+    const size_t length = static_cast<size_t>(encoded[index].numel());
+    if (length == 0 || api.parse_header(decoder.handle, bytes, length, decoder.stream) != NVJPEG_STATUS_SUCCESS) {
+      continue;
+    }
+    int unsupported = 1;
+    unsigned int components = 0, width = 0, height = 0;
+    if (api.batched_supported(decoder.handle, decoder.stream, &unsupported) != NVJPEG_STATUS_SUCCESS ||
+        unsupported != 0 || api.components(decoder.stream, &components) != NVJPEG_STATUS_SUCCESS ||
+        components != 3 || api.frame_dimensions(decoder.stream, &width, &height) != NVJPEG_STATUS_SUCCESS ||
+        width == 0 || height == 0) {
+      continue;
+    }
+    at::Tensor pixels = at::empty({static_cast<int64_t>(height), static_cast<int64_t>(width), 3}, options);
+    nvjpegImage_t image{};
+    image.channel[0] = pixels.data_ptr<uint8_t>();
+    image.pitch[0] = static_cast<size_t>(width) * 3;
+    outputs[index] = pixels;
+    data.push_back(bytes);
+    lengths.push_back(length);
+    images.push_back(image);
+  }
+  if (images.empty()) {
+    return outputs;
+  }
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  nvjpegStatus_t status = api.batched_initialize(decoder.handle, decoder.state, static_cast<int>(images.size()), 1,
+                                                 NVJPEG_OUTPUT_RGBI);
+  TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatchedInitialize failed: ", static_cast<int>(status));
+  status = api.decode_batched(decoder.handle, decoder.state, data.data(), lengths.data(), images.data(), stream);
+  TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatched failed: ", static_cast<int>(status));
+  // The inputs and the decoder's state are reused by the next call: it starts after this batch is decoded.
+  const cudaError_t waited = cudaStreamSynchronize(stream);
+  TORCH_CHECK(waited == cudaSuccess, "nvJPEG decode failed on the device: ", cudaGetErrorString(waited));
+  return outputs;
+}
+
+#else
+
+std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>&, int64_t, const std::string&) {
+  TORCH_CHECK(false, "nvJPEG unavailable: the extension was built without <nvjpeg.h>");
+}
+
+#endif
+
+}  // namespace clip_flash
