@@ -4,9 +4,10 @@
     python scripts/bench_gpu_decode_steps.py --photos .device/photos --json out.json
 
 Each step is timed on its own with the device synchronized before and after (median of ``--repeats``
-after two warm-up calls): the CPU step (``decode()``: files read, headers scanned), torchvision's batched
-nvJPEG decode alone, clip_flash's hardware decode call, the fast path's whole decode, the libjpeg-style chroma step, and ``prepare`` after ``decode`` (nvJPEG,
-chroma step, packing, resize kernel) with each ``gpu_chroma``. The exact path's device step is given beside it.
+after two warm-up calls): the CPU step (files read, headers scanned), torchvision's batched nvJPEG decode
+alone, clip_flash's hardware decode call, the fast path's whole decode, the libjpeg-style chroma step, and
+``prepare`` after ``decode`` (chroma step, packing, resize kernel, and nvJPEG where ``decode`` left it to
+torchvision) with each ``gpu_chroma``. The exact path's device step is given beside it.
 """
 from __future__ import annotations
 
@@ -75,9 +76,9 @@ def main() -> None:
         pairs, _ = gpu_jpeg._decode(jpegs, device)
         steps["libjpeg-style chroma step"] = timed_ms(lambda: gpu_jpeg._refine_chroma(pairs), args.repeats)
         groups = {(tuple(pixels.shape), item.jpeg_sampling) for item, pixels in pairs}
-        steps["prepare() after decode(): nvJPEG, libjpeg chroma, resize"] = timed_ms(lambda: fast.prepare(decoded), args.repeats)
+        steps["prepare() after decode(): libjpeg chroma, resize"] = timed_ms(lambda: fast.prepare(decoded), args.repeats)
         decoded_nvjpeg = fast_nvjpeg.decode(batch)
-        steps["prepare() after decode(): nvJPEG, its own chroma, resize"] = timed_ms(lambda: fast_nvjpeg.prepare(decoded_nvjpeg),
+        steps["prepare() after decode(): nvJPEG's chroma, resize"] = timed_ms(lambda: fast_nvjpeg.prepare(decoded_nvjpeg),
                                                                     args.repeats)
         decoded_exact = exact.decode(batch)
         steps["exact path: prepare() (upload + resize kernel)"] = timed_ms(lambda: exact.prepare(decoded_exact),
