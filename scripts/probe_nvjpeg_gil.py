@@ -6,8 +6,9 @@
 A second thread runs a pure-Python counting loop (as a thread launching a model or scanning files runs
 Python) while this one times ``decode_jpeg(batch, device="cuda")`` (torchvision), then the same with the
 counter idle; likewise clip_flash's own call (``nvjpeg_hw_decode``), where the extension has it.
+The same loop in another process (no GIL shared) tells CPU contention from GIL waits.
 A call that released the GIL once and took it back once would take as long either way; one that takes
-it back per image waits up to the interpreter's switch interval (5 ms) each time. Each is repeated
+it back per image waits up to the interpreter's switch interval (5 ms; ``--switch-interval``) each time. Each is repeated
 (``--repeats``) and the median reported, with the counter's rate beside it.
 """
 from __future__ import annotations
@@ -30,17 +31,31 @@ from clip_flash.inputs import gpu_jpeg  # noqa: E402
 from clip_flash.ops._extension import load_extension  # noqa: E402
 
 
-def _timed(call, busy: bool):
+def _spin_in_process(stop) -> None:
+    while not stop.is_set():
+        pass
+
+
+def _timed(call, busy: str):
+    """(seconds, counter increments per second) of ``call`` beside ``busy``: "" (nothing), "thread" (a Python
+    loop in this process, competing for its GIL) or "process" (the same loop in another process: no GIL)."""
     counter, stop = [0], threading.Event()
 
     def count() -> None:
         while not stop.is_set():
             counter[0] += 1
 
-    thread = threading.Thread(target=count, daemon=True) if busy else None
+    thread = None
+    if busy == "thread":
+        thread = threading.Thread(target=count, daemon=True)
+    elif busy == "process":
+        import multiprocessing
+
+        stop = multiprocessing.get_context("spawn").Event()
+        thread = multiprocessing.get_context("spawn").Process(target=_spin_in_process, args=(stop,), daemon=True)
     if thread is not None:
         thread.start()
-        time.sleep(0.01)
+        time.sleep(0.01 if busy == "thread" else 1.0)
     torch.cuda.synchronize()
     before, started = counter[0], time.perf_counter()
     call()
@@ -58,8 +73,12 @@ def main(argv=None) -> int:
     parser.add_argument("--photos", type=Path, required=True)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="sys.setswitchinterval for the run (default: the interpreter's, 5 ms)")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if not torch.cuda.is_available():
         print("error: no CUDA GPU here", file=sys.stderr)
         return 2
@@ -79,7 +98,8 @@ def main(argv=None) -> int:
         decoders["clip_flash"]()
     rows = {}
     for name, call in decoders.items():
-        for label, busy in (("alone", False), ("beside a busy Python thread", True)):
+        for label, busy in (("alone", ""), ("beside a busy Python thread", "thread"),
+                            ("beside a busy process", "process")):
             runs = [_timed(call, busy) for _ in range(args.repeats)]
             key = f"{name}, {label}"
             rows[key] = {"median_ms": statistics.median(run[0] for run in runs) * 1e3,

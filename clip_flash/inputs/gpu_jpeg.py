@@ -182,7 +182,8 @@ def _hardware_decode(items: List[DecodedItem], device: torch.device) -> List[Opt
     if _HARDWARE["unavailable"] is not None or extension is None or not hasattr(extension, "nvjpeg_hw_decode"):
         return [None] * len(items)
     try:
-        return extension.nvjpeg_hw_decode([item.encoded for item in items], device.index, _nvjpeg_library())
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return extension.nvjpeg_hw_decode([item.encoded for item in items], index, _nvjpeg_library())
     except RuntimeError as error:
         if "nvJPEG unavailable" in str(error):
             _HARDWARE["unavailable"] = describe_error(error)
