@@ -196,8 +196,8 @@ void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::
 at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertical);
 
 // Defined in nvjpeg_decode.cpp.
-std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, int64_t device,
-                                         const std::string& library_path);
+std::tuple<at::Tensor, std::vector<int64_t>> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
+                                                               int64_t device, const std::string& library_path);
 
 }  // namespace clip_flash
 
@@ -230,6 +230,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "re-upsampled the libjpeg-turbo way (not exact); returns a new tensor.", py::arg("rgb"),
              py::arg("horizontal"), py::arg("vertical"), NO_GIL);
   module.def("nvjpeg_hw_decode", &clip_flash::nvjpeg_hw_decode, "Baseline 3-component JPEGs decoded by nvJPEG's "
-             "hardware decoder into new (H, W, 3) uint8 RGB tensors on the device (None for the others); waits for "
-             "them, without the GIL.", py::arg("encoded"), py::arg("device"), py::arg("library_path"), NO_GIL);
+             "hardware decoder into one new uint8 buffer on the device, (H, W, 3) RGB each; returns it and each "
+             "input's (byte offset, height, width) there, flattened (offset -1: left to another decoder). Waits for them, without the GIL.", py::arg("encoded"), py::arg("device"), py::arg("library_path"), NO_GIL);
 }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #if __has_include(<nvjpeg.h>)
@@ -97,12 +98,14 @@ HardwareDecoder& decoder_for(int device) {
 
 }  // namespace
 
-// Decodes the 3-component JPEGs the hardware decoder takes (baseline Huffman) into new (H, W, 3) uint8 RGB
-// tensors on `device`, written on the current CUDA stream, and waits for them. Returns one entry per input:
-// the pixels, or an undefined tensor (None in Python) for an image it leaves to another decoder (progressive,
-// grayscale, unparsable). Throws when the batch itself fails; "nvJPEG unavailable" when it cannot run here.
-std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, int64_t device,
-                                         const std::string& library_path) {
+// Decodes the 3-component JPEGs the hardware decoder takes (baseline Huffman) into one new uint8 buffer on
+// `device`, each image's (H, W, 3) RGB pixels back to back, written on the current CUDA stream, and waits for
+// them. Returns the buffer and, per input, three numbers: the byte offset of its pixels, their height and
+// width; the offset is -1 for an image it leaves to another decoder (progressive, grayscale, unparsable). One allocation for the batch: a tensor allocated
+// per image took the GIL back each time (measured beside a busy Python thread), as torchvision's call does.
+// Throws when the batch itself fails; "nvJPEG unavailable" when it cannot run here.
+std::tuple<at::Tensor, std::vector<int64_t>> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
+                                                               int64_t device, const std::string& library_path) {
   for (const auto& data : encoded) {
     TORCH_CHECK(!data.is_cuda() && data.scalar_type() == at::kByte && data.dim() == 1 && data.is_contiguous(),
                 "each encoded image must be a contiguous 1-D uint8 CPU tensor");
@@ -113,10 +116,11 @@ std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
   HardwareDecoder& decoder = decoder_for(static_cast<int>(device));
   const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
 
-  std::vector<at::Tensor> outputs(encoded.size());
+  std::vector<int64_t> layout(3 * encoded.size(), -1);  // (offset, height, width) per input
   std::vector<const unsigned char*> data;
   std::vector<size_t> lengths;
   std::vector<nvjpegImage_t> images;
+  int64_t total = 0;
   for (size_t index = 0; index < encoded.size(); ++index) {
     const auto* bytes = encoded[index].data_ptr<uint8_t>();
     const size_t length = static_cast<size_t>(encoded[index].numel());
@@ -131,17 +135,24 @@ std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
         width == 0 || height == 0) {
       continue;
     }
-    at::Tensor pixels = at::empty({static_cast<int64_t>(height), static_cast<int64_t>(width), 3}, options);
     nvjpegImage_t image{};
-    image.channel[0] = pixels.data_ptr<uint8_t>();
     image.pitch[0] = static_cast<size_t>(width) * 3;
-    outputs[index] = pixels;
+    layout[3 * index] = total;
+    layout[3 * index + 1] = height;
+    layout[3 * index + 2] = width;
+    total += static_cast<int64_t>(height) * width * 3;
     data.push_back(bytes);
     lengths.push_back(length);
     images.push_back(image);
   }
+  at::Tensor pixels = at::empty({total}, options);
   if (images.empty()) {
-    return outputs;
+    return {pixels, layout};
+  }
+  for (size_t index = 0, image = 0; index < encoded.size(); ++index) {
+    if (layout[3 * index] >= 0) {
+      images[image++].channel[0] = pixels.data_ptr<uint8_t>() + layout[3 * index];
+    }
   }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   nvjpegStatus_t status = api.batched_initialize(decoder.handle, decoder.state, static_cast<int>(images.size()), 1,
@@ -152,12 +163,13 @@ std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
   // The inputs and the decoder's state are reused by the next call: it starts after this batch is decoded.
   const cudaError_t waited = cudaStreamSynchronize(stream);
   TORCH_CHECK(waited == cudaSuccess, "nvJPEG decode failed on the device: ", cudaGetErrorString(waited));
-  return outputs;
+  return {pixels, layout};
 }
 
 #else
 
-std::vector<at::Tensor> nvjpeg_hw_decode(const std::vector<at::Tensor>&, int64_t, const std::string&) {
+std::tuple<at::Tensor, std::vector<int64_t>> nvjpeg_hw_decode(const std::vector<at::Tensor>&, int64_t,
+                                                               const std::string&) {
   TORCH_CHECK(false, "nvJPEG unavailable: the extension was built without <nvjpeg.h>");
 }
 

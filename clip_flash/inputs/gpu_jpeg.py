@@ -183,7 +183,7 @@ def _hardware_decode(items: List[DecodedItem], device: torch.device) -> List[Opt
         return [None] * len(items)
     try:
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return extension.nvjpeg_hw_decode([item.encoded for item in items], index, _nvjpeg_library())
+        buffer, layout = extension.nvjpeg_hw_decode([item.encoded for item in items], index, _nvjpeg_library())
     except RuntimeError as error:
         if "nvJPEG unavailable" in str(error):
             _HARDWARE["unavailable"] = describe_error(error)
@@ -192,6 +192,11 @@ def _hardware_decode(items: List[DecodedItem], device: torch.device) -> List[Opt
         else:  # e.g. one bad file failed the batch: torchvision's decoder retries them one by one
             logger.debug("nvJPEG hardware batch failed (%s); torchvision decodes it", describe_error(error))
         return [None] * len(items)
+    views: List[Optional[torch.Tensor]] = []
+    for position in range(len(items)):
+        offset, height, width = layout[3 * position:3 * position + 3]
+        views.append(None if offset < 0 else buffer[offset:offset + height * width * 3].view(height, width, 3))
+    return views
 
 
 def _decode(items: List[DecodedItem], device: torch.device) -> Decoded:
