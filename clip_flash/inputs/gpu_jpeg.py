@@ -6,11 +6,14 @@ the chroma is recovered and re-upsampled the libjpeg-turbo way (:mod:`.jpeg_chro
 close (not exact). ``scripts/image_fast_path_deviation.py`` measures both against the exact path.
 Whatever nvJPEG refuses, and any group whose chroma step fails, goes back to the exact CPU decode.
 
-Two calls reach nvJPEG. Where the extension is built, clip_flash's own (``csrc/nvjpeg_decode.cpp``) gives
-the batch's baseline colour JPEGs to the hardware decoder, as torchvision's does, but holds no GIL meanwhile
-and writes (H, W, 3) pixels directly; torchvision's batched call takes the GIL back about once per image
-(``scripts/probe_nvjpeg_gil.py``), so it only decodes what the hardware call leaves (progressive, grayscale)
-or everything where that call cannot run.
+Two calls reach nvJPEG. torchvision's batched call takes the GIL back about once per image
+(``scripts/probe_nvjpeg_gil.py``: 1.0-1.5 s for 256 photos beside a busy Python thread, 13.5 ms alone), so
+it runs on the thread that launches the model. clip_flash's own (``csrc/nvjpeg_decode.cpp``, built with the
+extension) gives the batch's baseline colour JPEGs to the same hardware decoder with the GIL released, and
+writes (H, W, 3) pixels into one buffer for the batch; what it leaves (progressive, grayscale) goes to
+torchvision's. It is opt-in (``CLIP_FLASH_NVJPEG_HW=1``): its first form, a tensor per image, gave
+torchvision's pixels exactly on the H100 but took the GIL back per image just the same (each CUDA tensor
+allocated inside the call did, it seems); the single-buffer form has not yet run on a GPU.
 
 Streams: clip_flash's call allocates and writes its outputs on the current stream (the work stream below)
 and waits for them. torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -41,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 
 CHROMA = ("nvjpeg", "libjpeg")
+# Opt-in while its single-buffer form awaits its GPU tests and benchmark (see the module docstring).
+HARDWARE_SWITCH = "CLIP_FLASH_NVJPEG_HW"
 Decoded = Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]  # (pixels, refused)
 # Images refined together: bounds the chroma step's temporaries (a few int64 / float32 planes per image).
 REFINE_CHUNK = 32
@@ -73,10 +79,12 @@ class GpuDecoded:
 
 
 def hardware_decoder_usable() -> bool:
-    """Whether clip_flash's GIL-free nvJPEG call is built and has not found it cannot run here: then a
-    decoding thread can run nvJPEG ahead (:func:`decode_on_gpu`) without stalling the thread that launches."""
+    """Whether clip_flash's nvJPEG call is turned on (``CLIP_FLASH_NVJPEG_HW=1``), built, and has not found it
+    cannot run here: then a decoding thread runs nvJPEG ahead (:func:`decode_on_gpu`)."""
+    if os.environ.get(HARDWARE_SWITCH, "").strip() != "1" or _HARDWARE["unavailable"] is not None:
+        return False
     extension = load_extension()
-    return extension is not None and hasattr(extension, "nvjpeg_hw_decode") and _HARDWARE["unavailable"] is None
+    return extension is not None and hasattr(extension, "nvjpeg_hw_decode")
 
 
 def decode_on_gpu(items: List[DecodedItem], device: torch.device) -> Decoded:
@@ -178,9 +186,9 @@ def _hardware_decode(items: List[DecodedItem], device: torch.device) -> List[Opt
     """nvJPEG's hardware decoder through clip_flash's extension, GIL released for the whole batch: (H, W, 3)
     pixels per item, None for those it leaves to torchvision's decoder (progressive, grayscale, ...) and for
     all of them where it cannot run."""
-    extension = load_extension()
-    if _HARDWARE["unavailable"] is not None or extension is None or not hasattr(extension, "nvjpeg_hw_decode"):
+    if not hardware_decoder_usable():
         return [None] * len(items)
+    extension = load_extension()
     try:
         index = device.index if device.index is not None else torch.cuda.current_device()
         buffer, layout = extension.nvjpeg_hw_decode([item.encoded for item in items], index, _nvjpeg_library())

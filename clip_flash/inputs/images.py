@@ -221,9 +221,9 @@ class ImagePreprocessor:
     def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
         """The CPU step: read and decode every input (in the worker pool). Never raises for a bad input.
 
-        With ``decode="gpu"`` it reads the JPEGs and their headers, and where clip_flash's own nvJPEG call is
-        built it decodes them too: that call holds no GIL while the hardware decoder works, so it runs here,
-        ahead of the batch on the device. Otherwise :meth:`prepare` runs torchvision's nvJPEG decode."""
+        With ``decode="gpu"`` it reads the JPEGs and their headers. With clip_flash's own nvJPEG call turned on
+        (``CLIP_FLASH_NVJPEG_HW=1``; see :mod:`.gpu_jpeg`) it decodes them too, ahead of the batch on the
+        device, since that call releases the GIL; otherwise :meth:`prepare` runs torchvision's nvJPEG decode."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
         decoded = self._cpu_step(list(items))

@@ -22,6 +22,11 @@ def _jpeg_items(preprocess, paths):
     return [item for item in decoded.items if item.encoded is not None]
 
 
+@pytest.fixture(autouse=True)
+def hardware_call_on(monkeypatch):
+    monkeypatch.setenv(gpu_jpeg.HARDWARE_SWITCH, "1")
+
+
 @cuda
 def test_hardware_decode_gives_torchvisions_pixels_and_declines_the_rest(vit_b32_preprocess, photo_files):
     from torchvision.io import decode_jpeg
