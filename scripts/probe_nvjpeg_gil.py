@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -31,11 +32,6 @@ from clip_flash.inputs import gpu_jpeg  # noqa: E402
 from clip_flash.ops._extension import load_extension  # noqa: E402
 
 
-def _spin_in_process(stop) -> None:
-    while not stop.is_set():
-        pass
-
-
 def _timed(call, busy: str):
     """(seconds, counter increments per second) of ``call`` beside ``busy``: "" (nothing), "thread" (a Python
     loop in this process, competing for its GIL) or "process" (the same loop in another process: no GIL)."""
@@ -45,17 +41,14 @@ def _timed(call, busy: str):
         while not stop.is_set():
             counter[0] += 1
 
-    thread = None
+    thread = process = None
     if busy == "thread":
         thread = threading.Thread(target=count, daemon=True)
-    elif busy == "process":
-        import multiprocessing
-
-        stop = multiprocessing.get_context("spawn").Event()
-        thread = multiprocessing.get_context("spawn").Process(target=_spin_in_process, args=(stop,), daemon=True)
-    if thread is not None:
         thread.start()
-        time.sleep(0.01 if busy == "thread" else 1.0)
+        time.sleep(0.01)
+    elif busy == "process":  # a bare interpreter spinning: running at once, no imports to wait for
+        process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.2)
     torch.cuda.synchronize()
     before, started = counter[0], time.perf_counter()
     call()
@@ -65,6 +58,9 @@ def _timed(call, busy: str):
     stop.set()
     if thread is not None:
         thread.join()
+    if process is not None:
+        process.kill()
+        process.wait()
     return seconds, counted / seconds
 
 
@@ -96,6 +92,8 @@ def main(argv=None) -> int:
         device = torch.cuda.current_device()
         decoders["clip_flash"] = lambda: extension.nvjpeg_hw_decode(encoded, device, library)  # noqa: E731
         decoders["clip_flash"]()
+    env = environment_record(torch.device("cuda"), "python " + " ".join(sys.argv))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     rows = {}
     for name, call in decoders.items():
         for label, busy in (("alone", ""), ("beside a busy Python thread", "thread"),
@@ -106,11 +104,10 @@ def main(argv=None) -> int:
                          "runs_ms": [run[0] * 1e3 for run in runs],
                          "python_loop_per_s_median": statistics.median(run[1] for run in runs)}
             print(f"{args.batch} photos, {name} batched nvJPEG decode {label}: median {rows[key]['median_ms']:.1f} ms "
-                  f"(runs {', '.join(f'{run[0] * 1e3:.0f}' for run in runs)} ms)")
-    env = environment_record(torch.device("cuda"), "python " + " ".join(sys.argv))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"environment": env, "batch": len(files), "switch_interval_s": sys.getswitchinterval(),
-                                     "results": rows}, indent=1))
+                  f"(runs {', '.join(f'{run[0] * 1e3:.0f}' for run in runs)} ms)", flush=True)
+            # Written after every case: a run cut short keeps what it measured.
+            args.json.write_text(json.dumps({"environment": env, "batch": len(files),
+                                             "switch_interval_s": sys.getswitchinterval(), "results": rows}, indent=1))
     return 0
 
 
