@@ -283,7 +283,7 @@ def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: 
         failures=stats.failures, failures_total=failures_total, seconds=stats.seconds, cpu_cores=cpu_cores(),
         gpu_peak_mib=gpu_peak, steady_items_per_s=steady_rate(stats.marks), shard_marks=stats.marks,
         setup_seconds=setup_seconds, first_batch_seconds=stats.first_batch_seconds,
-        main_thread_seconds=dict(getattr(stats, "main_thread_seconds", {})))
+        main_thread_seconds=dict(stats.main_thread_seconds))
     command = command or "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
     record = run_record(summary, job.settings, environment_device, command, options)
     summary.record_path = str(job.output.write_run_record(record_name(), record))
