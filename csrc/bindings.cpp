@@ -194,10 +194,11 @@ void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::
 
 // Defined in jpeg_chroma_binding.cpp.
 at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertical);
+void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images);
 
 // Defined in nvjpeg_decode.cpp.
-std::tuple<at::Tensor, std::vector<int64_t>> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
-                                                               int64_t device, const std::string& library_path);
+std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, const at::Tensor& out,
+                                      const std::vector<int64_t>& slots, const std::string& library_path);
 
 }  // namespace clip_flash
 
@@ -229,7 +230,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("jpeg_chroma", &clip_flash::jpeg_chroma, "nvJPEG's RGB of 4:2:2/4:2:0 JPEGs with the chroma "
              "re-upsampled the libjpeg-turbo way (not exact); returns a new tensor.", py::arg("rgb"),
              py::arg("horizontal"), py::arg("vertical"), NO_GIL);
+  module.def("jpeg_chroma_packed", &clip_flash::jpeg_chroma_packed, "jpeg_chroma in place on a packed uint8 buffer; "
+             "images: CPU int64 (n, 5) of (byte offset, H, W, horizontal, vertical).", py::arg("pixels"),
+             py::arg("images"), NO_GIL);
   module.def("nvjpeg_hw_decode", &clip_flash::nvjpeg_hw_decode, "Baseline 3-component JPEGs decoded by nvJPEG's "
-             "hardware decoder into one new uint8 buffer on the device, (H, W, 3) RGB each; returns it and each "
-             "input's (byte offset, height, width) there, flattened (offset -1: left to another decoder). Waits for them, without the GIL.", py::arg("encoded"), py::arg("device"), py::arg("library_path"), NO_GIL);
+             "hardware decoder straight into out (1-D CUDA uint8), input i's (H, W, 3) RGB at byte slots[3i] when "
+             "its frame is slots[3i+1] x slots[3i+2]; returns 1 per input written, 0 per input left. Waits for them, "
+             "without the GIL.", py::arg("encoded"), py::arg("out"), py::arg("slots"), py::arg("library_path"), NO_GIL);
 }

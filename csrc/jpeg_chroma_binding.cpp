@@ -4,6 +4,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
+
 #include "jpeg_chroma.h"
 
 namespace clip_flash {
@@ -23,7 +25,7 @@ at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertic
   if (rgb.size(0) == 0) {
     return out;
   }
-  JpegChromaArgs args;
+  JpegChromaArgs args{};
   args.images = rgb.size(0);
   args.height = static_cast<int>(rgb.size(1));
   args.width = static_cast<int>(rgb.size(2));
@@ -31,6 +33,8 @@ at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertic
   args.vertical = static_cast<int>(vertical);
   args.rows = (args.height + args.vertical - 1) / args.vertical;
   args.cols = (args.width + args.horizontal - 1) / args.horizontal;
+  args.max_blocks = static_cast<int64_t>(args.rows) * args.cols;
+  args.max_pixels = static_cast<int64_t>(args.height) * args.width;
   at::Tensor chroma = at::empty({args.images, args.rows, args.cols, 2}, rgb.options());
   args.rgb = rgb.data_ptr<uint8_t>();
   args.chroma = chroma.data_ptr<uint8_t>();
@@ -38,6 +42,58 @@ at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertic
   launch_jpeg_chroma(args, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
+}
+
+// The same step in place on a packed batch: `pixels` a 1-D CUDA uint8 buffer, `images` a CPU int64 (n, 5) of
+// (byte offset of the image's (H, W, 3) RGB in `pixels`, H, W, horizontal, vertical) per image to refine.
+// One launch pair for the whole batch, whatever the sizes; the per-image table goes up with one copy.
+void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
+  TORCH_CHECK(pixels.is_cuda() && pixels.scalar_type() == at::kByte && pixels.is_contiguous() && pixels.dim() == 1,
+              "pixels must be a contiguous 1-D CUDA uint8 tensor");
+  TORCH_CHECK(!images.is_cuda() && images.scalar_type() == at::kLong && images.is_contiguous() && images.dim() == 2 &&
+                  images.size(1) == 5,
+              "images must be a contiguous CPU int64 tensor (n, 5): offset, height, width, horizontal, vertical");
+  const int64_t n = images.size(0);
+  if (n == 0) {
+    return;
+  }
+  const c10::cuda::CUDAGuard device_guard(pixels.device());
+  at::Tensor table = at::empty({n, kChromaTableFields}, images.options().pinned_memory(true));
+  const int64_t* given = images.data_ptr<int64_t>();
+  int64_t* rows = table.data_ptr<int64_t>();
+  int64_t chroma_bytes = 0, max_blocks = 0, max_pixels = 0;
+  for (int64_t image = 0; image < n; ++image) {
+    const int64_t* in = given + image * 5;
+    const int64_t offset = in[0], height = in[1], width = in[2], horizontal = in[3], vertical = in[4];
+    TORCH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2), "image ", image,
+                ": chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ", vertical, ")");
+    TORCH_CHECK(height > 0 && width > 0 && height <= INT32_MAX / 4 && width <= INT32_MAX / 4 && offset >= 0 &&
+                    offset + height * width * 3 <= pixels.numel(),
+                "image ", image, ": ", height, "x", width, " at byte ", offset, " lies outside the buffer");
+    int64_t* row = rows + image * kChromaTableFields;
+    const int64_t blocks = ((height + vertical - 1) / vertical) * ((width + horizontal - 1) / horizontal);
+    row[kPixelOffset] = offset;
+    row[kChromaOffset] = chroma_bytes;
+    row[kHeight] = height;
+    row[kWidth] = width;
+    row[kHorizontal] = horizontal;
+    row[kVertical] = vertical;
+    chroma_bytes += blocks * 2;
+    max_blocks = std::max(max_blocks, blocks);
+    max_pixels = std::max(max_pixels, height * width);
+  }
+  at::Tensor on_device = table.to(pixels.device(), /*non_blocking=*/true);
+  at::Tensor chroma = at::empty({chroma_bytes}, pixels.options());
+  JpegChromaArgs args{};
+  args.rgb = pixels.data_ptr<uint8_t>();
+  args.out = pixels.data_ptr<uint8_t>();
+  args.chroma = chroma.data_ptr<uint8_t>();
+  args.table = on_device.data_ptr<int64_t>();
+  args.images = n;
+  args.max_blocks = max_blocks;
+  args.max_pixels = max_pixels;
+  launch_jpeg_chroma(args, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace clip_flash

@@ -12,7 +12,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #if __has_include(<nvjpeg.h>)
@@ -98,63 +97,61 @@ HardwareDecoder& decoder_for(int device) {
 
 }  // namespace
 
-// Decodes the 3-component JPEGs the hardware decoder takes (baseline Huffman) into one new uint8 buffer on
-// `device`, each image's (H, W, 3) RGB pixels back to back, written on the current CUDA stream, and waits for
-// them. Returns the buffer and, per input, three numbers: the byte offset of its pixels, their height and
-// width; the offset is -1 for an image it leaves to another decoder (progressive, grayscale, unparsable). One allocation for the batch: a tensor allocated
-// per image took the GIL back each time (measured beside a busy Python thread), as torchvision's call does.
-// Throws when the batch itself fails; "nvJPEG unavailable" when it cannot run here.
-std::tuple<at::Tensor, std::vector<int64_t>> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
-                                                               int64_t device, const std::string& library_path) {
+// Decodes the 3-component JPEGs the hardware decoder takes (baseline Huffman) straight into `out`, a 1-D uint8
+// CUDA buffer (the resize kernel's packed layout): input i's (H, W, 3) RGB pixels at byte slots[3i], where
+// slots[3i + 1], slots[3i + 2] give the H and W its header scan found. Written on the current CUDA stream, and
+// waited for. Returns, per input, 1 where it wrote the pixels and 0 where it left them (slot -1, progressive,
+// grayscale, unparsable, or a frame size other than the slot's). Throws when the batch itself fails; "nvJPEG
+// unavailable" when it cannot run here. It allocates nothing: a CUDA tensor allocated per image took the GIL
+// back each time (measured beside a busy Python thread), as torchvision's call does.
+std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, const at::Tensor& out,
+                                      const std::vector<int64_t>& slots, const std::string& library_path) {
+  TORCH_CHECK(out.is_cuda() && out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(),
+              "out must be a contiguous 1-D CUDA uint8 tensor");
+  TORCH_CHECK(slots.size() == 3 * encoded.size(), "slots must hold (offset, height, width) per input");
   for (const auto& data : encoded) {
     TORCH_CHECK(!data.is_cuda() && data.scalar_type() == at::kByte && data.dim() == 1 && data.is_contiguous(),
                 "each encoded image must be a contiguous 1-D uint8 CPU tensor");
   }
   std::lock_guard<std::mutex> lock(decoder_mutex);
   load_api(library_path);
-  const c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
+  const c10::DeviceIndex device = out.device().index();
+  const c10::cuda::CUDAGuard device_guard(device);
   HardwareDecoder& decoder = decoder_for(static_cast<int>(device));
-  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
 
-  std::vector<int64_t> layout(3 * encoded.size(), -1);  // (offset, height, width) per input
+  std::vector<int64_t> written(encoded.size(), 0);
   std::vector<const unsigned char*> data;
   std::vector<size_t> lengths;
   std::vector<nvjpegImage_t> images;
-  int64_t total = 0;
   for (size_t index = 0; index < encoded.size(); ++index) {
+    const int64_t offset = slots[3 * index], height = slots[3 * index + 1], width = slots[3 * index + 2];
     const auto* bytes = encoded[index].data_ptr<uint8_t>();
     const size_t length = static_cast<size_t>(encoded[index].numel());
-    if (length == 0 || api.parse_header(decoder.handle, bytes, length, decoder.stream) != NVJPEG_STATUS_SUCCESS) {
+    if (offset < 0 || length == 0 ||
+        api.parse_header(decoder.handle, bytes, length, decoder.stream) != NVJPEG_STATUS_SUCCESS) {
       continue;
     }
     int unsupported = 1;
-    unsigned int components = 0, width = 0, height = 0;
+    unsigned int components = 0, frame_width = 0, frame_height = 0;
     if (api.batched_supported(decoder.handle, decoder.stream, &unsupported) != NVJPEG_STATUS_SUCCESS ||
         unsupported != 0 || api.components(decoder.stream, &components) != NVJPEG_STATUS_SUCCESS ||
-        components != 3 || api.frame_dimensions(decoder.stream, &width, &height) != NVJPEG_STATUS_SUCCESS ||
-        width == 0 || height == 0) {
+        components != 3 || api.frame_dimensions(decoder.stream, &frame_width, &frame_height) != NVJPEG_STATUS_SUCCESS ||
+        frame_width != width || frame_height != height) {
       continue;
     }
+    TORCH_CHECK(offset + height * width * 3 <= out.numel(), "input ", index, "'s slot lies outside out");
     nvjpegImage_t image{};
+    image.channel[0] = out.data_ptr<uint8_t>() + offset;
     image.pitch[0] = static_cast<size_t>(width) * 3;
-    layout[3 * index] = total;
-    layout[3 * index + 1] = height;
-    layout[3 * index + 2] = width;
-    total += static_cast<int64_t>(height) * width * 3;
+    written[index] = 1;
     data.push_back(bytes);
     lengths.push_back(length);
     images.push_back(image);
   }
-  at::Tensor pixels = at::empty({total}, options);
   if (images.empty()) {
-    return {pixels, layout};
+    return written;
   }
-  for (size_t index = 0, image = 0; index < encoded.size(); ++index) {
-    if (layout[3 * index] >= 0) {
-      images[image++].channel[0] = pixels.data_ptr<uint8_t>() + layout[3 * index];
-    }
-  }
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   nvjpegStatus_t status = api.batched_initialize(decoder.handle, decoder.state, static_cast<int>(images.size()), 1,
                                                  NVJPEG_OUTPUT_RGBI);
   TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatchedInitialize failed: ", static_cast<int>(status));
@@ -163,13 +160,13 @@ std::tuple<at::Tensor, std::vector<int64_t>> nvjpeg_hw_decode(const std::vector<
   // The inputs and the decoder's state are reused by the next call: it starts after this batch is decoded.
   const cudaError_t waited = cudaStreamSynchronize(stream);
   TORCH_CHECK(waited == cudaSuccess, "nvJPEG decode failed on the device: ", cudaGetErrorString(waited));
-  return {pixels, layout};
+  return written;
 }
 
 #else
 
-std::tuple<at::Tensor, std::vector<int64_t>> nvjpeg_hw_decode(const std::vector<at::Tensor>&, int64_t,
-                                                               const std::string&) {
+std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>&, const at::Tensor&, const std::vector<int64_t>&,
+                                      const std::string&) {
   TORCH_CHECK(false, "nvJPEG unavailable: the extension was built without <nvjpeg.h>");
 }
 

@@ -5,9 +5,10 @@
 
 Each step is timed on its own with the device synchronized before and after (median of ``--repeats``
 after two warm-up calls): the CPU step (files read, headers scanned), torchvision's batched nvJPEG decode
-alone, clip_flash's hardware decode call, the fast path's whole decode, the libjpeg-style chroma step, and
-``prepare`` after ``decode`` (chroma step, packing, resize kernel, and nvJPEG where ``decode`` left it to
-torchvision) with each ``gpu_chroma``. The exact path's device step is given beside it.
+alone, the hardware route (where it runs: ``CLIP_FLASH_NVJPEG_HW=1``; decode straight into the resize
+kernel's layout, with each chroma), torchvision's decode as the fast path runs it, the libjpeg-style chroma
+step on its pixels, and ``prepare`` after ``decode`` (the resize kernel, and for what ``decode`` left to
+torchvision: nvJPEG, chroma step, packing) with each ``gpu_chroma``. The exact path's device step is given beside it.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import clip_flash  # noqa: E402
 from clip_flash.benchmark import results  # noqa: E402
 from clip_flash.benchmark.model_spec import load_model, parse_model_spec  # noqa: E402
 from clip_flash.benchmark.workloads import image_files  # noqa: E402
-from clip_flash.inputs import gpu_jpeg  # noqa: E402
+from clip_flash.inputs import gpu_jpeg, nvjpeg_packed  # noqa: E402
 
 
 def timed_ms(step: Callable[[], object], repeats: int) -> float:
@@ -68,18 +69,21 @@ def main() -> None:
         steps["CPU step: read files, scan headers (threads)"] = timed_ms(lambda: fast._cpu_step(batch), args.repeats)
         steps["nvJPEG batched decode (torchvision)"] = timed_ms(
             lambda: gpu_jpeg._nvjpeg([item.encoded for item in jpegs], device), args.repeats)
-        if gpu_jpeg.hardware_decoder_usable():
-            steps["nvJPEG hardware decode (clip_flash's call, no GIL held)"] = timed_ms(
-                lambda: gpu_jpeg._hardware_decode(jpegs, device), args.repeats)
-        steps["fast path's nvJPEG decode, (H, W, C) pixels"] = timed_ms(lambda: gpu_jpeg._decode(jpegs, device),
-                                                                        args.repeats)
-        pairs, _ = gpu_jpeg._decode(jpegs, device)
+        if nvjpeg_packed.hardware_decoder_usable():
+            spec = fast.resize.spec
+            for chroma in gpu_jpeg.CHROMA:
+                steps[f"hardware route: decode into the kernel's layout, {chroma} chroma"] = timed_ms(
+                    lambda: nvjpeg_packed.decode_into_layout(jpegs, device, spec, chroma), args.repeats)
+        steps["torchvision's decode as the fast path runs it, (H, W, C) pixels"] = timed_ms(
+            lambda: gpu_jpeg._decode_with_torchvision(jpegs, device), args.repeats)
+        pairs, _ = gpu_jpeg._decode_with_torchvision(jpegs, device)
         steps["libjpeg-style chroma step"] = timed_ms(lambda: gpu_jpeg._refine_chroma(pairs), args.repeats)
         groups = {(tuple(pixels.shape), item.jpeg_sampling) for item, pixels in pairs}
-        steps["prepare() after decode(): libjpeg chroma, resize"] = timed_ms(lambda: fast.prepare(decoded), args.repeats)
+        steps["prepare() after decode(): libjpeg chroma, resize"] = timed_ms(
+            lambda: fast.prepare(decoded), args.repeats)
         decoded_nvjpeg = fast_nvjpeg.decode(batch)
-        steps["prepare() after decode(): nvJPEG's chroma, resize"] = timed_ms(lambda: fast_nvjpeg.prepare(decoded_nvjpeg),
-                                                                    args.repeats)
+        steps["prepare() after decode(): nvJPEG's chroma, resize"] = timed_ms(
+            lambda: fast_nvjpeg.prepare(decoded_nvjpeg), args.repeats)
         decoded_exact = exact.decode(batch)
         steps["exact path: prepare() (upload + resize kernel)"] = timed_ms(lambda: exact.prepare(decoded_exact),
                                                                           args.repeats)

@@ -5,16 +5,18 @@
 
 A second thread runs a pure-Python counting loop (as a thread launching a model or scanning files runs
 Python) while this one times ``decode_jpeg(batch, device="cuda")`` (torchvision), then the same with the
-counter idle; likewise clip_flash's own call (``nvjpeg_hw_decode``), where the extension has it.
+counter idle; likewise clip_flash's own call (``nvjpeg_hw_decode``, into one buffer), where the extension
+has it, and the whole hardware route a decoding thread runs (``decode_into_layout``: layout, decode, chroma).
 The same loop in another process (no GIL shared) tells CPU contention from GIL waits.
 A call that released the GIL once and took it back once would take as long either way; one that takes
-it back per image waits up to the interpreter's switch interval (5 ms; ``--switch-interval``) each time. Each is repeated
-(``--repeats``) and the median reported, with the counter's rate beside it.
+it back per image waits up to the interpreter's switch interval (5 ms; ``--switch-interval``) each time.
+Each is repeated (``--repeats``) and the median reported, with the counter's rate beside it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +30,10 @@ import torch  # noqa: E402
 
 from clip_flash.benchmark.results import environment_record  # noqa: E402
 from clip_flash.benchmark.workloads import image_files  # noqa: E402
-from clip_flash.inputs import gpu_jpeg  # noqa: E402
+from clip_flash.inputs import nvjpeg_packed  # noqa: E402
+from clip_flash.inputs.image_decoding import DecodedItem  # noqa: E402
+from clip_flash.inputs.jpeg_header import scan_jpeg_header  # noqa: E402
+from clip_flash.inputs.transform_spec import ImageTransformSpec  # noqa: E402
 from clip_flash.ops._extension import load_extension  # noqa: E402
 
 
@@ -88,10 +93,28 @@ def main(argv=None) -> int:
     decoders = {"torchvision": decode}
     extension = load_extension()
     if extension is not None and hasattr(extension, "nvjpeg_hw_decode"):
-        library = gpu_jpeg._nvjpeg_library()
-        device = torch.cuda.current_device()
-        decoders["clip_flash"] = lambda: extension.nvjpeg_hw_decode(encoded, device, library)  # noqa: E731
-        decoders["clip_flash"]()
+        os.environ[nvjpeg_packed.HARDWARE_SWITCH] = "1"  # the route is what is probed, opt-in or not
+        headers = [scan_jpeg_header(data.numpy().tobytes()) for data in encoded]
+        slots, end = [], 0
+        for header in headers:
+            usable = header is not None and header.channels == 3 and not header.progressive
+            slots += [end, header.height, header.width] if usable else [-1, 0, 0]
+            end += header.height * header.width * 3 if usable else 0
+        out = torch.empty(end, dtype=torch.uint8, device="cuda")
+        library = nvjpeg_packed._nvjpeg_library()
+        decoders["clip_flash"] = lambda: extension.nvjpeg_hw_decode(encoded, out, slots, library)  # noqa: E731
+        items = [DecodedItem(index, route="gpu-jpeg", encoded=data, image_size=(header.height, header.width),
+                             channels=header.channels, jpeg_sampling=header.sampling,
+                             jpeg_progressive=header.progressive)
+                 for index, (data, header) in enumerate(zip(encoded, headers)) if header is not None]
+        # ViT-B-32's transform: 224, shortest side, bicubic (the layout's tables depend on it, not the decode).
+        spec = ImageTransformSpec((224, 224), "shortest", "bicubic", (0.48145466, 0.4578275, 0.40821073),
+                                  (0.26862954, 0.26130258, 0.27577711))
+        device = torch.device("cuda", torch.cuda.current_device())
+        decoders["clip_flash route"] = lambda: nvjpeg_packed.decode_into_layout(  # noqa: E731
+            items, device, spec, "libjpeg")
+        for call in (decoders["clip_flash"], decoders["clip_flash route"]):
+            call()
     env = environment_record(torch.device("cuda"), "python " + " ".join(sys.argv))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     rows = {}

@@ -6,17 +6,12 @@ the chroma is recovered and re-upsampled the libjpeg-turbo way (:mod:`.jpeg_chro
 close (not exact). ``scripts/image_fast_path_deviation.py`` measures both against the exact path.
 Whatever nvJPEG refuses, and any group whose chroma step fails, goes back to the exact CPU decode.
 
-Two calls reach nvJPEG. torchvision's batched call takes the GIL back about once per image
-(``scripts/probe_nvjpeg_gil.py``: 1.0-1.5 s for 256 photos beside a busy Python thread, 13.5 ms alone), so
-it runs on the thread that launches the model. clip_flash's own (``csrc/nvjpeg_decode.cpp``, built with the
-extension) gives the batch's baseline colour JPEGs to the same hardware decoder with the GIL released, and
-writes (H, W, 3) pixels into one buffer for the batch; what it leaves (progressive, grayscale) goes to
-torchvision's. It is opt-in (``CLIP_FLASH_NVJPEG_HW=1``): its first form, a tensor per image, gave
-torchvision's pixels exactly on the H100 but took the GIL back per image just the same (each CUDA tensor
-allocated inside the call did, it seems); the single-buffer form has not yet run on a GPU.
+torchvision's batched call takes the GIL back about once per image (``scripts/probe_nvjpeg_gil.py``:
+1.0-1.5 s for 256 photos beside a busy Python thread, 13.5 ms alone), so it runs on the thread that launches
+the model. Where clip_flash's own call runs (:mod:`.nvjpeg_packed`: the hardware decoder, straight into the
+resize kernel's layout, ahead on a decoding thread), this module decodes only what that one leaves.
 
-Streams: clip_flash's call allocates and writes its outputs on the current stream (the work stream below)
-and waits for them. torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
+Streams: torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
 writes them from its own decoder stream, which does not wait for the current one. Memory that kernels
 still queued on the current stream read (freed by Python, reusable there in stream order) can thus be
 overwritten before they run: under a busy GPU this corrupted the chroma step's int64 index planes (an
@@ -30,14 +25,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..ops._extension import load_extension
 from .image_decoding import DecodedItem, describe_error
 from .jpeg_chroma import SUBSAMPLING, refine_nearest_chroma
 
@@ -45,8 +37,6 @@ logger = logging.getLogger(__name__)
 
 
 CHROMA = ("nvjpeg", "libjpeg")
-# Opt-in while its single-buffer form awaits its GPU tests and benchmark (see the module docstring).
-HARDWARE_SWITCH = "CLIP_FLASH_NVJPEG_HW"
 Decoded = Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]  # (pixels, refused)
 # Images refined together: bounds the chroma step's temporaries (a few int64 / float32 planes per image).
 REFINE_CHUNK = 32
@@ -78,32 +68,16 @@ class GpuDecoded:
         return self.decoded, self.refused
 
 
-def hardware_decoder_usable() -> bool:
-    """Whether clip_flash's nvJPEG call is turned on (``CLIP_FLASH_NVJPEG_HW=1``), built, and has not found it
-    cannot run here: then a decoding thread runs nvJPEG ahead (:func:`decode_on_gpu`)."""
-    if os.environ.get(HARDWARE_SWITCH, "").strip() != "1" or _HARDWARE["unavailable"] is not None:
-        return False
-    extension = load_extension()
-    return extension is not None and hasattr(extension, "nvjpeg_hw_decode")
-
-
-def decode_on_gpu(items: List[DecodedItem], device: torch.device) -> Decoded:
-    """nvJPEG's decode of ``items`` on the fast path's work stream: (H, W, C) pixels, and what it refused."""
-    with torch.cuda.stream(_stream("work", device)):
-        return _decode(items, device)
-
-
 def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg",
-                        pack: Optional[Callable[[List[torch.Tensor]], Tuple[Any, torch.Tensor]]] = None,
-                        predecoded: Optional[Decoded] = None) -> GpuDecoded:
-    """Queue nvJPEG's decode of ``items`` (unless ``predecoded`` by :func:`decode_on_gpu`) and, with
+                        pack: Optional[Callable[[List[torch.Tensor]], Tuple[Any, torch.Tensor]]] = None) -> GpuDecoded:
+    """Queue torchvision's nvJPEG decode of ``items`` and, with
     ``chroma="libjpeg"``, the chroma step on the fast path's own streams, without waiting for it on the
     caller's stream. ``pack`` (the resize's packing) also lays the pixels out for the resize kernel there,
     when all of them were decoded; if it fails, the pixels are handed over unpacked."""
-    work = _stream("work", device)
+    work = work_stream(device)
     packed = None
     with torch.cuda.stream(work):
-        decoded, refused = predecoded if predecoded is not None else _decode(items, device)
+        decoded, refused = _decode_with_torchvision(items, device) if items else ([], [])
         if chroma == "libjpeg":
             decoded, failed = _refine_chroma(decoded)
             refused = refused + failed
@@ -145,6 +119,11 @@ def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]
     return [pair for pair in result if pair is not None], refused
 
 
+def work_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The fast path's stream for the work on decoded pixels (chroma, packing) of ``device``."""
+    return _stream("work", device)
+
+
 @functools.lru_cache(maxsize=None)
 def _stream(role: str, device: torch.device) -> "torch.cuda.Stream":
     """The fast path's two streams per device: ``decoder``, current while torchvision's nvJPEG allocates its
@@ -166,60 +145,6 @@ def _nvjpeg(encoded: "torch.Tensor | Sequence[torch.Tensor]", device: torch.devi
     return outputs
 
 
-_HARDWARE: Dict[str, Optional[str]] = {"unavailable": None}  # why clip_flash's nvJPEG call cannot run here
-
-
-@functools.lru_cache(maxsize=1)
-def _nvjpeg_library() -> str:
-    """The libnvjpeg to open: torchvision's own copy (what its decoder runs, matched to torch's CUDA), else
-    the one the dynamic loader finds."""
-    try:
-        import torchvision
-
-        bundled = sorted((Path(torchvision.__file__).resolve().parent.parent / "torchvision.libs").glob("libnvjpeg*.so*"))
-    except Exception:  # noqa: BLE001 - no torchvision copy: the loader's search path decides
-        bundled = []
-    return str(bundled[0]) if bundled else "libnvjpeg.so.13"
-
-
-def _hardware_decode(items: List[DecodedItem], device: torch.device) -> List[Optional[torch.Tensor]]:
-    """nvJPEG's hardware decoder through clip_flash's extension, GIL released for the whole batch: (H, W, 3)
-    pixels per item, None for those it leaves to torchvision's decoder (progressive, grayscale, ...) and for
-    all of them where it cannot run."""
-    if not hardware_decoder_usable():
-        return [None] * len(items)
-    extension = load_extension()
-    try:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        buffer, layout = extension.nvjpeg_hw_decode([item.encoded for item in items], index, _nvjpeg_library())
-    except RuntimeError as error:
-        if "nvJPEG unavailable" in str(error):
-            _HARDWARE["unavailable"] = describe_error(error)
-            logger.info("clip_flash's nvJPEG hardware decode cannot run here (%s); torchvision's decodes",
-                        _HARDWARE["unavailable"])
-        else:  # e.g. one bad file failed the batch: torchvision's decoder retries them one by one
-            logger.debug("nvJPEG hardware batch failed (%s); torchvision decodes it", describe_error(error))
-        return [None] * len(items)
-    views: List[Optional[torch.Tensor]] = []
-    for position in range(len(items)):
-        offset, height, width = layout[3 * position:3 * position + 3]
-        views.append(None if offset < 0 else buffer[offset:offset + height * width * 3].view(height, width, 3))
-    return views
-
-
-def _decode(items: List[DecodedItem], device: torch.device) -> Decoded:
-    if not items:
-        return [], []
-    hardware = _hardware_decode(items, device)
-    done, refused = _check_shapes([(item, pixels) for item, pixels in zip(items, hardware) if pixels is not None],
-                                  [], planar=False)
-    rest = [item for item, pixels in zip(items, hardware) if pixels is None]
-    if rest:
-        more, more_refused = _decode_with_torchvision(rest, device)
-        done, refused = done + more, refused + more_refused
-    return done, refused
-
-
 def _decode_with_torchvision(items: List[DecodedItem], device: torch.device) -> Decoded:
     try:
         outputs = _nvjpeg([item.encoded for item in items], device)
@@ -236,15 +161,13 @@ def _decode_with_torchvision(items: List[DecodedItem], device: torch.device) -> 
     return _check_shapes(pairs, [])
 
 
-def _check_shapes(pairs, refused, planar: bool = True):
+def _check_shapes(pairs, refused):
     """Pixels whose shape is the one Pillow's header gave, as (H, W, C); the others refused."""
     decoded = []
     for item, pixels in pairs:
-        expected = (item.channels, *item.image_size) if planar else (*item.image_size, item.channels)
+        expected = (item.channels, *item.image_size)
         if tuple(pixels.shape) != expected:
             refused.append((item, f"nvJPEG gave shape {tuple(pixels.shape)}, Pillow's header says {expected}"))
-        elif planar:  # torchvision's nvJPEG writes planes; the resize reads HWC
+        else:  # torchvision's nvJPEG writes planes; the resize reads HWC
             decoded.append((item, pixels.permute(1, 2, 0).contiguous()))
-        else:
-            decoded.append((item, pixels))
     return decoded, refused

@@ -69,6 +69,7 @@ class DecodedItem:
     image_size: Tuple[int, int] = (0, 0)  # (height, width) as decoded
     channels: int = 0
     jpeg_sampling: int = -1  # for nvJPEG: Pillow's get_sampling (0: 4:4:4, 1: 4:2:2, 2: 4:2:0, -1: other)
+    jpeg_progressive: bool = False  # for nvJPEG: its hardware decoder takes baseline frames only
     reason: Optional[str] = None  # why the input could not be read
     notes: List[str] = field(default_factory=list)  # why a slower route was taken
 
@@ -136,6 +137,7 @@ def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) ->
             result.route, result.encoded = "gpu-jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
             result.image_size, result.channels = (image.height, image.width), channels
             result.jpeg_sampling = JpegImagePlugin.get_sampling(image)
+            result.jpeg_progressive = bool(image.info.get("progressive"))
             return
         if options.use_torchvision_jpeg and _try_torchvision(data, image, channels, result, "jpeg"):
             return
@@ -154,7 +156,7 @@ def _route_to_nvjpeg(data: bytes, result: DecodedItem) -> bool:
         return False
     result.route, result.encoded = "gpu-jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
     result.image_size, result.channels = (header.height, header.width), header.channels
-    result.jpeg_sampling = header.sampling
+    result.jpeg_sampling, result.jpeg_progressive = header.sampling, header.progressive
     return True
 
 

@@ -25,7 +25,8 @@ from PIL import Image
 
 from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .decoder_check import decoder_agreement
-from .gpu_jpeg import CHROMA, Decoded, decode_jpegs_on_gpu, decode_on_gpu, hardware_decoder_usable
+from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
+from .nvjpeg_packed import PackedJpegs, decode_into_layout
 from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
 from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
@@ -68,7 +69,7 @@ class DecodedImages:
     items: List[DecodedItem]
     failures: List[Tuple[int, str]]
     packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
-    on_gpu: Optional[Decoded] = None  # decode="gpu": nvJPEG's pixels, when decode() could run it (see there)
+    on_gpu: Optional[PackedJpegs] = None  # decode="gpu": JPEGs the hardware decoder did here (see decode())
 
     @property
     def indices(self) -> List[int]:
@@ -221,16 +222,15 @@ class ImagePreprocessor:
     def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
         """The CPU step: read and decode every input (in the worker pool). Never raises for a bad input.
 
-        With ``decode="gpu"`` it reads the JPEGs and their headers. With clip_flash's own nvJPEG call turned on
-        (``CLIP_FLASH_NVJPEG_HW=1``; see :mod:`.gpu_jpeg`) it decodes them too, ahead of the batch on the
-        device, since that call releases the GIL; otherwise :meth:`prepare` runs torchvision's nvJPEG decode."""
+        With ``decode="gpu"`` it reads the JPEGs and their headers. With nvJPEG's hardware route turned on
+        (``CLIP_FLASH_NVJPEG_HW=1``; see :mod:`.nvjpeg_packed`) it also decodes the baseline colour ones
+        straight into the resize kernel's layout on the device, ahead of the batch, since that call releases
+        the GIL; :meth:`prepare` runs torchvision's nvJPEG decode on whatever is left."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
         decoded = self._cpu_step(list(items))
-        if self.decoder == "gpu" and hardware_decoder_usable():
-            jpeg_items = [item for item in decoded.items if item.encoded is not None]
-            if jpeg_items:
-                decoded.on_gpu = decode_on_gpu(jpeg_items, self.device)
+        if self.decoder == "gpu" and self.resize.packs:
+            decoded.on_gpu = decode_into_layout(decoded.items, self.device, self.resize.spec, self.gpu_chroma)
         return decoded
 
     def _cpu_step(self, items: List[ImageInput]) -> DecodedImages:
@@ -297,8 +297,9 @@ class ImagePreprocessor:
     def prepare(self, decoded: DecodedImages) -> PreparedImages:
         """The device step: resample the decoded pixels exactly and assemble the batch in input order.
 
-        With ``decode="gpu"`` it first queues the chroma step and the packing on side streams, and nvJPEG's
-        decode too unless :meth:`decode` ran it. torchvision's decode runs here, on the thread that also
+        With ``decode="gpu"`` it resizes what :meth:`decode` put in the kernel's layout on the hardware route
+        with one launch, and queues torchvision's nvJPEG decode of the rest, the chroma step and the packing
+        on side streams. torchvision's decode runs here, on the thread that also
         launches the model, not ahead on a decoding thread: its batched call takes the GIL again for each
         image, so beside a thread running Python (launches) both crawl (measured: a 256-photo decode took
         1.0-1.5 s beside a busy Python thread, 13.5 ms alone; ViT-B-32 end to end 4,492 img/s with it ahead,
@@ -317,6 +318,10 @@ class ImagePreprocessor:
             in_buffer = set(packed.indices)
             pixel_items = [item for item in pixel_items if item.index not in in_buffer]
         device_pixels = [item.pixels for item in pixel_items]
+        if decoded.on_gpu is not None:
+            groups.append(self._hardware_decoded_rows(decoded.on_gpu))
+            done = set(groups[-1][0])
+            jpeg_items = [item for item in jpeg_items if item.index not in done]
         if jpeg_items:
             # Laid out for the resize kernel on the side stream too, unless other pixels join them.
             pack = self.resize.pack_on_device if self.resize.implementation == "kernel" and not pixel_items else None
@@ -361,6 +366,15 @@ class ImagePreprocessor:
         return self.prepare(self.decode(items))
 
     # ----- helpers ------------------------------------------------------------------------
+    def _hardware_decoded_rows(self, hardware: PackedJpegs) -> Tuple[List[int], torch.Tensor]:
+        """The rows of what the hardware decoder wrote into the kernel's layout: one resize launch."""
+        hardware.hand_over()
+        rows = self.resize.run_packed(hardware.plan, hardware.buffer)
+        decoded = hardware.decoded
+        if len(decoded) < len(hardware.items):  # the rest are decoded elsewhere: their slots are empty
+            rows = rows.index_select(0, torch.tensor(decoded, device=rows.device))
+        return [hardware.items[position].index for position in decoded], rows
+
     def _resize_group(self, items: List[DecodedItem], pixels: List[torch.Tensor],
                       failures: List[Tuple[int, str]]) -> Tuple[List[int], torch.Tensor]:
         """The batch through the exact resize; if it refuses, image by image, so that only the images

@@ -1,4 +1,4 @@
-"""What the fast path needs from a JPEG's header, read without Pillow: size, channels, chroma sampling.
+"""What the fast path needs from a JPEG's header, read without Pillow: size, channels, chroma sampling, progressive.
 
 ``decode="gpu"`` hands a JPEG's bytes to nvJPEG; on the CPU it only needs the size, the channel count and
 Pillow's ``get_sampling`` value. Pillow's ``Image.open`` parses every marker segment in Python under the
@@ -25,6 +25,7 @@ class JpegHeader(NamedTuple):
     width: int
     channels: int   # 1 (Pillow's mode L) or 3 (RGB)
     sampling: int   # Pillow's get_sampling: 0 4:4:4, 1 4:2:2, 2 4:2:0, -1 other or grayscale
+    progressive: bool = False  # a progressive frame, which nvJPEG's hardware decoder leaves to its others
 
 
 def scan_jpeg_header(data: bytes) -> Optional[JpegHeader]:
@@ -69,6 +70,6 @@ def scan_jpeg_header(data: bytes) -> Optional[JpegHeader]:
                 factors = tuple(value for index in range(3)
                                 for value in divmod(data[start + 7 + 3 * index], 16))
                 sampling = _SAMPLINGS.get(factors, -1)
-            header = JpegHeader(height, width, components, sampling)
+            header = JpegHeader(height, width, components, sampling, marker == 0xC2)
         position = end
     return None

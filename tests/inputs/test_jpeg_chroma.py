@@ -184,3 +184,35 @@ def test_chroma_kernel_matches_the_tensor_ops(sampling, size):
     assert difference.max().item() <= 3
     assert (difference > 0).float().mean().item() < 5e-3
     assert torch.equal(single, kernel[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_packed_chroma_kernel_equals_the_one_size_kernel():
+    """The packed launch (images of any size and sampling anywhere in one buffer, refined in place) gives
+    each image exactly what the one-size kernel gives it, and leaves the bytes between images alone."""
+    from clip_flash.ops._extension import load_extension
+
+    extension = load_extension()
+    if extension is None or not hasattr(extension, "jpeg_chroma_packed"):
+        pytest.skip("clip_flash._C with jpeg_chroma_packed is not built")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    sizes = [(480, 640), (1, 1), (61, 97), (2, 3), (375, 500), (97, 61), (768, 1024)]
+    samplings = [2, 1, 2, 2, 1, 1, 2]
+    images, rows, offset = [], [], 7  # an odd start: offsets need no alignment
+    for (height, width), sampling in zip(sizes, samplings):
+        images.append(torch.randint(0, 256, (height, width, 3), generator=generator, device="cuda",
+                                    dtype=torch.int32).to(torch.uint8))
+        rows.append((offset, height, width, *SAMPLINGS[sampling]))
+        offset += height * width * 3 + 5  # a gap after each image
+    buffer = torch.full((offset,), 77, dtype=torch.uint8, device="cuda")
+    for image, row in zip(images, rows):
+        buffer[row[0]:row[0] + image.numel()] = image.reshape(-1)
+    untouched = torch.ones(offset, dtype=torch.bool, device="cuda")
+    extension.jpeg_chroma_packed(buffer, torch.tensor(rows, dtype=torch.int64))
+    for image, row, sampling in zip(images, rows, samplings):
+        got = buffer[row[0]:row[0] + image.numel()].view(image.shape)
+        assert torch.equal(got, refine_nearest_chroma(image, sampling)), (row, sampling)
+        untouched[row[0]:row[0] + image.numel()] = False
+    assert (buffer[untouched] == 77).all()
+    with pytest.raises(RuntimeError, match="outside the buffer"):
+        extension.jpeg_chroma_packed(buffer, torch.tensor([(offset - 2, 1, 1, 2, 2)], dtype=torch.int64))

@@ -13,10 +13,12 @@ from clip_flash.inputs.jpeg_header import JpegHeader, scan_jpeg_header
 
 
 def _pillow_fields(data: bytes):
-    """(format, mode, (height, width), get_sampling) as Pillow's Image.open reports them, or None if it refuses."""
+    """(format, mode, (height, width), get_sampling, progressive) as Pillow's Image.open reports them, or None
+    if it refuses."""
     try:
         with Image.open(io.BytesIO(data)) as image:
-            return image.format, image.mode, (image.height, image.width), JpegImagePlugin.get_sampling(image)
+            return (image.format, image.mode, (image.height, image.width), JpegImagePlugin.get_sampling(image),
+                    bool(image.info.get("progressive")))
     except Exception:  # noqa: BLE001 - Pillow refusing is an answer too
         return None
 
@@ -24,7 +26,7 @@ def _pillow_fields(data: bytes):
 def _agrees_with_pillow(data: bytes, header: JpegHeader) -> bool:
     fields = _pillow_fields(data)
     return fields is not None and fields == ("JPEG", "L" if header.channels == 1 else "RGB",
-                                             (header.height, header.width), header.sampling)
+                                             (header.height, header.width), header.sampling, header.progressive)
 
 
 def test_scan_agrees_with_pillow_on_the_photo_corpus(photo_files):
@@ -53,7 +55,7 @@ def _jpeg(mode="RGB", size=(64, 48), **options) -> bytes:
     ({"subsampling": 0}, JpegHeader(48, 64, 3, 0)),
     ({"subsampling": 1}, JpegHeader(48, 64, 3, 1)),
     ({"subsampling": 2}, JpegHeader(48, 64, 3, 2)),
-    ({"progressive": True, "subsampling": 2}, JpegHeader(48, 64, 3, 2)),
+    ({"progressive": True, "subsampling": 2}, JpegHeader(48, 64, 3, 2, True)),
 ])
 def test_scan_reads_size_and_sampling(options, expected):
     assert scan_jpeg_header(_jpeg(**options)) == expected
@@ -115,6 +117,6 @@ def test_fast_path_cpu_step_routes_like_pillow(photo_files, vit_b32_preprocess):
             continue
         routed += 1
         fields = _pillow_fields(path.read_bytes())
-        assert fields[2] == item.image_size and fields[3] == item.jpeg_sampling
+        assert fields[2] == item.image_size and fields[3] == item.jpeg_sampling and fields[4] == item.jpeg_progressive
         assert {"L": 1, "RGB": 3}[fields[1]] == item.channels
     assert routed > 0

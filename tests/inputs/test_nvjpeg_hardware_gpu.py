@@ -1,70 +1,126 @@
-"""clip_flash's GIL-free nvJPEG call gives torchvision's hardware-decoded pixels, and leaves it the rest."""
+"""The hardware route (:mod:`clip_flash.inputs.nvjpeg_packed`): nvJPEG's hardware decoder writes torchvision's
+pixels straight into the resize kernel's layout, the chroma step runs in place there, and the fast path's
+output is the same with the route on or off."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import clip_flash
-from clip_flash.inputs import gpu_jpeg
-from clip_flash.ops._extension import load_extension
+from clip_flash.inputs import nvjpeg_packed
+from clip_flash.inputs.jpeg_chroma import refine_nearest_chroma
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# GPUs with hardware JPEG decoders (A100, H100/H200): there the call must run.
+# GPUs with hardware JPEG decoders (A100, H100/H200): there the route must run.
 HARDWARE_DECODER_CAPABILITIES = ((8, 0), (9, 0))
 
 
+@pytest.fixture
+def route_on(monkeypatch):
+    monkeypatch.setenv(nvjpeg_packed.HARDWARE_SWITCH, "1")
+
+
+def _fast(preprocess, **options):
+    return clip_flash.ImagePreprocessor(preprocess, device="cuda", dtype=torch.float32, decode="gpu",
+                                        executor="thread", workers=2, **options)
+
+
 def _jpeg_items(preprocess, paths):
-    prep = clip_flash.ImagePreprocessor(preprocess, device="cuda", decode="gpu", workers=2, start=False)
-    try:
+    with _fast(preprocess) as prep:
         decoded = prep._cpu_step(list(paths))
-    finally:
-        prep.close()
-    return [item for item in decoded.items if item.encoded is not None]
+    return [item for item in decoded.items if item.encoded is not None], prep.resize.spec
 
 
-@pytest.fixture(autouse=True)
-def hardware_call_on(monkeypatch):
-    monkeypatch.setenv(gpu_jpeg.HARDWARE_SWITCH, "1")
+def _packed_or_skip(items, spec, chroma):
+    device = torch.device("cuda", torch.cuda.current_device())
+    packed = nvjpeg_packed.decode_into_layout(items, device, spec, chroma)
+    if nvjpeg_packed._HARDWARE["unavailable"] is not None:
+        assert torch.cuda.get_device_capability() not in HARDWARE_DECODER_CAPABILITIES, nvjpeg_packed._HARDWARE
+        pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+    assert packed is not None
+    torch.cuda.synchronize()
+    return packed
 
 
 @cuda
-def test_hardware_decode_gives_torchvisions_pixels_and_declines_the_rest(vit_b32_preprocess, photo_files):
+@pytest.mark.parametrize("chroma", ["nvjpeg", "libjpeg"])
+def test_slots_hold_torchvisions_pixels(route_on, vit_b32_preprocess, photo_files, chroma):
+    """Each written slot holds torchvision's hardware-decoded pixels (with ``libjpeg``, refined by the
+    one-size kernel: the packed launch computes the same); progressive and grayscale JPEGs stay out."""
     from torchvision.io import decode_jpeg
 
-    extension = load_extension()
-    assert extension is not None and hasattr(extension, "nvjpeg_hw_decode")
-    device = torch.device("cuda", torch.cuda.current_device())
-    items = _jpeg_items(vit_b32_preprocess, photo_files)
-    assert len(items) >= 20
-    outputs = gpu_jpeg._hardware_decode(items, device)
-    if gpu_jpeg._HARDWARE["unavailable"] is not None:
-        assert torch.cuda.get_device_capability() not in HARDWARE_DECODER_CAPABILITIES, gpu_jpeg._HARDWARE
-        pytest.skip(f"no hardware JPEG decoder here: {gpu_jpeg._HARDWARE['unavailable']}")
-    decoded = [(item, pixels) for item, pixels in zip(items, outputs) if pixels is not None]
-    declined = [item for item, pixels in zip(items, outputs) if pixels is None]
-    assert declined, "the corpus's progressive and grayscale JPEGs are left to torchvision"
-    assert len(decoded) >= len(items) // 2 and all(item.channels == 3 for item, _ in decoded)
-    assert not any(item.channels == 1 for item, _ in decoded)  # grayscale goes to torchvision
-    for item, pixels in decoded:
-        reference = decode_jpeg(item.encoded, device=device).permute(1, 2, 0)
-        assert pixels.shape == (*item.image_size, 3) and pixels.dtype == torch.uint8
-        assert torch.equal(pixels, reference), f"input {item.index}: max diff {(pixels.int() - reference.int()).abs().max()}"
-    # What it declines, torchvision decodes: the fast path's whole decode covers every item.
-    pairs, refused = gpu_jpeg.decode_on_gpu(items, device)
-    torch.cuda.synchronize()
-    assert {item.index for item, _ in pairs} | {item.index for item, _ in refused} == {item.index for item in items}
-    assert all(pixels.shape == (*item.image_size, item.channels) for item, pixels in pairs)
+    items, spec = _jpeg_items(vit_b32_preprocess, photo_files)
+    assert any(item.jpeg_progressive for item in items) and any(item.channels == 1 for item in items)
+    packed = _packed_or_skip(items, spec, chroma)
+    assert [item.index for item in packed.items] == [item.index for item in items if nvjpeg_packed.takes(item)]
+    assert len(packed.decoded) == len(packed.items) >= 20
+    for position in packed.decoded:
+        item = packed.items[position]
+        reference = decode_jpeg(item.encoded, device="cuda").permute(1, 2, 0).contiguous()
+        if chroma == "libjpeg":
+            reference = refine_nearest_chroma(reference, item.jpeg_sampling)
+        got = packed.plan.pixel_slot(packed.buffer, position)
+        assert torch.equal(got, reference), f"input {item.index}: max diff {(got.int() - reference.int()).abs().max()}"
 
 
 @cuda
-def test_a_bad_file_in_the_hardware_batch_leaves_its_neighbours_to_torchvision(vit_b32_preprocess, photo_files):
-    device = torch.device("cuda", torch.cuda.current_device())
-    items = _jpeg_items(vit_b32_preprocess, photo_files)[:8]
-    damaged = bytearray(items[3].encoded.numpy().tobytes())
-    damaged[len(damaged) // 2:len(damaged) // 2 + 64] = b"\xff" * 64  # scan data broken, header intact
-    items[3].encoded = torch.frombuffer(damaged, dtype=torch.uint8)
-    pairs, refused = gpu_jpeg.decode_on_gpu(items, device)
-    torch.cuda.synchronize()
-    got = {item.index for item, _ in pairs} | {item.index for item, _ in refused}
-    assert got == {item.index for item in items}
-    assert {item.index for item, _ in pairs} >= {item.index for item in items} - {items[3].index}
+@pytest.mark.parametrize("chroma", ["nvjpeg", "libjpeg"])
+def test_fast_path_gives_the_same_rows_with_the_route_on_or_off(monkeypatch, vit_b32_preprocess, photo_files,
+                                                                 chroma):
+    """The whole fast path (JPEGs of every kind, PNGs, bad files) with the route on equals it off."""
+    monkeypatch.setenv(nvjpeg_packed.HARDWARE_SWITCH, "0")
+    with _fast(vit_b32_preprocess, gpu_chroma=chroma) as prep:
+        off = prep(photo_files)
+    monkeypatch.setenv(nvjpeg_packed.HARDWARE_SWITCH, "1")
+    with _fast(vit_b32_preprocess, gpu_chroma=chroma) as prep:
+        decoded = prep.decode(photo_files)
+        if nvjpeg_packed._HARDWARE["unavailable"] is not None:
+            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+        assert decoded.on_gpu is not None and len(decoded.on_gpu.decoded) >= 20
+        on = prep.prepare(decoded)
+    assert on.indices == off.indices and on.failures == off.failures
+    assert torch.equal(on.pixels, off.pixels)
+
+
+@cuda
+def test_a_bad_file_never_costs_its_neighbours(monkeypatch, route_on, vit_b32_preprocess, photo_files):
+    """Broken scan data in one JPEG (header intact): the hardware batch fails or leaves it; either way every
+    neighbour comes out as with the route off, and the file is a row or a failure as there."""
+    paths = [path for path in photo_files if path.suffix == ".jpg"][:12]
+    data = [path.read_bytes() for path in paths]
+    damaged = bytearray(data[3])
+    damaged[len(damaged) // 2:len(damaged) // 2 + 64] = b"\xff" * 64
+    data[3] = bytes(damaged)
+    with _fast(vit_b32_preprocess) as prep:
+        on = prep(data)
+    monkeypatch.setenv(nvjpeg_packed.HARDWARE_SWITCH, "0")
+    with _fast(vit_b32_preprocess) as prep:
+        off = prep(data)
+    assert set(on.indices) >= set(range(len(data))) - {3}
+    assert on.indices == off.indices and [index for index, _ in on.failures] == [index for index, _ in off.failures]
+    neighbours = [row for row, index in enumerate(on.indices) if index != 3]
+    assert torch.equal(on.pixels[neighbours], off.pixels[neighbours])
+
+
+@cuda
+def test_images_the_transform_cannot_resize_stay_out_of_the_layout(route_on, photo_files):
+    """``longest`` mode fails on extreme aspect ratios (as OpenCLIP's own transform does): such an image is
+    left out of the layout, and its neighbours still go through it."""
+    import io
+
+    from open_clip.transform import image_transform
+    from PIL import Image
+
+    preprocess = image_transform(224, is_train=False, resize_mode="longest")
+    strip = io.BytesIO()
+    Image.new("RGB", (2000, 2), "red").save(strip, "JPEG")
+    paths = [path for path in photo_files if path.suffix == ".jpg"][:6]
+    inputs = [strip.getvalue()] + [path.read_bytes() for path in paths]
+    with _fast(preprocess) as prep:
+        decoded = prep.decode(inputs)
+        if decoded.on_gpu is None:
+            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+        assert 0 not in [item.index for item in decoded.on_gpu.items]
+        prepared = prep.prepare(decoded)
+    assert [index for index, _ in prepared.failures] == [0]
+    assert set(prepared.indices) == set(range(1, len(inputs)))
