@@ -57,11 +57,8 @@ void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
   if (n == 0) {
     return;
   }
-  const c10::cuda::CUDAGuard device_guard(pixels.device());
-  at::Tensor table = at::empty({n, kChromaTableFields}, images.options().pinned_memory(true));
+  // Everything is checked before anything is allocated.
   const int64_t* given = images.data_ptr<int64_t>();
-  int64_t* rows = table.data_ptr<int64_t>();
-  int64_t chroma_bytes = 0, max_blocks = 0, max_pixels = 0;
   for (int64_t image = 0; image < n; ++image) {
     const int64_t* in = given + image * 5;
     const int64_t offset = in[0], height = in[1], width = in[2], horizontal = in[3], vertical = in[4];
@@ -70,6 +67,14 @@ void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
     TORCH_CHECK(height > 0 && width > 0 && height <= INT32_MAX / 4 && width <= INT32_MAX / 4 && offset >= 0 &&
                     offset + height * width * 3 <= pixels.numel(),
                 "image ", image, ": ", height, "x", width, " at byte ", offset, " lies outside the buffer");
+  }
+  const c10::cuda::CUDAGuard device_guard(pixels.device());
+  at::Tensor table = at::empty({n, kChromaTableFields}, images.options().pinned_memory(true));
+  int64_t* rows = table.data_ptr<int64_t>();
+  int64_t chroma_bytes = 0, max_blocks = 0, max_pixels = 0;
+  for (int64_t image = 0; image < n; ++image) {
+    const int64_t* in = given + image * 5;
+    const int64_t offset = in[0], height = in[1], width = in[2], horizontal = in[3], vertical = in[4];
     int64_t* row = rows + image * kChromaTableFields;
     const int64_t blocks = ((height + vertical - 1) / vertical) * ((width + horizontal - 1) / horizontal);
     row[kPixelOffset] = offset;

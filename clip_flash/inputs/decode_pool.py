@@ -136,24 +136,31 @@ class RegionResult:
 
     start: int              # the region's byte offset in the arena
     items: List[DecodedItem]
-    offsets: List[int]      # per item: where its pixels start in the region; -1 where they are not there
+    offsets: List[int]      # per item: where its pixels (or JPEG bytes) start in the region; -1: not there
+    sizes: List[int]        # per item: how many bytes are there
     used: int               # bytes written, back to back from ``start``
     needed: int             # bytes all the items' pixels needed (more than ``used`` when some did not fit)
 
 
 def decode_into_region(pairs: List[Tuple[int, Any]], options: DecodeOptions, region: np.ndarray
-                       ) -> Tuple[List[DecodedItem], List[int], int, int]:
-    """Decode, then copy the pixels into ``region`` back to back; pixels that did not fit stay on their item."""
+                       ) -> Tuple[List[DecodedItem], List[int], List[int], int, int]:
+    """Decode, then copy the pixels into ``region`` back to back; pixels that did not fit stay on their item.
+    On the fast path (``keep_jpeg_bytes``) the JPEG bytes go there instead, for nvJPEG to read from page-locked
+    memory; the pixels of other images then stay on their items (a region holds one kind)."""
     items = [decode_item(index, item, options) for index, item in pairs]
-    offsets, used, needed = write_pixels(region, [item.pixels for item in items])
-    for item, offset in zip(items, offsets):
+    field = "encoded" if options.keep_jpeg_bytes else "pixels"
+    payloads = [getattr(item, field) for item in items]
+    offsets, used, needed = write_pixels(region, payloads)
+    sizes = []
+    for item, offset, payload in zip(items, offsets, payloads):
+        sizes.append(payload.numel() if offset >= 0 else 0)
         if offset >= 0:
-            item.pixels = None
-    return items, offsets, used, needed
+            setattr(item, field, None)
+    return items, offsets, sizes, used, needed
 
 
 def _decode_into_arena_in_process(pairs: List[Tuple[int, Any]], ref: ArenaRef, start: int, capacity: int
-                                  ) -> Tuple[List[DecodedItem], List[int], int, int]:
+                                  ) -> Tuple[List[DecodedItem], List[int], List[int], int, int]:
     """In a worker process: only the bookkeeping travels back; pixels that did not fit go as shared tensors."""
     return decode_into_region(pairs, _worker_options, attach(ref)[start:start + capacity])
 

@@ -35,9 +35,9 @@ from .pixel_arena import ArenaPool, Lease, arenas_supported
 logger = logging.getLogger(__name__)
 
 ARENAS_AHEAD = 4  # arenas start() makes for the first batches: those decoding and those queued behind them
-# decode="gpu": the CPU step only reads files and scans headers. More threads doing that only compete for the
-# GIL with the thread that calls nvJPEG and launches the model (measured on 16 cores: 4 threads 5,123 img/s
-# for ViT-B-32 end to end, 16 threads 4,066).
+# decode="gpu": the CPU step only reads files and scans headers, which a few workers keep up with. As threads,
+# more of them only compete for the GIL with the thread that launches the model (measured on 16 cores: 4
+# threads 5,123 img/s for ViT-B-32 end to end, 16 threads 4,066); processes stand in for them once started.
 GPU_DECODE_READERS = 4
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
 DECODERS = ("cpu", "gpu")
@@ -70,6 +70,7 @@ class DecodedImages:
     failures: List[Tuple[int, str]]
     packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
     on_gpu: Optional[PackedJpegs] = None  # decode="gpu": JPEGs the hardware decoder did here (see decode())
+    lease: Optional[Lease] = None  # the arena the pixels or JPEG bytes are in, reused after prepare()
 
     @property
     def indices(self) -> List[int]:
@@ -113,8 +114,8 @@ class ImagePreprocessor:
             ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
         workers: CPU workers decoding (default: the cores this process may use; with ``decode="gpu"``, which
             only reads files on the CPU, at most ``GPU_DECODE_READERS``).
-        executor: ``"auto"`` (default: ``"process"`` where decoded pixels go to the GPU kernel through
-            shared arenas, i.e. a CUDA device on Linux; ``"thread"`` otherwise), ``"thread"`` (the
+        executor: ``"auto"`` (default: ``"process"`` where decoded pixels, or with ``decode="gpu"`` the JPEG
+            bytes, go to the GPU through shared arenas, i.e. a CUDA device on Linux; ``"thread"`` otherwise), ``"thread"`` (the
             decoders release the GIL, but Pillow's header parsing and the bookkeeping do not: a cap on
             many cores) or ``"process"`` (no GIL cap; workers are forked from a fork server that imported
             the decoding modules once, or spawned where there is none; a script using them needs the usual
@@ -173,8 +174,9 @@ class ImagePreprocessor:
                                           spec=self.resize.spec)
         self.workers = workers or (min(GPU_DECODE_READERS, default_workers()) if decode == "gpu" else default_workers())
         if executor == "auto":
-            # Processes decode straight into the kernel's arenas: no GIL, and no pixel copy in this process.
-            executor = "process" if decode == "cpu" and self.resize.packs and arenas_supported() else "thread"
+            # Processes decode straight into the kernel's arenas (or put the JPEG bytes there): no GIL held in
+            # this process, where the model's launches need it, and no copy here.
+            executor = "process" if self.resize.packs and arenas_supported() else "thread"
         self.executor = executor
         self.pool = DecodePool(self.options, self.workers, executor)
         self._arenas: Optional[ArenaPool] = None
@@ -255,7 +257,8 @@ class ImagePreprocessor:
 
     def _decode_into_arena(self, items: List[ImageInput]) -> DecodedImages:
         """The kernel's route: workers write pixels straight into a reused page-locked arena, each task
-        into its own region; the plan (meta rows, tap tables) is made here from the sizes alone."""
+        into its own region; the plan (meta rows, tap tables) is made here from the sizes alone. On the fast
+        path they write the JPEG bytes there instead (nvJPEG reads them from it)."""
         arenas = self._arena_pool()
         lease, bytes_per_image = arenas.lease(len(items))
         regions = self.pool.decode_into(items, lease, bytes_per_image)
@@ -265,6 +268,11 @@ class ImagePreprocessor:
         for region in regions:
             if region.items:
                 arenas.observe(region.needed / len(region.items))
+            if self.decoder == "gpu":
+                for item, offset, size in zip(region.items, region.offsets, region.sizes):
+                    if offset >= 0:
+                        item.encoded = lease.tensor[region.start + offset:region.start + offset + size]
+                continue
             first = len(shapes)
             for item, offset in zip(region.items, region.offsets):
                 if offset < 0:
@@ -286,7 +294,7 @@ class ImagePreprocessor:
             segments = [(host_start, size, plan.pixels_at + int(plan.meta[first, 0]))
                         for host_start, size, first in runs]
             packed = PackedPixels(plan, lease.tensor, [item.index for item in packed_items], segments, lease)
-        return DecodedImages(len(items), good, failures, packed)
+        return DecodedImages(len(items), good, failures, packed, lease=lease)
 
     @staticmethod
     def _log_notes(items: List[DecodedItem]) -> None:
@@ -325,7 +333,7 @@ class ImagePreprocessor:
         if jpeg_items:
             # Laid out for the resize kernel on the side stream too, unless other pixels join them.
             pack = self.resize.pack_on_device if self.resize.implementation == "kernel" and not pixel_items else None
-            queued = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma, pack, decoded.on_gpu)
+            queued = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma, pack)
             use_packed = queued.packed is not None
             on_gpu, refused = queued.hand_over(use_packed)
             if use_packed:
@@ -352,6 +360,8 @@ class ImagePreprocessor:
         if prepared_items:
             stacked = torch.stack([item.prepared for item in prepared_items])
             groups.append(([item.index for item in prepared_items], stacked.to(self.device, self.dtype)))
+        if self.decoder == "gpu" and decoded.lease is not None:
+            decoded.lease.record_upload()  # the JPEG bytes there are read by what is queued up to here
         failures.sort()
         pixels, indices = self._assemble([group for group in groups if group[0]])
         routes: Dict[str, int] = {}

@@ -214,5 +214,18 @@ def test_packed_chroma_kernel_equals_the_one_size_kernel():
         assert torch.equal(got, refine_nearest_chroma(image, sampling)), (row, sampling)
         untouched[row[0]:row[0] + image.numel()] = False
     assert (buffer[untouched] == 77).all()
-    with pytest.raises(RuntimeError, match="outside the buffer"):
-        extension.jpeg_chroma_packed(buffer, torch.tensor([(offset - 2, 1, 1, 2, 2)], dtype=torch.int64))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_packed_chroma_kernel_refuses_slots_outside_the_buffer():
+    from clip_flash.ops._extension import load_extension
+
+    extension = load_extension()
+    if extension is None or not hasattr(extension, "jpeg_chroma_packed"):
+        pytest.skip("clip_flash._C with jpeg_chroma_packed is not built")
+    buffer = torch.zeros(64, dtype=torch.uint8, device="cuda")
+    for row in [(62, 1, 1, 2, 2), (-1, 1, 1, 2, 2), (0, 0, 4, 2, 1)]:
+        with pytest.raises(RuntimeError, match="outside the buffer"):
+            extension.jpeg_chroma_packed(buffer, torch.tensor([row], dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="chroma factors"):
+        extension.jpeg_chroma_packed(buffer, torch.tensor([(0, 2, 2, 1, 1)], dtype=torch.int64))
