@@ -207,6 +207,7 @@ std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, co
 // release the GIL (NO_GIL). The per-layer ops run in the main thread, tens of times per batch: releasing the
 // GIL there would hand it to any busy Python thread (tokenizing, reading) at every op, and getting it back
 // takes up to the interpreter's switch interval (5 ms) each time. They hold it, as torch's own operators do.
+// Code behind NO_GIL reports errors with CLIP_FLASH_CHECK, never TORCH_CHECK (see no_gil_check.h).
 #define NO_GIL py::call_guard<py::gil_scoped_release>()
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {

@@ -7,18 +7,19 @@
 #include <algorithm>
 
 #include "jpeg_chroma.h"
+#include "no_gil_check.h"
 
 namespace clip_flash {
 
 // nvJPEG's (n, H, W, 3) uint8 RGB of 4:2:2 (horizontal 2, vertical 1) or 4:2:0 (2, 2) JPEGs, with the
 // chroma re-upsampled and converted the way libjpeg-turbo does; returns a new tensor of the same shape.
 at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertical) {
-  TORCH_CHECK(rgb.is_cuda() && rgb.scalar_type() == at::kByte && rgb.is_contiguous() && rgb.dim() == 4 &&
+  CLIP_FLASH_CHECK(rgb.is_cuda() && rgb.scalar_type() == at::kByte && rgb.is_contiguous() && rgb.dim() == 4 &&
                   rgb.size(3) == 3,
               "rgb must be a contiguous CUDA uint8 tensor (n, H, W, 3), got ", rgb.sizes(), " ", rgb.scalar_type());
-  TORCH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2),
+  CLIP_FLASH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2),
               "chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ", vertical, ")");
-  TORCH_CHECK(rgb.size(1) > 0 && rgb.size(2) > 0 && rgb.size(1) <= INT32_MAX / 4 && rgb.size(2) <= INT32_MAX / 4,
+  CLIP_FLASH_CHECK(rgb.size(1) > 0 && rgb.size(2) > 0 && rgb.size(1) <= INT32_MAX / 4 && rgb.size(2) <= INT32_MAX / 4,
               "image size out of range: ", rgb.sizes());
   const c10::cuda::CUDAGuard device_guard(rgb.device());
   at::Tensor out = at::empty_like(rgb);
@@ -40,7 +41,7 @@ at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertic
   args.chroma = chroma.data_ptr<uint8_t>();
   args.out = out.data_ptr<uint8_t>();
   launch_jpeg_chroma(args, c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  CLIP_FLASH_LAUNCH_CHECK();
   return out;
 }
 
@@ -48,9 +49,9 @@ at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertic
 // (byte offset of the image's (H, W, 3) RGB in `pixels`, H, W, horizontal, vertical) per image to refine.
 // One launch pair for the whole batch, whatever the sizes; the per-image table goes up with one copy.
 void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
-  TORCH_CHECK(pixels.is_cuda() && pixels.scalar_type() == at::kByte && pixels.is_contiguous() && pixels.dim() == 1,
+  CLIP_FLASH_CHECK(pixels.is_cuda() && pixels.scalar_type() == at::kByte && pixels.is_contiguous() && pixels.dim() == 1,
               "pixels must be a contiguous 1-D CUDA uint8 tensor");
-  TORCH_CHECK(!images.is_cuda() && images.scalar_type() == at::kLong && images.is_contiguous() && images.dim() == 2 &&
+  CLIP_FLASH_CHECK(!images.is_cuda() && images.scalar_type() == at::kLong && images.is_contiguous() && images.dim() == 2 &&
                   images.size(1) == 5,
               "images must be a contiguous CPU int64 tensor (n, 5): offset, height, width, horizontal, vertical");
   const int64_t n = images.size(0);
@@ -62,9 +63,9 @@ void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
   for (int64_t image = 0; image < n; ++image) {
     const int64_t* in = given + image * 5;
     const int64_t offset = in[0], height = in[1], width = in[2], horizontal = in[3], vertical = in[4];
-    TORCH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2), "image ", image,
+    CLIP_FLASH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2), "image ", image,
                 ": chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ", vertical, ")");
-    TORCH_CHECK(height > 0 && width > 0 && height <= INT32_MAX / 4 && width <= INT32_MAX / 4 && offset >= 0 &&
+    CLIP_FLASH_CHECK(height > 0 && width > 0 && height <= INT32_MAX / 4 && width <= INT32_MAX / 4 && offset >= 0 &&
                     offset + height * width * 3 <= pixels.numel(),
                 "image ", image, ": ", height, "x", width, " at byte ", offset, " lies outside the buffer");
   }
@@ -98,7 +99,7 @@ void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
   args.max_blocks = max_blocks;
   args.max_pixels = max_pixels;
   launch_jpeg_chroma(args, c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  CLIP_FLASH_LAUNCH_CHECK();
 }
 
 }  // namespace clip_flash

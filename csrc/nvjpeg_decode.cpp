@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include "no_gil_check.h"
+
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,7 +57,7 @@ std::vector<std::unique_ptr<HardwareDecoder>> decoders;  // by device index; nev
 template <typename Function>
 void resolve(void* library, const char* name, Function* target) {
   *target = reinterpret_cast<Function>(dlsym(library, name));
-  TORCH_CHECK(*target != nullptr, "nvJPEG unavailable: ", name, " not found in the library");
+  CLIP_FLASH_CHECK(*target != nullptr, "nvJPEG unavailable: ", name, " not found in the library");
 }
 
 void load_api(const std::string& library_path) {
@@ -63,7 +65,7 @@ void load_api(const std::string& library_path) {
     return;
   }
   void* library = dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  TORCH_CHECK(library != nullptr, "nvJPEG unavailable: cannot open ", library_path, ": ", dlerror());
+  CLIP_FLASH_CHECK(library != nullptr, "nvJPEG unavailable: cannot open ", library_path, ": ", dlerror());
   resolve(library, "nvjpegCreateEx", &api.create_ex);
   resolve(library, "nvjpegJpegStateCreate", &api.state_create);
   resolve(library, "nvjpegJpegStreamCreate", &api.stream_create);
@@ -84,12 +86,12 @@ HardwareDecoder& decoder_for(int device) {
     auto decoder = std::make_unique<HardwareDecoder>();
     nvjpegStatus_t status =
         api.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &decoder->handle);
-    TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvJPEG unavailable: no hardware decoder on device ", device,
+    CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvJPEG unavailable: no hardware decoder on device ", device,
                 " (nvjpegCreateEx status ", static_cast<int>(status), ")");
     status = api.state_create(decoder->handle, &decoder->state);
-    TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegJpegStateCreate failed: ", static_cast<int>(status));
+    CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegJpegStateCreate failed: ", static_cast<int>(status));
     status = api.stream_create(decoder->handle, &decoder->stream);
-    TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegJpegStreamCreate failed: ", static_cast<int>(status));
+    CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegJpegStreamCreate failed: ", static_cast<int>(status));
     decoders[device] = std::move(decoder);
   }
   return *decoders[device];
@@ -106,11 +108,11 @@ HardwareDecoder& decoder_for(int device) {
 // back each time (measured beside a busy Python thread), as torchvision's call does.
 std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, const at::Tensor& out,
                                       const std::vector<int64_t>& slots, const std::string& library_path) {
-  TORCH_CHECK(out.is_cuda() && out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(),
+  CLIP_FLASH_CHECK(out.is_cuda() && out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(),
               "out must be a contiguous 1-D CUDA uint8 tensor");
-  TORCH_CHECK(slots.size() == 3 * encoded.size(), "slots must hold (offset, height, width) per input");
+  CLIP_FLASH_CHECK(slots.size() == 3 * encoded.size(), "slots must hold (offset, height, width) per input");
   for (const auto& data : encoded) {
-    TORCH_CHECK(!data.is_cuda() && data.scalar_type() == at::kByte && data.dim() == 1 && data.is_contiguous(),
+    CLIP_FLASH_CHECK(!data.is_cuda() && data.scalar_type() == at::kByte && data.dim() == 1 && data.is_contiguous(),
                 "each encoded image must be a contiguous 1-D uint8 CPU tensor");
   }
   std::lock_guard<std::mutex> lock(decoder_mutex);
@@ -139,7 +141,7 @@ std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, co
         frame_width != width || frame_height != height) {
       continue;
     }
-    TORCH_CHECK(offset + height * width * 3 <= out.numel(), "input ", index, "'s slot lies outside out");
+    CLIP_FLASH_CHECK(offset + height * width * 3 <= out.numel(), "input ", index, "'s slot lies outside out");
     nvjpegImage_t image{};
     image.channel[0] = out.data_ptr<uint8_t>() + offset;
     image.pitch[0] = static_cast<size_t>(width) * 3;
@@ -154,12 +156,12 @@ std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, co
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   nvjpegStatus_t status = api.batched_initialize(decoder.handle, decoder.state, static_cast<int>(images.size()), 1,
                                                  NVJPEG_OUTPUT_RGBI);
-  TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatchedInitialize failed: ", static_cast<int>(status));
+  CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatchedInitialize failed: ", static_cast<int>(status));
   status = api.decode_batched(decoder.handle, decoder.state, data.data(), lengths.data(), images.data(), stream);
-  TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatched failed: ", static_cast<int>(status));
+  CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatched failed: ", static_cast<int>(status));
   // The inputs and the decoder's state are reused by the next call: it starts after this batch is decoded.
   const cudaError_t waited = cudaStreamSynchronize(stream);
-  TORCH_CHECK(waited == cudaSuccess, "nvJPEG decode failed on the device: ", cudaGetErrorString(waited));
+  CLIP_FLASH_CHECK(waited == cudaSuccess, "nvJPEG decode failed on the device: ", cudaGetErrorString(waited));
   return written;
 }
 
@@ -167,7 +169,7 @@ std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, co
 
 std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>&, const at::Tensor&, const std::vector<int64_t>&,
                                       const std::string&) {
-  TORCH_CHECK(false, "nvJPEG unavailable: the extension was built without <nvjpeg.h>");
+  CLIP_FLASH_CHECK(false, "nvJPEG unavailable: the extension was built without <nvjpeg.h>");
 }
 
 #endif

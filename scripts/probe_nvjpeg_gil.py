@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     decoders = {"torchvision": decode}
     extension = load_extension()
     if extension is not None and hasattr(extension, "nvjpeg_hw_decode"):
-        os.environ[nvjpeg_packed.HARDWARE_SWITCH] = "1"  # the route is what is probed, opt-in or not
+        os.environ.pop(nvjpeg_packed.HARDWARE_SWITCH, None)  # the route is what is probed, even if turned off
         headers = [scan_jpeg_header(data.numpy().tobytes()) for data in encoded]
         slots, end = [], 0
         for header in headers:

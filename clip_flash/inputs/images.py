@@ -113,9 +113,10 @@ class ImagePreprocessor:
             interpolates: up to tens of levels apart; see ``gpu_chroma``;
             ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
         workers: CPU workers decoding (default: the cores this process may use; with ``decode="gpu"``, which
-            only reads files on the CPU, at most ``GPU_DECODE_READERS``).
-        executor: ``"auto"`` (default: ``"process"`` where decoded pixels, or with ``decode="gpu"`` the JPEG
-            bytes, go to the GPU through shared arenas, i.e. a CUDA device on Linux; ``"thread"`` otherwise), ``"thread"`` (the
+            only reads files and headers on the CPU, at most ``GPU_DECODE_READERS``).
+        executor: ``"auto"`` (default: ``"process"`` where decoded pixels, or with ``decode="gpu"`` the
+            JPEG bytes, go to the GPU through shared arenas, i.e. a CUDA device on Linux; ``"thread"``
+            otherwise), ``"thread"`` (the
             decoders release the GIL, but Pillow's header parsing and the bookkeeping do not: a cap on
             many cores) or ``"process"`` (no GIL cap; workers are forked from a fork server that imported
             the decoding modules once, or spawned where there is none; a script using them needs the usual
@@ -224,10 +225,10 @@ class ImagePreprocessor:
     def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
         """The CPU step: read and decode every input (in the worker pool). Never raises for a bad input.
 
-        With ``decode="gpu"`` it reads the JPEGs and their headers. With nvJPEG's hardware route turned on
-        (``CLIP_FLASH_NVJPEG_HW=1``; see :mod:`.nvjpeg_packed`) it also decodes the baseline colour ones
-        straight into the resize kernel's layout on the device, ahead of the batch, since that call releases
-        the GIL; :meth:`prepare` runs torchvision's nvJPEG decode on whatever is left."""
+        With ``decode="gpu"`` it reads the JPEGs and their headers and, where nvJPEG's hardware decoder runs
+        (see :mod:`.nvjpeg_packed`), decodes the baseline colour ones straight into the resize kernel's
+        layout on the device, ahead of the batch, since that call releases the GIL; :meth:`prepare` runs
+        torchvision's nvJPEG decode on whatever is left."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
         decoded = self._cpu_step(list(items))

@@ -12,9 +12,12 @@ The decode call releases the GIL for the whole batch (measured: a 256-photo deco
 busy Python thread, 14.2 ms alone; torchvision's batched call 1,090 ms and 14.1 ms), so :meth:`decode` runs
 it on a decoding thread, ahead of the batch on the device. It takes baseline 3-component JPEGs; the rest
 (progressive, grayscale) and anything it leaves go to torchvision's decoder in ``prepare``
-(:mod:`.gpu_jpeg`). The pixels are torchvision's hardware-decoded pixels exactly (GPU test).
+(:mod:`.gpu_jpeg`). The pixels are torchvision's hardware-decoded pixels exactly (GPU test), so the fast
+path's rows are the same with the route or without it.
 
-Opt-in (``CLIP_FLASH_NVJPEG_HW=1``) until its end-to-end benchmark has run.
+On by default where it runs: a GPU with a hardware JPEG decoder (A100, H100 and later) and the extension
+built with ``<nvjpeg.h>``. Elsewhere the first batch finds out (logged once) and torchvision decodes.
+``CLIP_FLASH_NVJPEG_HW=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from .transform_spec import ImageTransformSpec
 
 logger = logging.getLogger(__name__)
 
-HARDWARE_SWITCH = "CLIP_FLASH_NVJPEG_HW"
+HARDWARE_SWITCH = "CLIP_FLASH_NVJPEG_HW"  # "0": torchvision's decoder only
 _HARDWARE: Dict[str, Optional[str]] = {"unavailable": None}  # why the hardware decode cannot run here
 
 
@@ -67,9 +70,9 @@ class PackedJpegs:
 
 
 def hardware_decoder_usable() -> bool:
-    """Whether the hardware route is turned on (``CLIP_FLASH_NVJPEG_HW=1``), built, and has not found that it
-    cannot run here."""
-    if os.environ.get(HARDWARE_SWITCH, "").strip() != "1" or _HARDWARE["unavailable"] is not None:
+    """Whether the hardware route is built, not turned off (``CLIP_FLASH_NVJPEG_HW=0``), and has not found
+    that it cannot run here."""
+    if os.environ.get(HARDWARE_SWITCH, "").strip() == "0" or _HARDWARE["unavailable"] is not None:
         return False
     extension = load_extension()
     return extension is not None and hasattr(extension, "nvjpeg_hw_decode")

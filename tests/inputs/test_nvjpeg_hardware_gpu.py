@@ -124,3 +124,53 @@ def test_images_the_transform_cannot_resize_stay_out_of_the_layout(route_on, pho
         prepared = prep.prepare(decoded)
     assert [index for index, _ in prepared.failures] == [0]
     assert set(prepared.indices) == set(range(1, len(inputs)))
+
+
+@cuda
+def test_a_missing_library_is_a_clear_error_not_a_crash(tmp_path):
+    """The call reports what it cannot do from where the GIL is released (a TORCH_CHECK there crashed the
+    process): a fresh process, as the library is opened once per process."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import torch
+        from clip_flash.ops._extension import load_extension
+        extension = load_extension()
+        out = torch.empty(16, dtype=torch.uint8, device="cuda")
+        try:
+            extension.nvjpeg_hw_decode([torch.zeros(4, dtype=torch.uint8)], out, [0, 1, 1],
+                                       {str(tmp_path / "libnvjpeg.so.0")!r})
+        except RuntimeError as error:
+            print("raised:", error)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "raised: nvJPEG unavailable: cannot open" in done.stdout or "built without <nvjpeg.h>" in done.stdout
+
+
+@cuda
+def test_where_the_route_cannot_run_torchvision_decodes_everything(monkeypatch, route_on, vit_b32_preprocess,
+                                                                   photo_files):
+    """A GPU without a hardware decoder: the first batch learns it, says so once, and gives the same rows."""
+    class NoHardwareDecoder:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def nvjpeg_hw_decode(self, *args):
+            raise RuntimeError("nvJPEG unavailable: no hardware decoder on device 0 (nvjpegCreateEx status 7)")
+
+    real = nvjpeg_packed.load_extension()
+    if real is None or not hasattr(real, "nvjpeg_hw_decode"):
+        pytest.skip("clip_flash._C with nvjpeg_hw_decode is not built")
+    with _fast(vit_b32_preprocess) as prep:
+        reference = prep(photo_files)
+    monkeypatch.setattr(nvjpeg_packed, "load_extension", lambda: NoHardwareDecoder())
+    monkeypatch.setitem(nvjpeg_packed._HARDWARE, "unavailable", None)
+    with _fast(vit_b32_preprocess) as prep:
+        decoded = prep.decode(photo_files)
+        assert decoded.on_gpu is None and "no hardware decoder" in nvjpeg_packed._HARDWARE["unavailable"]
+        assert not nvjpeg_packed.hardware_decoder_usable()
+        prepared = prep.prepare(decoded)
+    assert prepared.indices == reference.indices and torch.equal(prepared.pixels, reference.pixels)
