@@ -1,9 +1,8 @@
-// Checks for code that runs with the GIL released (the bindings marked NO_GIL).
+// Checks for code that runs with the GIL released (the bindings wrapped in without_gil, csrc/bindings.cpp).
 //
-// A TORCH_CHECK that failed there crashed the process on the H100 machine (segmentation fault, torch 2.11):
-// building a c10::Error records where it came from, and in a Python process that reaches into the
-// interpreter, which needs the GIL. These throw a plain std::runtime_error, which touches nothing of Python;
-// pybind11 turns it into a RuntimeError once the GIL is back.
+// These throw a plain std::runtime_error, which needs nothing from Python to build (a TORCH_CHECK's
+// c10::Error also records a backtrace); without_gil rethrows it once the GIL is back, and pybind11 turns it
+// into a RuntimeError.
 #pragma once
 
 #include <stdexcept>
