@@ -4,11 +4,9 @@
 // Narrow includes instead of <torch/extension.h> cut this file's compile time about 3x; the stream comes
 // from c10's CUDAStream.h rather than ATen's CUDAContext.h, which also needs the cuBLAS/cuSPARSE headers
 // that a minimal CUDA toolkit lacks.
-#include <exception>
 #include <optional>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -196,56 +194,22 @@ void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::
 
 // Defined in jpeg_chroma_binding.cpp.
 at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertical);
-void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images);
+std::string jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images);
 
 // Defined in nvjpeg_decode.cpp.
-std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, const at::Tensor& out,
-                                      const std::vector<int64_t>& slots, const std::string& library_path);
+std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
+                                                               const at::Tensor& out,
+                                                               const std::vector<int64_t>& slots,
+                                                               const std::string& library_path);
 
 }  // namespace clip_flash
 
 // The image kernels run in the decoding threads, once per batch, beside a main thread that launches the
 // encoder: a launch there that blocks on a full launch queue must not stall the main thread, so those calls
-// release the GIL (without_gil). The per-layer ops run in the main thread, tens of times per batch: releasing
-// the GIL there would hand it to any busy Python thread (tokenizing, reading) at every op, and getting it back
+// release the GIL (NO_GIL). The per-layer ops run in the main thread, tens of times per batch: releasing the
+// GIL there would hand it to any busy Python thread (tokenizing, reading) at every op, and getting it back
 // takes up to the interpreter's switch interval (5 ms) each time. They hold it, as torch's own operators do.
-//
-// An exception thrown with the GIL released and left to unwind through pybind11's call_guard crashed the
-// process on the H100 machine (segmentation fault; a TORCH_CHECK's c10::Error and a std::runtime_error
-// alike). So without_gil catches it before the GIL is taken back, and rethrows it after.
-template <typename Result, typename... Args>
-auto without_gil(Result (*function)(Args...)) {
-  return [function](Args... args) -> Result {
-    std::exception_ptr failure;
-    if constexpr (std::is_void_v<Result>) {
-      {
-        py::gil_scoped_release no_gil;
-        try {
-          function(std::forward<Args>(args)...);
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-      if (failure) {
-        std::rethrow_exception(failure);
-      }
-    } else {
-      std::optional<Result> result;
-      {
-        py::gil_scoped_release no_gil;
-        try {
-          result.emplace(function(std::forward<Args>(args)...));
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-      if (failure) {
-        std::rethrow_exception(failure);
-      }
-      return std::move(*result);
-    }
-  };
-}
+#define NO_GIL py::call_guard<py::gil_scoped_release>()
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "CUDA kernels of clip_flash (float16/bfloat16; inputs of any rank, taken as rows over the last dim; outputs "
@@ -262,17 +226,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("residual_add", &clip_flash::residual_add,
              "residual + scale * delta; returns a new tensor.", py::arg("residual"), py::arg("delta"),
              py::arg("scale"));
-  module.def("image_resample", without_gil(&clip_flash::image_resample), "OpenCLIP's eval image transform of a packed uint8 batch, "
+  module.def("image_resample", &clip_flash::image_resample, "OpenCLIP's eval image transform of a packed uint8 batch, "
              "bit-exact with Pillow; writes into out.", py::arg("pixels"), py::arg("meta"), py::arg("tables"),
-             py::arg("lut"), py::arg("out"));
-  module.def("jpeg_chroma", without_gil(&clip_flash::jpeg_chroma), "nvJPEG's RGB of 4:2:2/4:2:0 JPEGs with the chroma "
+             py::arg("lut"), py::arg("out"), NO_GIL);
+  module.def("jpeg_chroma", &clip_flash::jpeg_chroma, "nvJPEG's RGB of 4:2:2/4:2:0 JPEGs with the chroma "
              "re-upsampled the libjpeg-turbo way (not exact); returns a new tensor.", py::arg("rgb"),
-             py::arg("horizontal"), py::arg("vertical"));
-  module.def("jpeg_chroma_packed", without_gil(&clip_flash::jpeg_chroma_packed), "jpeg_chroma in place on a packed uint8 buffer; "
-             "images: CPU int64 (n, 5) of (byte offset, H, W, horizontal, vertical).", py::arg("pixels"),
-             py::arg("images"));
-  module.def("nvjpeg_hw_decode", without_gil(&clip_flash::nvjpeg_hw_decode), "Baseline 3-component JPEGs decoded by nvJPEG's "
+             py::arg("horizontal"), py::arg("vertical"), NO_GIL);
+  module.def("jpeg_chroma_packed", &clip_flash::jpeg_chroma_packed, "jpeg_chroma in place on a packed uint8 buffer; "
+             "images: CPU int64 (n, 5) of (byte offset, H, W, horizontal, vertical). Returns why it could not (empty: done).", py::arg("pixels"),
+             py::arg("images"), NO_GIL);
+  module.def("nvjpeg_hw_decode", &clip_flash::nvjpeg_hw_decode, "Baseline 3-component JPEGs decoded by nvJPEG's "
              "hardware decoder straight into out (1-D CUDA uint8), input i's (H, W, 3) RGB at byte slots[3i] when "
-             "its frame is slots[3i+1] x slots[3i+2]; returns 1 per input written, 0 per input left. Waits for them, "
-             "without the GIL.", py::arg("encoded"), py::arg("out"), py::arg("slots"), py::arg("library_path"));
+             "its frame is slots[3i+1] x slots[3i+2]; returns (1 per input written, 0 per input left; why the batch "
+             "failed, empty if it did not). Waits for them, without the GIL.", py::arg("encoded"), py::arg("out"), py::arg("slots"), py::arg("library_path"), NO_GIL);
 }

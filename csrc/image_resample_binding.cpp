@@ -6,15 +6,14 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "image_resample.h"
-#include "no_gil_check.h"
 
 namespace clip_flash {
 namespace {
 
 void check_cuda_contiguous(const at::Tensor& t, const at::Tensor& like, at::ScalarType type, const char* name) {
-  CLIP_FLASH_CHECK(t.is_cuda() && t.device() == like.device(), name, " must be a CUDA tensor on ", like.device());
-  CLIP_FLASH_CHECK(t.scalar_type() == type, name, " must be ", type, ", got ", t.scalar_type());
-  CLIP_FLASH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), name, " must be a CUDA tensor on ", like.device());
+  TORCH_CHECK(t.scalar_type() == type, name, " must be ", type, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
 }  // namespace
@@ -23,20 +22,20 @@ void check_cuda_contiguous(const at::Tensor& t, const at::Tensor& like, at::Scal
 // bfloat16, with `lut` (3, 256) of the same dtype.
 void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::Tensor& tables,
                     const at::Tensor& lut, at::Tensor& out) {
-  CLIP_FLASH_CHECK(out.is_cuda() && out.dim() == 4 && out.size(1) == 3 && out.is_contiguous(),
+  TORCH_CHECK(out.is_cuda() && out.dim() == 4 && out.size(1) == 3 && out.is_contiguous(),
               "out must be a contiguous CUDA tensor (n, 3, H, W), got ", out.sizes());
   const at::ScalarType type = out.scalar_type();
-  CLIP_FLASH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
+  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
               "out must be float32, float16 or bfloat16, got ", type);
   check_cuda_contiguous(pixels, out, at::kByte, "pixels");
   check_cuda_contiguous(meta, out, at::kLong, "meta");
   check_cuda_contiguous(tables, out, at::kInt, "tables");
   check_cuda_contiguous(lut, out, type, "lut");
-  CLIP_FLASH_CHECK(lut.numel() == 3 * 256, "lut must have 3 x 256 entries, got ", lut.numel());
-  CLIP_FLASH_CHECK(meta.dim() == 2 && meta.size(0) == out.size(0) && meta.size(1) == kImageMetaFields,
+  TORCH_CHECK(lut.numel() == 3 * 256, "lut must have 3 x 256 entries, got ", lut.numel());
+  TORCH_CHECK(meta.dim() == 2 && meta.size(0) == out.size(0) && meta.size(1) == kImageMetaFields,
               "meta must be (", out.size(0), ", ", static_cast<int>(kImageMetaFields), "), got ", meta.sizes());
-  CLIP_FLASH_CHECK(out.size(0) <= 65535, "at most 65535 images per launch, got ", out.size(0));
-  CLIP_FLASH_CHECK(out.size(2) <= INT32_MAX && out.size(3) <= kImageResampleMaxWidth,
+  TORCH_CHECK(out.size(0) <= 65535, "at most 65535 images per launch, got ", out.size(0));
+  TORCH_CHECK(out.size(2) <= INT32_MAX && out.size(3) <= kImageResampleMaxWidth,
               "output width must be at most ", kImageResampleMaxWidth, ", got ", out.size(3));
   const c10::cuda::CUDAGuard device_guard(out.device());
   ImageResampleArgs args;
@@ -50,7 +49,7 @@ void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::
   args.out_w = static_cast<int>(out.size(3));
   args.word_bytes = type == at::kFloat ? 4 : 2;
   launch_image_resample(args, c10::cuda::getCurrentCUDAStream());
-  CLIP_FLASH_LAUNCH_CHECK();
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace clip_flash

@@ -5,21 +5,21 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <string>
 
 #include "jpeg_chroma.h"
-#include "no_gil_check.h"
 
 namespace clip_flash {
 
 // nvJPEG's (n, H, W, 3) uint8 RGB of 4:2:2 (horizontal 2, vertical 1) or 4:2:0 (2, 2) JPEGs, with the
 // chroma re-upsampled and converted the way libjpeg-turbo does; returns a new tensor of the same shape.
 at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertical) {
-  CLIP_FLASH_CHECK(rgb.is_cuda() && rgb.scalar_type() == at::kByte && rgb.is_contiguous() && rgb.dim() == 4 &&
+  TORCH_CHECK(rgb.is_cuda() && rgb.scalar_type() == at::kByte && rgb.is_contiguous() && rgb.dim() == 4 &&
                   rgb.size(3) == 3,
               "rgb must be a contiguous CUDA uint8 tensor (n, H, W, 3), got ", rgb.sizes(), " ", rgb.scalar_type());
-  CLIP_FLASH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2),
+  TORCH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2),
               "chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ", vertical, ")");
-  CLIP_FLASH_CHECK(rgb.size(1) > 0 && rgb.size(2) > 0 && rgb.size(1) <= INT32_MAX / 4 && rgb.size(2) <= INT32_MAX / 4,
+  TORCH_CHECK(rgb.size(1) > 0 && rgb.size(2) > 0 && rgb.size(1) <= INT32_MAX / 4 && rgb.size(2) <= INT32_MAX / 4,
               "image size out of range: ", rgb.sizes());
   const c10::cuda::CUDAGuard device_guard(rgb.device());
   at::Tensor out = at::empty_like(rgb);
@@ -41,33 +41,40 @@ at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertic
   args.chroma = chroma.data_ptr<uint8_t>();
   args.out = out.data_ptr<uint8_t>();
   launch_jpeg_chroma(args, c10::cuda::getCurrentCUDAStream());
-  CLIP_FLASH_LAUNCH_CHECK();
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
 // The same step in place on a packed batch: `pixels` a 1-D CUDA uint8 buffer, `images` a CPU int64 (n, 5) of
 // (byte offset of the image's (H, W, 3) RGB in `pixels`, H, W, horizontal, vertical) per image to refine.
 // One launch pair for the whole batch, whatever the sizes; the per-image table goes up with one copy.
-void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
-  CLIP_FLASH_CHECK(pixels.is_cuda() && pixels.scalar_type() == at::kByte && pixels.is_contiguous() && pixels.dim() == 1,
-              "pixels must be a contiguous 1-D CUDA uint8 tensor");
-  CLIP_FLASH_CHECK(!images.is_cuda() && images.scalar_type() == at::kLong && images.is_contiguous() && images.dim() == 2 &&
-                  images.size(1) == 5,
-              "images must be a contiguous CPU int64 tensor (n, 5): offset, height, width, horizontal, vertical");
+// Runs without the GIL, and reports a bad argument by returning why (empty: done), not by throwing: an
+// error raised from here once crashed the process on the H100 machine (segmentation fault, not understood).
+std::string jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
+  if (!(pixels.is_cuda() && pixels.scalar_type() == at::kByte && pixels.is_contiguous() && pixels.dim() == 1)) {
+    return "pixels must be a contiguous 1-D CUDA uint8 tensor";
+  }
+  if (!(!images.is_cuda() && images.scalar_type() == at::kLong && images.is_contiguous() && images.dim() == 2 &&
+        images.size(1) == 5)) {
+    return "images must be a contiguous CPU int64 tensor (n, 5): offset, height, width, horizontal, vertical";
+  }
   const int64_t n = images.size(0);
   if (n == 0) {
-    return;
+    return "";
   }
   // Everything is checked before anything is allocated.
   const int64_t* given = images.data_ptr<int64_t>();
   for (int64_t image = 0; image < n; ++image) {
     const int64_t* in = given + image * 5;
     const int64_t offset = in[0], height = in[1], width = in[2], horizontal = in[3], vertical = in[4];
-    CLIP_FLASH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2), "image ", image,
-                ": chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ", vertical, ")");
-    CLIP_FLASH_CHECK(height > 0 && width > 0 && height <= INT32_MAX / 4 && width <= INT32_MAX / 4 && offset >= 0 &&
-                    offset + height * width * 3 <= pixels.numel(),
-                "image ", image, ": ", height, "x", width, " at byte ", offset, " lies outside the buffer");
+    if (!(horizontal == 2 && (vertical == 1 || vertical == 2))) {
+      return c10::str("image ", image, ": chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ",
+                      vertical, ")");
+    }
+    if (!(height > 0 && width > 0 && height <= INT32_MAX / 4 && width <= INT32_MAX / 4 && offset >= 0 &&
+          offset + height * width * 3 <= pixels.numel())) {
+      return c10::str("image ", image, ": ", height, "x", width, " at byte ", offset, " lies outside the buffer");
+    }
   }
   const c10::cuda::CUDAGuard device_guard(pixels.device());
   at::Tensor table = at::empty({n, kChromaTableFields}, images.options().pinned_memory(true));
@@ -99,7 +106,8 @@ void jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
   args.max_blocks = max_blocks;
   args.max_pixels = max_pixels;
   launch_jpeg_chroma(args, c10::cuda::getCurrentCUDAStream());
-  CLIP_FLASH_LAUNCH_CHECK();
+  const cudaError_t launched = cudaGetLastError();
+  return launched == cudaSuccess ? "" : c10::str("CUDA kernel launch failed: ", cudaGetErrorString(launched));
 }
 
 }  // namespace clip_flash

@@ -5,15 +5,16 @@
 // nvJPEG is opened with dlopen at first use (the library path comes from Python), so the extension neither
 // links against it nor needs it to import; without <nvjpeg.h> at build time only a stub is compiled.
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include "no_gil_check.h"
 
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #if __has_include(<nvjpeg.h>)
@@ -54,47 +55,62 @@ NvjpegApi api;
 bool api_loaded = false;
 std::vector<std::unique_ptr<HardwareDecoder>> decoders;  // by device index; never destroyed (as torchvision)
 
+// Each step returns why it failed (empty: it did not): nothing here throws (see nvjpeg_hw_decode).
 template <typename Function>
-void resolve(void* library, const char* name, Function* target) {
+std::string resolve(void* library, const char* name, Function* target) {
   *target = reinterpret_cast<Function>(dlsym(library, name));
-  CLIP_FLASH_CHECK(*target != nullptr, "nvJPEG unavailable: ", name, " not found in the library");
+  return *target != nullptr ? "" : c10::str("nvJPEG unavailable: ", name, " not found in the library");
 }
 
-void load_api(const std::string& library_path) {
+std::string load_api(const std::string& library_path) {
   if (api_loaded) {
-    return;
+    return "";
   }
   void* library = dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  CLIP_FLASH_CHECK(library != nullptr, "nvJPEG unavailable: cannot open ", library_path, ": ", dlerror());
-  resolve(library, "nvjpegCreateEx", &api.create_ex);
-  resolve(library, "nvjpegJpegStateCreate", &api.state_create);
-  resolve(library, "nvjpegJpegStreamCreate", &api.stream_create);
-  resolve(library, "nvjpegJpegStreamParseHeader", &api.parse_header);
-  resolve(library, "nvjpegJpegStreamGetFrameDimensions", &api.frame_dimensions);
-  resolve(library, "nvjpegJpegStreamGetComponentsNum", &api.components);
-  resolve(library, "nvjpegDecodeBatchedSupported", &api.batched_supported);
-  resolve(library, "nvjpegDecodeBatchedInitialize", &api.batched_initialize);
-  resolve(library, "nvjpegDecodeBatched", &api.decode_batched);
+  if (library == nullptr) {
+    return c10::str("nvJPEG unavailable: cannot open ", library_path, ": ", dlerror());
+  }
+  for (const std::string& missing :
+       {resolve(library, "nvjpegCreateEx", &api.create_ex), resolve(library, "nvjpegJpegStateCreate", &api.state_create),
+        resolve(library, "nvjpegJpegStreamCreate", &api.stream_create),
+        resolve(library, "nvjpegJpegStreamParseHeader", &api.parse_header),
+        resolve(library, "nvjpegJpegStreamGetFrameDimensions", &api.frame_dimensions),
+        resolve(library, "nvjpegJpegStreamGetComponentsNum", &api.components),
+        resolve(library, "nvjpegDecodeBatchedSupported", &api.batched_supported),
+        resolve(library, "nvjpegDecodeBatchedInitialize", &api.batched_initialize),
+        resolve(library, "nvjpegDecodeBatched", &api.decode_batched)}) {
+    if (!missing.empty()) {
+      return missing;
+    }
+  }
   api_loaded = true;
+  return "";
 }
 
-HardwareDecoder& decoder_for(int device) {
+std::string make_decoder(int device) {
   if (decoders.size() <= static_cast<size_t>(device)) {
     decoders.resize(device + 1);
   }
-  if (!decoders[device]) {
-    auto decoder = std::make_unique<HardwareDecoder>();
-    nvjpegStatus_t status =
-        api.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &decoder->handle);
-    CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvJPEG unavailable: no hardware decoder on device ", device,
-                " (nvjpegCreateEx status ", static_cast<int>(status), ")");
-    status = api.state_create(decoder->handle, &decoder->state);
-    CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegJpegStateCreate failed: ", static_cast<int>(status));
-    status = api.stream_create(decoder->handle, &decoder->stream);
-    CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegJpegStreamCreate failed: ", static_cast<int>(status));
-    decoders[device] = std::move(decoder);
+  if (decoders[device]) {
+    return "";
   }
-  return *decoders[device];
+  auto decoder = std::make_unique<HardwareDecoder>();
+  nvjpegStatus_t status = api.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT,
+                                        &decoder->handle);
+  if (status != NVJPEG_STATUS_SUCCESS) {
+    return c10::str("nvJPEG unavailable: no hardware decoder on device ", device, " (nvjpegCreateEx status ",
+                    static_cast<int>(status), ")");
+  }
+  status = api.state_create(decoder->handle, &decoder->state);
+  if (status != NVJPEG_STATUS_SUCCESS) {
+    return c10::str("nvjpegJpegStateCreate failed: ", static_cast<int>(status));
+  }
+  status = api.stream_create(decoder->handle, &decoder->stream);
+  if (status != NVJPEG_STATUS_SUCCESS) {
+    return c10::str("nvjpegJpegStreamCreate failed: ", static_cast<int>(status));
+  }
+  decoders[device] = std::move(decoder);
+  return "";
 }
 
 }  // namespace
@@ -103,25 +119,44 @@ HardwareDecoder& decoder_for(int device) {
 // CUDA buffer (the resize kernel's packed layout): input i's (H, W, 3) RGB pixels at byte slots[3i], where
 // slots[3i + 1], slots[3i + 2] give the H and W its header scan found. Written on the current CUDA stream, and
 // waited for. Returns, per input, 1 where it wrote the pixels and 0 where it left them (slot -1, progressive,
-// grayscale, unparsable, or a frame size other than the slot's). Throws when the batch itself fails; "nvJPEG
-// unavailable" when it cannot run here. It allocates nothing: a CUDA tensor allocated per image took the GIL
-// back each time (measured beside a busy Python thread), as torchvision's call does.
-std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, const at::Tensor& out,
-                                      const std::vector<int64_t>& slots, const std::string& library_path) {
-  CLIP_FLASH_CHECK(out.is_cuda() && out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(),
-              "out must be a contiguous 1-D CUDA uint8 tensor");
-  CLIP_FLASH_CHECK(slots.size() == 3 * encoded.size(), "slots must hold (offset, height, width) per input");
+// grayscale, unparsable, or a frame size other than the slot's), and why the batch failed (empty: it did not;
+// "nvJPEG unavailable: ..." when it cannot run here). It runs without the GIL and throws nothing: a throw from
+// such a call crashed the process on the H100 machine. It allocates nothing: a CUDA tensor allocated per image
+// took the GIL back each time (measured beside a busy Python thread), as torchvision's call does.
+std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
+                                                               const at::Tensor& out,
+                                                               const std::vector<int64_t>& slots,
+                                                               const std::string& library_path) {
+  std::vector<int64_t> written(encoded.size(), 0);
+  if (!(out.is_cuda() && out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous())) {
+    return {written, "out must be a contiguous 1-D CUDA uint8 tensor"};
+  }
+  if (slots.size() != 3 * encoded.size()) {
+    return {written, "slots must hold (offset, height, width) per input"};
+  }
   for (const auto& data : encoded) {
-    CLIP_FLASH_CHECK(!data.is_cuda() && data.scalar_type() == at::kByte && data.dim() == 1 && data.is_contiguous(),
-                "each encoded image must be a contiguous 1-D uint8 CPU tensor");
+    if (data.is_cuda() || data.scalar_type() != at::kByte || data.dim() != 1 || !data.is_contiguous()) {
+      return {written, "each encoded image must be a contiguous 1-D uint8 CPU tensor"};
+    }
+  }
+  for (size_t index = 0; index < encoded.size(); ++index) {
+    const int64_t offset = slots[3 * index], height = slots[3 * index + 1], width = slots[3 * index + 2];
+    if (offset >= 0 && (height <= 0 || width <= 0 || offset + height * width * 3 > out.numel())) {
+      return {written, c10::str("input ", index, "'s slot lies outside out")};
+    }
   }
   std::lock_guard<std::mutex> lock(decoder_mutex);
-  load_api(library_path);
+  std::string failure = load_api(library_path);
   const c10::DeviceIndex device = out.device().index();
   const c10::cuda::CUDAGuard device_guard(device);
-  HardwareDecoder& decoder = decoder_for(static_cast<int>(device));
+  if (failure.empty()) {
+    failure = make_decoder(static_cast<int>(device));
+  }
+  if (!failure.empty()) {
+    return {written, failure};
+  }
+  HardwareDecoder& decoder = *decoders[device];
 
-  std::vector<int64_t> written(encoded.size(), 0);
   std::vector<const unsigned char*> data;
   std::vector<size_t> lengths;
   std::vector<nvjpegImage_t> images;
@@ -141,7 +176,6 @@ std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, co
         frame_width != width || frame_height != height) {
       continue;
     }
-    CLIP_FLASH_CHECK(offset + height * width * 3 <= out.numel(), "input ", index, "'s slot lies outside out");
     nvjpegImage_t image{};
     image.channel[0] = out.data_ptr<uint8_t>() + offset;
     image.pitch[0] = static_cast<size_t>(width) * 3;
@@ -151,25 +185,33 @@ std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded, co
     images.push_back(image);
   }
   if (images.empty()) {
-    return written;
+    return {written, ""};
   }
+  std::vector<int64_t> none(encoded.size(), 0);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   nvjpegStatus_t status = api.batched_initialize(decoder.handle, decoder.state, static_cast<int>(images.size()), 1,
                                                  NVJPEG_OUTPUT_RGBI);
-  CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatchedInitialize failed: ", static_cast<int>(status));
+  if (status != NVJPEG_STATUS_SUCCESS) {
+    return {none, c10::str("nvjpegDecodeBatchedInitialize failed: ", static_cast<int>(status))};
+  }
   status = api.decode_batched(decoder.handle, decoder.state, data.data(), lengths.data(), images.data(), stream);
-  CLIP_FLASH_CHECK(status == NVJPEG_STATUS_SUCCESS, "nvjpegDecodeBatched failed: ", static_cast<int>(status));
+  if (status != NVJPEG_STATUS_SUCCESS) {
+    return {none, c10::str("nvjpegDecodeBatched failed: ", static_cast<int>(status))};
+  }
   // The inputs and the decoder's state are reused by the next call: it starts after this batch is decoded.
   const cudaError_t waited = cudaStreamSynchronize(stream);
-  CLIP_FLASH_CHECK(waited == cudaSuccess, "nvJPEG decode failed on the device: ", cudaGetErrorString(waited));
-  return written;
+  if (waited != cudaSuccess) {
+    return {none, c10::str("nvJPEG decode failed on the device: ", cudaGetErrorString(waited))};
+  }
+  return {written, ""};
 }
 
 #else
 
-std::vector<int64_t> nvjpeg_hw_decode(const std::vector<at::Tensor>&, const at::Tensor&, const std::vector<int64_t>&,
-                                      const std::string&) {
-  CLIP_FLASH_CHECK(false, "nvJPEG unavailable: the extension was built without <nvjpeg.h>");
+std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
+                                                               const at::Tensor&, const std::vector<int64_t>&,
+                                                               const std::string&) {
+  return {std::vector<int64_t>(encoded.size(), 0), "nvJPEG unavailable: the extension was built without <nvjpeg.h>"};
 }
 
 #endif

@@ -151,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cases = [(f"{model}-stock", "stock", "cpu", "thread"),
                      (f"{model}-exact-threads", "clip_flash", "cpu", "thread"),
                      (f"{model}-exact-processes", "clip_flash", "cpu", "process"),
-                     (f"{model}-gpu-decode", "clip_flash", "gpu", "thread")]
+                     (f"{model}-gpu-decode", "clip_flash", "gpu", "process")]
             done = {}
             for name, pipeline, decode, executor in cases:
                 if decode == "gpu" and device.type != "cuda":
@@ -166,7 +166,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 photos = case["summary"]["items"] // repeats[model]
                 label = ("stock OpenCLIP (DataLoader)" if pipeline == "stock" else
                          f"clip_flash, exact, decode in {'processes' if executor == 'process' else 'threads'}"
-                         if decode == "cpu" else "clip_flash, decode gpu")
+                         if decode == "cpu" else "clip_flash, decode gpu, read in processes")
                 rows.append(_row(model, f"{photos} photos x {repeats[model]}", label, case, stock,
                                  ceilings[model]["image"], compare(case["out"], stock["out"])))
             for case in done.values():

@@ -95,25 +95,32 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
     with torch.cuda.stream(work_stream(device)):
         try:
             plan, candidates = _plan(candidates, spec)
+        except ValueError as error:
+            logger.debug("no layout for the batch's JPEGs (%s); torchvision decodes them", describe_error(error))
+            return None
+        try:
             buffer = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
             buffer[: plan.pixels_at].copy_(plan.allocate_head(pin=True), non_blocking=True)
-            offsets = plan.pixels_at + plan.meta[:, 0]
-            slots = np.stack([offsets, plan.meta[:, 1], plan.meta[:, 2]], axis=1).reshape(-1).tolist()
-            written = [bool(done) for done in extension.nvjpeg_hw_decode(
-                [item.encoded for item in candidates], buffer, slots, _nvjpeg_library())]
-            if chroma == "libjpeg":
-                _refine_chroma_in_place(extension, buffer, candidates, written, offsets, plan)
-        except RuntimeError as error:
-            if "nvJPEG unavailable" in str(error):
-                _HARDWARE["unavailable"] = describe_error(error)
-                logger.info("nvJPEG's hardware decode cannot run here (%s); torchvision's decodes",
-                            _HARDWARE["unavailable"])
+        except RuntimeError as error:  # e.g. out of memory: torchvision's route decides
+            logger.debug("no device buffer for the batch's JPEGs (%s)", describe_error(error))
+            return None
+        offsets = plan.pixels_at + plan.meta[:, 0]
+        slots = np.stack([offsets, plan.meta[:, 1], plan.meta[:, 2]], axis=1).reshape(-1).tolist()
+        # The calls say why they could not, rather than raise from where the GIL is released.
+        written, failure = extension.nvjpeg_hw_decode([item.encoded for item in candidates], buffer, slots,
+                                                      _nvjpeg_library())
+        if not failure and chroma == "libjpeg":
+            failure = _refine_chroma_in_place(extension, buffer, candidates, written, offsets, plan)
+        if failure:
+            if failure.startswith("nvJPEG unavailable"):
+                _HARDWARE["unavailable"] = failure
+                logger.info("nvJPEG's hardware decode cannot run here (%s); torchvision's decodes", failure)
             else:  # e.g. one bad file failed the batch: torchvision's decoder retries them one by one
-                logger.debug("nvJPEG hardware batch failed (%s); torchvision decodes it", describe_error(error))
+                logger.debug("nvJPEG hardware batch failed (%s); torchvision decodes it", failure)
             return None
         ready = torch.cuda.Event()
         ready.record()
-    return PackedJpegs(plan, buffer, candidates, written, ready)
+    return PackedJpegs(plan, buffer, candidates, [bool(done) for done in written], ready)
 
 
 def _plan(candidates: List[DecodedItem], spec: ImageTransformSpec) -> Tuple[BatchPlan, List[DecodedItem]]:
@@ -133,18 +140,18 @@ def _plan(candidates: List[DecodedItem], spec: ImageTransformSpec) -> Tuple[Batc
             except ValueError:
                 pass
         if not kept:
-            raise RuntimeError("no image of the batch can be resized") from None
+            raise ValueError("no image of the batch can be resized") from None
         return plan_batch(shapes(kept), spec), kept
 
 
-def _refine_chroma_in_place(extension, buffer: torch.Tensor, items: List[DecodedItem], written: List[bool],
-                            offsets: np.ndarray, plan: BatchPlan) -> None:
+def _refine_chroma_in_place(extension, buffer: torch.Tensor, items: List[DecodedItem], written: List[int],
+                            offsets: np.ndarray, plan: BatchPlan) -> str:
+    """One launch pair for the written subsampled images; returns why it could not (empty: done)."""
     rows = [(int(offsets[position]), int(plan.meta[position, 1]), int(plan.meta[position, 2]),
              *SUBSAMPLING[item.jpeg_sampling])
             for position, (item, done) in enumerate(zip(items, written))
             if done and item.jpeg_sampling in SUBSAMPLING]
-    if rows:
-        extension.jpeg_chroma_packed(buffer, torch.tensor(rows, dtype=torch.int64))
+    return extension.jpeg_chroma_packed(buffer, torch.tensor(rows, dtype=torch.int64)) if rows else ""
 
 
 @functools.lru_cache(maxsize=1)

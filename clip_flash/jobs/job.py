@@ -158,8 +158,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
         captions: None reads captions when the input has them; False ignores them. caption_column: for CSV/parquet.
         workers: decoding workers (default: the cores this process may use; stock: DataLoader workers = cores - 1).
-        executor: ``auto`` (processes where the exact path decodes into the GPU kernel's arenas, i.e. a CUDA
-            device; threads otherwise), ``thread`` or ``process`` decoding workers (processes are not capped by
+        executor: ``auto`` (processes where decoding feeds the GPU through shared arenas, the exact path's
+            pixels or the fast path's JPEG bytes, i.e. a CUDA device; threads otherwise), ``thread`` or ``process`` decoding workers (processes are not capped by
             the GIL; they fork from a fork server started while the model loads; a script using them needs the
             ``if __name__ == "__main__":`` guard).
         repeat: embed the input list this many times over (benchmarks on a small folder).
@@ -175,7 +175,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     device = resolve_device(device)
-    if pipeline == "clip_flash" and decode == "cpu" and (executor == "process" or (
+    if pipeline == "clip_flash" and (executor == "process" or (
             executor == "auto" and device.type == "cuda")) and not _caption_file(input):
         from clip_flash.inputs.decode_pool import prestart
 

@@ -208,7 +208,7 @@ def test_packed_chroma_kernel_equals_the_one_size_kernel():
     for image, row in zip(images, rows):
         buffer[row[0]:row[0] + image.numel()] = image.reshape(-1)
     untouched = torch.ones(offset, dtype=torch.bool, device="cuda")
-    extension.jpeg_chroma_packed(buffer, torch.tensor(rows, dtype=torch.int64))
+    assert extension.jpeg_chroma_packed(buffer, torch.tensor(rows, dtype=torch.int64)) == ""
     for image, row, sampling in zip(images, rows, samplings):
         got = buffer[row[0]:row[0] + image.numel()].view(image.shape)
         assert torch.equal(got, refine_nearest_chroma(image, sampling)), (row, sampling)
@@ -225,7 +225,7 @@ def test_packed_chroma_kernel_refuses_slots_outside_the_buffer():
         pytest.skip("clip_flash._C with jpeg_chroma_packed is not built")
     buffer = torch.zeros(64, dtype=torch.uint8, device="cuda")
     for row in [(62, 1, 1, 2, 2), (-1, 1, 1, 2, 2), (0, 0, 4, 2, 1)]:
-        with pytest.raises(RuntimeError, match="outside the buffer"):
-            extension.jpeg_chroma_packed(buffer, torch.tensor([row], dtype=torch.int64))
-    with pytest.raises(RuntimeError, match="chroma factors"):
-        extension.jpeg_chroma_packed(buffer, torch.tensor([(0, 2, 2, 1, 1)], dtype=torch.int64))
+        assert "outside the buffer" in extension.jpeg_chroma_packed(buffer, torch.tensor([row], dtype=torch.int64))
+    assert "chroma factors" in extension.jpeg_chroma_packed(buffer, torch.tensor([(0, 2, 2, 1, 1)], dtype=torch.int64))
+    assert "CUDA uint8" in extension.jpeg_chroma_packed(buffer.cpu(), torch.tensor([(0, 2, 2, 2, 2)], dtype=torch.int64))
+    assert (buffer == 0).all()
