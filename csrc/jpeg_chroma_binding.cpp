@@ -48,8 +48,9 @@ at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertic
 // The same step in place on a packed batch: `pixels` a 1-D CUDA uint8 buffer, `images` a CPU int64 (n, 5) of
 // (byte offset of the image's (H, W, 3) RGB in `pixels`, H, W, horizontal, vertical) per image to refine.
 // One launch pair for the whole batch, whatever the sizes; the per-image table goes up with one copy.
-// Runs without the GIL, and reports a bad argument by returning why (empty: done), not by throwing: an
-// error raised from here once crashed the process on the H100 machine (segmentation fault, not understood).
+// Runs without the GIL, and reports a bad argument by returning why (empty: done). Its messages are joined as
+// std::string: on the H100 machine, a message with numbers put together by c10::str (as TORCH_CHECK does) in
+// this extension crashed the process (segmentation fault), where messages of text alone did not.
 std::string jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& images) {
   if (!(pixels.is_cuda() && pixels.scalar_type() == at::kByte && pixels.is_contiguous() && pixels.dim() == 1)) {
     return "pixels must be a contiguous 1-D CUDA uint8 tensor";
@@ -68,12 +69,13 @@ std::string jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& image
     const int64_t* in = given + image * 5;
     const int64_t offset = in[0], height = in[1], width = in[2], horizontal = in[3], vertical = in[4];
     if (!(horizontal == 2 && (vertical == 1 || vertical == 2))) {
-      return c10::str("image ", image, ": chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ",
-                      vertical, ")");
+      return "image " + std::to_string(image) + ": chroma factors must be (2, 1) or (2, 2), got (" +
+             std::to_string(horizontal) + ", " + std::to_string(vertical) + ")";
     }
     if (!(height > 0 && width > 0 && height <= INT32_MAX / 4 && width <= INT32_MAX / 4 && offset >= 0 &&
           offset + height * width * 3 <= pixels.numel())) {
-      return c10::str("image ", image, ": ", height, "x", width, " at byte ", offset, " lies outside the buffer");
+      return "image " + std::to_string(image) + ": " + std::to_string(height) + "x" + std::to_string(width) +
+             " at byte " + std::to_string(offset) + " lies outside the buffer";
     }
   }
   const c10::cuda::CUDAGuard device_guard(pixels.device());
@@ -107,7 +109,7 @@ std::string jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& image
   args.max_pixels = max_pixels;
   launch_jpeg_chroma(args, c10::cuda::getCurrentCUDAStream());
   const cudaError_t launched = cudaGetLastError();
-  return launched == cudaSuccess ? "" : c10::str("CUDA kernel launch failed: ", cudaGetErrorString(launched));
+  return launched == cudaSuccess ? "" : std::string("CUDA kernel launch failed: ") + cudaGetErrorString(launched);
 }
 
 }  // namespace clip_flash

@@ -5,7 +5,6 @@
 // nvJPEG is opened with dlopen at first use (the library path comes from Python), so the extension neither
 // links against it nor needs it to import; without <nvjpeg.h> at build time only a stub is compiled.
 #include <ATen/ATen.h>
-#include <c10/util/StringUtil.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -55,11 +54,12 @@ NvjpegApi api;
 bool api_loaded = false;
 std::vector<std::unique_ptr<HardwareDecoder>> decoders;  // by device index; never destroyed (as torchvision)
 
-// Each step returns why it failed (empty: it did not): nothing here throws (see nvjpeg_hw_decode).
+// Each step returns why it failed (empty: it did not): nothing here throws (see nvjpeg_hw_decode), and messages
+// are joined as std::string (see jpeg_chroma_packed in csrc/jpeg_chroma_binding.cpp).
 template <typename Function>
 std::string resolve(void* library, const char* name, Function* target) {
   *target = reinterpret_cast<Function>(dlsym(library, name));
-  return *target != nullptr ? "" : c10::str("nvJPEG unavailable: ", name, " not found in the library");
+  return *target != nullptr ? "" : std::string("nvJPEG unavailable: ") + name + " not found in the library";
 }
 
 std::string load_api(const std::string& library_path) {
@@ -68,7 +68,7 @@ std::string load_api(const std::string& library_path) {
   }
   void* library = dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
-    return c10::str("nvJPEG unavailable: cannot open ", library_path, ": ", dlerror());
+    return "nvJPEG unavailable: cannot open " + library_path + ": " + dlerror();
   }
   for (const std::string& missing :
        {resolve(library, "nvjpegCreateEx", &api.create_ex), resolve(library, "nvjpegJpegStateCreate", &api.state_create),
@@ -98,16 +98,16 @@ std::string make_decoder(int device) {
   nvjpegStatus_t status = api.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT,
                                         &decoder->handle);
   if (status != NVJPEG_STATUS_SUCCESS) {
-    return c10::str("nvJPEG unavailable: no hardware decoder on device ", device, " (nvjpegCreateEx status ",
-                    static_cast<int>(status), ")");
+    return "nvJPEG unavailable: no hardware decoder on device " + std::to_string(device) +
+           " (nvjpegCreateEx status " + std::to_string(status) + ")";
   }
   status = api.state_create(decoder->handle, &decoder->state);
   if (status != NVJPEG_STATUS_SUCCESS) {
-    return c10::str("nvjpegJpegStateCreate failed: ", static_cast<int>(status));
+    return "nvjpegJpegStateCreate failed: " + std::to_string(status);
   }
   status = api.stream_create(decoder->handle, &decoder->stream);
   if (status != NVJPEG_STATUS_SUCCESS) {
-    return c10::str("nvjpegJpegStreamCreate failed: ", static_cast<int>(status));
+    return "nvjpegJpegStreamCreate failed: " + std::to_string(status);
   }
   decoders[device] = std::move(decoder);
   return "";
@@ -142,7 +142,7 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
   for (size_t index = 0; index < encoded.size(); ++index) {
     const int64_t offset = slots[3 * index], height = slots[3 * index + 1], width = slots[3 * index + 2];
     if (offset >= 0 && (height <= 0 || width <= 0 || offset + height * width * 3 > out.numel())) {
-      return {written, c10::str("input ", index, "'s slot lies outside out")};
+      return {written, "input " + std::to_string(index) + "'s slot lies outside out"};
     }
   }
   std::lock_guard<std::mutex> lock(decoder_mutex);
@@ -192,16 +192,16 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
   nvjpegStatus_t status = api.batched_initialize(decoder.handle, decoder.state, static_cast<int>(images.size()), 1,
                                                  NVJPEG_OUTPUT_RGBI);
   if (status != NVJPEG_STATUS_SUCCESS) {
-    return {none, c10::str("nvjpegDecodeBatchedInitialize failed: ", static_cast<int>(status))};
+    return {none, "nvjpegDecodeBatchedInitialize failed: " + std::to_string(status)};
   }
   status = api.decode_batched(decoder.handle, decoder.state, data.data(), lengths.data(), images.data(), stream);
   if (status != NVJPEG_STATUS_SUCCESS) {
-    return {none, c10::str("nvjpegDecodeBatched failed: ", static_cast<int>(status))};
+    return {none, "nvjpegDecodeBatched failed: " + std::to_string(status)};
   }
   // The inputs and the decoder's state are reused by the next call: it starts after this batch is decoded.
   const cudaError_t waited = cudaStreamSynchronize(stream);
   if (waited != cudaSuccess) {
-    return {none, c10::str("nvJPEG decode failed on the device: ", cudaGetErrorString(waited))};
+    return {none, std::string("nvJPEG decode failed on the device: ") + cudaGetErrorString(waited)};
   }
   return {written, ""};
 }
