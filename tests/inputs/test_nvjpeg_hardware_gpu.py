@@ -173,3 +173,23 @@ def test_where_the_route_cannot_run_torchvision_decodes_everything(monkeypatch, 
         assert not nvjpeg_packed.hardware_decoder_usable()
         prepared = prep.prepare(decoded)
     assert prepared.indices == reference.indices and torch.equal(prepared.pixels, reference.pixels)
+
+
+@cuda
+def test_reading_in_processes_gives_the_same_rows(vit_b32_preprocess, photo_files):
+    """The fast path's default on a GPU: worker processes read the files and put the JPEG bytes in the
+    page-locked arena (other formats' pixels come back beside them); the rows equal those read in threads."""
+    with _fast(vit_b32_preprocess) as prep:
+        threads = prep(photo_files)
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, decode="gpu",
+                                      workers=2) as prep:
+        assert prep.executor == "process"
+        prep.start(wait=True)
+        decoded = prep.decode(photo_files)
+        assert decoded.lease is not None and any(item.encoded is not None for item in decoded.items)
+        arena = decoded.lease.tensor
+        assert all(item.encoded.data_ptr() - arena.data_ptr() in range(arena.numel())
+                   for item in decoded.items if item.encoded is not None)
+        processes = prep.prepare(decoded)
+    assert processes.indices == threads.indices and processes.failures == threads.failures
+    assert torch.equal(processes.pixels, threads.pixels)
