@@ -157,11 +157,12 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             (folders and caption files; a WebDataset tar is one shard).
         normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
         captions: None reads captions when the input has them; False ignores them. caption_column: for CSV/parquet.
-        workers: decoding workers (default: the cores this process may use; stock: DataLoader workers = cores - 1).
+        workers: decoding workers (default: the cores this process may use, 4 readers with ``decode="gpu"``;
+            stock: DataLoader workers = cores - 1).
         executor: ``auto`` (processes where decoding feeds the GPU through shared arenas, the exact path's
-            pixels or the fast path's JPEG bytes, i.e. a CUDA device; threads otherwise), ``thread`` or ``process`` decoding workers (processes are not capped by
-            the GIL; they fork from a fork server started while the model loads; a script using them needs the
-            ``if __name__ == "__main__":`` guard).
+            pixels or the fast path's JPEG bytes, i.e. a CUDA device; threads otherwise), ``thread`` or
+            ``process`` decoding workers (processes are not capped by the GIL; they fork from a fork server
+            started while the model loads; a script using them needs the ``if __name__ == "__main__":`` guard).
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 

@@ -218,14 +218,19 @@ def test_packed_chroma_kernel_equals_the_one_size_kernel():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_packed_chroma_kernel_refuses_slots_outside_the_buffer():
+    """Bad arguments come back as the reason, and nothing is written (the call runs without the GIL)."""
     from clip_flash.ops._extension import load_extension
 
     extension = load_extension()
     if extension is None or not hasattr(extension, "jpeg_chroma_packed"):
         pytest.skip("clip_flash._C with jpeg_chroma_packed is not built")
     buffer = torch.zeros(64, dtype=torch.uint8, device="cuda")
+
+    def refusal(pixels, row):
+        return extension.jpeg_chroma_packed(pixels, torch.tensor([row], dtype=torch.int64))
+
     for row in [(62, 1, 1, 2, 2), (-1, 1, 1, 2, 2), (0, 0, 4, 2, 1)]:
-        assert "outside the buffer" in extension.jpeg_chroma_packed(buffer, torch.tensor([row], dtype=torch.int64))
-    assert "chroma factors" in extension.jpeg_chroma_packed(buffer, torch.tensor([(0, 2, 2, 1, 1)], dtype=torch.int64))
-    assert "CUDA uint8" in extension.jpeg_chroma_packed(buffer.cpu(), torch.tensor([(0, 2, 2, 2, 2)], dtype=torch.int64))
+        assert "outside the buffer" in refusal(buffer, row)
+    assert "chroma factors" in refusal(buffer, (0, 2, 2, 1, 1))
+    assert "CUDA uint8" in refusal(buffer.cpu(), (0, 2, 2, 2, 2))
     assert (buffer == 0).all()
