@@ -35,9 +35,9 @@ from .pixel_arena import ArenaPool, Lease, arenas_supported
 logger = logging.getLogger(__name__)
 
 ARENAS_AHEAD = 4  # arenas start() makes for the first batches: those decoding and those queued behind them
-# decode="gpu": the CPU step only reads files and scans headers, which a few workers keep up with. As threads,
-# more of them only compete for the GIL with the thread that launches the model (measured on 16 cores: 4
-# threads 5,123 img/s for ViT-B-32 end to end, 16 threads 4,066); processes stand in for them once started.
+# decode="gpu": the CPU step only reads files and scans headers, which a few workers keep up with. Where they
+# are threads (until the processes are up, or where there are none), more of them only compete for the GIL with
+# the thread that launches the model (measured on 16 cores: 4 threads 5,123 img/s for ViT-B-32, 16 threads 4,066).
 GPU_DECODE_READERS = 4
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
 DECODERS = ("cpu", "gpu")
