@@ -5,14 +5,16 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "check_message.h"
 #include "image_resample.h"
 
 namespace clip_flash {
 namespace {
 
 void check_cuda_contiguous(const at::Tensor& t, const at::Tensor& like, at::ScalarType type, const char* name) {
-  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), name, " must be a CUDA tensor on ", like.device());
-  TORCH_CHECK(t.scalar_type() == type, name, " must be ", type, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(),
+              check_message(name, " must be a CUDA tensor on ", like.device()));
+  TORCH_CHECK(t.scalar_type() == type, check_message(name, " must be ", type, ", got ", t.scalar_type()));
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
@@ -23,20 +25,21 @@ void check_cuda_contiguous(const at::Tensor& t, const at::Tensor& like, at::Scal
 void image_resample(const at::Tensor& pixels, const at::Tensor& meta, const at::Tensor& tables,
                     const at::Tensor& lut, at::Tensor& out) {
   TORCH_CHECK(out.is_cuda() && out.dim() == 4 && out.size(1) == 3 && out.is_contiguous(),
-              "out must be a contiguous CUDA tensor (n, 3, H, W), got ", out.sizes());
+              check_message("out must be a contiguous CUDA tensor (n, 3, H, W), got ", out.sizes()));
   const at::ScalarType type = out.scalar_type();
   TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
-              "out must be float32, float16 or bfloat16, got ", type);
+              check_message("out must be float32, float16 or bfloat16, got ", type));
   check_cuda_contiguous(pixels, out, at::kByte, "pixels");
   check_cuda_contiguous(meta, out, at::kLong, "meta");
   check_cuda_contiguous(tables, out, at::kInt, "tables");
   check_cuda_contiguous(lut, out, type, "lut");
-  TORCH_CHECK(lut.numel() == 3 * 256, "lut must have 3 x 256 entries, got ", lut.numel());
+  TORCH_CHECK(lut.numel() == 3 * 256, check_message("lut must have 3 x 256 entries, got ", lut.numel()));
   TORCH_CHECK(meta.dim() == 2 && meta.size(0) == out.size(0) && meta.size(1) == kImageMetaFields,
-              "meta must be (", out.size(0), ", ", static_cast<int>(kImageMetaFields), "), got ", meta.sizes());
-  TORCH_CHECK(out.size(0) <= 65535, "at most 65535 images per launch, got ", out.size(0));
+              check_message("meta must be (", out.size(0), ", ", static_cast<int>(kImageMetaFields), "), got ",
+                            meta.sizes()));
+  TORCH_CHECK(out.size(0) <= 65535, check_message("at most 65535 images per launch, got ", out.size(0)));
   TORCH_CHECK(out.size(2) <= INT32_MAX && out.size(3) <= kImageResampleMaxWidth,
-              "output width must be at most ", kImageResampleMaxWidth, ", got ", out.size(3));
+              check_message("output width must be at most ", kImageResampleMaxWidth, ", got ", out.size(3)));
   const c10::cuda::CUDAGuard device_guard(out.device());
   ImageResampleArgs args;
   args.pixels = pixels.data_ptr<uint8_t>();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "check_message.h"
 #include "jpeg_chroma.h"
 
 namespace clip_flash {
@@ -16,11 +17,12 @@ namespace clip_flash {
 at::Tensor jpeg_chroma(const at::Tensor& rgb, int64_t horizontal, int64_t vertical) {
   TORCH_CHECK(rgb.is_cuda() && rgb.scalar_type() == at::kByte && rgb.is_contiguous() && rgb.dim() == 4 &&
                   rgb.size(3) == 3,
-              "rgb must be a contiguous CUDA uint8 tensor (n, H, W, 3), got ", rgb.sizes(), " ", rgb.scalar_type());
+              check_message("rgb must be a contiguous CUDA uint8 tensor (n, H, W, 3), got ", rgb.sizes(), " ",
+                            rgb.scalar_type()));
   TORCH_CHECK(horizontal == 2 && (vertical == 1 || vertical == 2),
-              "chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ", vertical, ")");
+              check_message("chroma factors must be (2, 1) or (2, 2), got (", horizontal, ", ", vertical, ")"));
   TORCH_CHECK(rgb.size(1) > 0 && rgb.size(2) > 0 && rgb.size(1) <= INT32_MAX / 4 && rgb.size(2) <= INT32_MAX / 4,
-              "image size out of range: ", rgb.sizes());
+              check_message("image size out of range: ", rgb.sizes()));
   const c10::cuda::CUDAGuard device_guard(rgb.device());
   at::Tensor out = at::empty_like(rgb);
   if (rgb.size(0) == 0) {
