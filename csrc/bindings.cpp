@@ -18,6 +18,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "check_message.h"
 #include "kernel_args.h"
 
 namespace clip_flash {
@@ -32,13 +33,14 @@ ElementType matrix_element_type(const at::Tensor& matrix) {
     case at::kBFloat16:
       return ElementType::kBFloat16;
     default:
-      TORCH_CHECK(false, "clip_flash kernels take float16 or bfloat16 tensors, got ", matrix.scalar_type());
+      TORCH_CHECK(false,
+                  check_message("clip_flash kernels take float16 or bfloat16 tensors, got ", matrix.scalar_type()));
   }
 }
 
 void check_matrix(const at::Tensor& matrix, const char* name) {
   TORCH_CHECK(matrix.is_cuda(), name, " must be a CUDA tensor");
-  TORCH_CHECK(matrix.dim() == 2, name, " must be 2-D (rows, cols), got shape ", matrix.sizes());
+  TORCH_CHECK(matrix.dim() == 2, check_message(name, " must be 2-D (rows, cols), got shape ", matrix.sizes()));
   TORCH_CHECK(matrix.size(1) <= 1 || matrix.stride(1) == 1, name, " must have a contiguous last dimension");
   matrix_element_type(matrix);
 }
@@ -56,9 +58,10 @@ at::Tensor as_rows(const at::Tensor& t, const char* name) {
 
 void check_like(const at::Tensor& matrix, const at::Tensor& like, const char* name) {
   check_matrix(matrix, name);
-  TORCH_CHECK(matrix.sizes() == like.sizes(), name, " must have shape ", like.sizes(), ", got ", matrix.sizes());
-  TORCH_CHECK(matrix.scalar_type() == like.scalar_type(), name, " must be ", like.scalar_type());
-  TORCH_CHECK(matrix.device() == like.device(), name, " must be on ", like.device());
+  TORCH_CHECK(matrix.sizes() == like.sizes(),
+              check_message(name, " must have shape ", like.sizes(), ", got ", matrix.sizes()));
+  TORCH_CHECK(matrix.scalar_type() == like.scalar_type(), check_message(name, " must be ", like.scalar_type()));
+  TORCH_CHECK(matrix.device() == like.device(), check_message(name, " must be on ", like.device()));
 }
 
 ConstMatrix const_matrix(const at::Tensor& matrix) { return {matrix.const_data_ptr(), matrix.stride(0)}; }
@@ -69,13 +72,13 @@ MutableMatrix mutable_matrix(at::Tensor& matrix) { return {matrix.mutable_data_p
 ColumnVector column_vector(const OptionalTensor& vector, const at::Tensor& matrix, const char* name) {
   if (!vector.has_value()) return {};
   const at::Tensor& values = *vector;
-  TORCH_CHECK(values.device() == matrix.device(), name, " must be on ", matrix.device());
-  TORCH_CHECK(values.dim() == 1 && values.size(0) == matrix.size(1), name, " must have shape (", matrix.size(1),
-              ",), got ", values.sizes());
+  TORCH_CHECK(values.device() == matrix.device(), check_message(name, " must be on ", matrix.device()));
+  TORCH_CHECK(values.dim() == 1 && values.size(0) == matrix.size(1),
+              check_message(name, " must have shape (", matrix.size(1), ",), got ", values.sizes()));
   TORCH_CHECK(values.is_contiguous(), name, " must be contiguous");
   const bool is_float32 = values.scalar_type() == at::kFloat;
-  TORCH_CHECK(is_float32 || values.scalar_type() == matrix.scalar_type(), name, " must be float32 or ",
-              matrix.scalar_type(), ", got ", values.scalar_type());
+  TORCH_CHECK(is_float32 || values.scalar_type() == matrix.scalar_type(),
+              check_message(name, " must be float32 or ", matrix.scalar_type(), ", got ", values.scalar_type()));
   return {values.const_data_ptr(), is_float32 ? ElementType::kFloat32 : matrix_element_type(matrix)};
 }
 
@@ -117,8 +120,8 @@ at::Tensor layer_norm(const at::Tensor& input, const OptionalTensor& weight, con
 std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& residual_input, const at::Tensor& delta_input,
                                                   const OptionalTensor& scale, const OptionalTensor& weight,
                                                   const OptionalTensor& bias, double eps) {
-  TORCH_CHECK(delta_input.sizes() == residual_input.sizes(), "delta must have shape ", residual_input.sizes(),
-              ", got ", delta_input.sizes());
+  TORCH_CHECK(delta_input.sizes() == residual_input.sizes(),
+              check_message("delta must have shape ", residual_input.sizes(), ", got ", delta_input.sizes()));
   const at::Tensor residual = as_rows(residual_input, "residual");
   const at::Tensor delta = as_rows(delta_input, "delta");
   check_like(delta, residual, "delta");
@@ -168,8 +171,8 @@ at::Tensor bias_act(at::Tensor& input, const std::string& activation, bool in_pl
 
 at::Tensor residual_add(const at::Tensor& residual_input, const at::Tensor& delta_input,
                         const OptionalTensor& scale) {
-  TORCH_CHECK(delta_input.sizes() == residual_input.sizes(), "delta must have shape ", residual_input.sizes(),
-              ", got ", delta_input.sizes());
+  TORCH_CHECK(delta_input.sizes() == residual_input.sizes(),
+              check_message("delta must have shape ", residual_input.sizes(), ", got ", delta_input.sizes()));
   const at::Tensor residual = as_rows(residual_input, "residual");
   const at::Tensor delta = as_rows(delta_input, "delta");
   check_like(delta, residual, "delta");
@@ -201,6 +204,12 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
                                                                const at::Tensor& out,
                                                                const std::vector<int64_t>& slots,
                                                                const std::string& library_path);
+
+// Defined in jpeg_dct_read.cpp and jpeg_dct_binding.cpp.
+std::tuple<at::Tensor, std::vector<int64_t>, std::string> jpeg_read_dct(const at::Tensor& data,
+                                                                         const std::string& library_path);
+std::string jpeg_dct_to_pixels(const at::Tensor& coefficients, const at::Tensor& table, const at::Tensor& planes,
+                               const at::Tensor& pixels, int64_t max_blocks, int64_t max_pixels);
 
 }  // namespace clip_flash
 
@@ -239,4 +248,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "hardware decoder straight into out (1-D CUDA uint8), input i's (H, W, 3) RGB at byte slots[3i] when "
              "its frame is slots[3i+1] x slots[3i+2]; returns (1 per input written, 0 per input left; why the batch "
              "failed, empty if it did not). Waits for them, without the GIL.", py::arg("encoded"), py::arg("out"), py::arg("slots"), py::arg("library_path"), NO_GIL);
+  module.def("jpeg_read_dct", &clip_flash::jpeg_read_dct, "One JPEG's quantized DCT coefficients read by libjpeg "
+             "(entropy decoding only; CPU, no CUDA): (int16 tensor, layout, why not: empty when read).",
+             py::arg("data"), py::arg("library_path"), NO_GIL);
+  module.def("jpeg_dct_to_pixels", &clip_flash::jpeg_dct_to_pixels, "The rest of libjpeg-turbo's decode on the GPU, "
+             "bit for bit, for the images a table describes; returns why it could not (empty: queued).",
+             py::arg("coefficients"), py::arg("table"), py::arg("planes"), py::arg("pixels"), py::arg("max_blocks"),
+             py::arg("max_pixels"), NO_GIL);
 }

@@ -9,6 +9,10 @@ the whole preparation (the next batches decoding while the device resamples this
 after warm-up batches. Baseline rows for each worker count: torchvision's plain ``decode_jpeg`` (file
 read + decode, nothing else) and Pillow's ``open`` + ``convert("RGB")`` in a thread pool of that many
 threads, over the same batches: the gap to them is ImagePreprocessor's own overhead.
+
+``--jpeg-route on off`` measures each configuration with the exact path's GPU JPEG route (the CPU only
+entropy-decodes, see ``clip_flash/inputs/jpeg_dct.py``) and without it (whole decodes on the CPU), alternated
+``--rounds`` times. With the route, ``decode`` is the CPU's share only; compare the files -> device column.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
 from clip_flash.benchmark import results  # noqa: E402
+from clip_flash.inputs import jpeg_dct  # noqa: E402
 
 IN_FLIGHT = 2
 
@@ -93,6 +98,9 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=16, help="timed batches per measurement")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--jpeg-route", nargs="+", choices=["on", "off"], default=["on"],
+                        help="the exact path's GPU JPEG route on (the default where it runs) and/or off")
+    parser.add_argument("--rounds", type=int, default=1, help="times each configuration and route is measured")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
@@ -112,24 +120,30 @@ def main() -> int:
                          "prepared_images_per_s": None})
             print(f"{name} x{workers}: {rate:.0f} img/s", flush=True)
     torch.set_num_threads(threads)
-    for config in args.configs:
+    for round_number, config, route in [(number, config, route) for number in range(args.rounds)
+                                        for config in args.configs for route in args.jpeg_route]:
         executor, _, workers = config.partition(":")
         workers = int(workers) if workers else None
+        os.environ[jpeg_dct.ROUTE_SWITCH] = "1" if route == "on" else "0"
         with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16 if device.type == "cuda"
                                           else torch.float32, workers=workers, executor=executor) as prep:
             prep.start(wait=True)  # the workers' steady rate, not the threads standing in while they start
+            active = prep.options.dct_reader is not None
             decode_rate = stream(prep, batches, args.warmup, prepare=False)
             prepared_rate = stream(prep, batches, args.warmup, prepare=True)
             rows.append({"executor": executor if executor != "auto" else f"auto ({prep.executor})",
-                         "workers": prep.workers, "decode_images_per_s": decode_rate,
-                         "prepared_images_per_s": prepared_rate})
-        print(f"{config}: decode {decode_rate:.0f} img/s, files -> device batch {prepared_rate:.0f} img/s",
-              flush=True)
+                         "workers": prep.workers, "round": round_number + 1,
+                         "jpeg_route": "GPU (entropy decode on CPU)" if active else "CPU (whole decode)",
+                         "decode_images_per_s": decode_rate, "prepared_images_per_s": prepared_rate})
+        print(f"{config} route {route} ({'active' if active else 'inactive'}): decode {decode_rate:.0f} img/s, "
+              f"files -> device batch {prepared_rate:.0f} img/s", flush=True)
     title = (f"ImagePreprocessor alone (exact path, {args.image_size}px) on {len(paths)} files of {args.photos}, "
              f"batches of {args.batch}, {args.batches} timed after {args.warmup} warm-up, {IN_FLIGHT} decoding "
              f"ahead; host has {os.cpu_count()} logical CPUs; device {device}.")
-    lines = ["| executor | workers | decode images/s | files -> device batch images/s |", "|---|---|---|---|"]
-    lines += [f"| {row['executor']} | {row['workers']} | {row['decode_images_per_s']:.0f} | "
+    lines = ["| executor | workers | JPEG decode | round | decode images/s | files -> device batch images/s |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {row['executor']} | {row['workers']} | {row.get('jpeg_route', '-')} | {row.get('round', '-')} | "
+              f"{row['decode_images_per_s']:.0f} | "
               + ("-" if row["prepared_images_per_s"] is None else f"{row['prepared_images_per_s']:.0f}") + " |"
               for row in rows]
     print(title + "\n\n" + "\n".join(lines))

@@ -34,6 +34,7 @@ import torch
 from PIL import Image
 
 from .image_decoding import DecodedItem, DecodeOptions, decode_item, decode_items, describe_error
+from .jpeg_dct import ALIGN
 from .pixel_arena import ArenaRef, Lease, attach, write_pixels
 
 logger = logging.getLogger(__name__)
@@ -138,13 +139,14 @@ class RegionResult:
     items: List[DecodedItem]
     offsets: List[int]      # per item: where its pixels (or JPEG bytes) start in the region; -1: not there
     sizes: List[int]        # per item: how many bytes are there
-    used: int               # bytes written, back to back from ``start``
+    used: int               # pixel bytes written, back to back from ``start`` (coefficients follow them)
     needed: int             # bytes all the items' pixels needed (more than ``used`` when some did not fit)
 
 
 def decode_into_region(pairs: List[Tuple[int, Any]], options: DecodeOptions, region: np.ndarray
                        ) -> Tuple[List[DecodedItem], List[int], List[int], int, int]:
     """Decode, then copy the pixels into ``region`` back to back; pixels that did not fit stay on their item.
+    JPEG coefficients (the GPU route, see :mod:`.jpeg_dct`) follow the pixels, from a 128-aligned offset.
     On the fast path (``keep_jpeg_bytes``) the JPEG bytes go there instead, for nvJPEG to read from page-locked
     memory; the pixels of other images then stay on their items (a region holds one kind)."""
     items = [decode_item(index, item, options) for index, item in pairs]
@@ -156,8 +158,16 @@ def decode_into_region(pairs: List[Tuple[int, Any]], options: DecodeOptions, reg
         sizes.append(payload.numel() if offset >= 0 else 0)
         if offset >= 0:
             setattr(item, field, None)
+    if any(item.coefficients is not None for item in items):
+        after = min(-(-used // ALIGN) * ALIGN, region.size)
+        blocks = [None if item.coefficients is None else item.coefficients.view(torch.uint8) for item in items]
+        placed, _, more = write_pixels(region[after:], blocks)
+        needed += more
+        for position, (item, offset, block) in enumerate(zip(items, placed, blocks)):
+            if offset >= 0:
+                offsets[position], sizes[position] = after + offset, block.numel()
+                item.coefficients = None
     return items, offsets, sizes, used, needed
-
 
 def _decode_into_arena_in_process(pairs: List[Tuple[int, Any]], ref: ArenaRef, start: int, capacity: int
                                   ) -> Tuple[List[DecodedItem], List[int], List[int], int, int]:

@@ -17,12 +17,16 @@ EXIF transpose, as ``Image.open`` applies none):
     Everything Pillow resizes in its own special way (RGBA/LA premultiplied, P and 1 with NEAREST,
     CMYK, I;16, I, F, YCbCr, ...): ``preprocess`` itself runs on the CPU and its output is kept. Exact
     by definition, slower.
+``jpeg-dct``
+    On a GPU (see :mod:`.jpeg_dct`): a JPEG that Pillow opens in mode RGB or L, entropy-decoded by libjpeg-turbo
+    into its DCT coefficients; the GPU finishes the decode with libjpeg-turbo's arithmetic (the same pixels).
+    A JPEG the route does not take goes on to ``jpeg``.
 ``gpu-jpeg``
     With ``decode="gpu"``: the JPEG's bytes are kept for nvJPEG (not exact; opt-in).
 
-The first three routes end in uint8 ``(H, W, C)`` pixels, C = 3 (RGB) or 1 (L), that the exact resize
-turns into the model's input. A uint8 array or tensor passed in is taken as those pixels (the reference
-being ``preprocess(Image.fromarray(array))``).
+The first three routes (and ``jpeg-dct``, on the device) end in uint8 ``(H, W, C)`` pixels, C = 3 (RGB) or
+1 (L), that the exact resize turns into the model's input. A uint8 array or tensor passed in is taken as
+those pixels (the reference being ``preprocess(Image.fromarray(array))``).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin, UnidentifiedImageError
 
+from .jpeg_dct import DctReader, read_coefficients
 from .jpeg_header import scan_jpeg_header
 from .resample_plan import plan_image
 from .transform_spec import ImageTransformSpec
@@ -43,7 +48,7 @@ from .transform_spec import ImageTransformSpec
 logger = logging.getLogger(__name__)
 
 EXACT_MODES = {"RGB": 3, "L": 1}
-ROUTES = ("jpeg", "png", "pillow-pixels", "pillow-preprocess", "gpu-jpeg", "tensor")
+ROUTES = ("jpeg-dct", "jpeg", "png", "pillow-pixels", "pillow-preprocess", "gpu-jpeg", "tensor")
 
 
 @dataclass
@@ -55,17 +60,21 @@ class DecodeOptions:
     use_torchvision_png: bool = True
     keep_jpeg_bytes: bool = False  # decode="gpu": JPEGs stay encoded for nvJPEG
     spec: Optional[ImageTransformSpec] = None  # when given, sizes the transform cannot take fail here
+    dct_reader: Optional[DctReader] = None  # set: JPEGs the GPU route takes are entropy-decoded only
 
 
 @dataclass
 class DecodedItem:
-    """One input after the CPU step: exactly one of ``pixels``, ``prepared``, ``encoded``, ``reason``."""
+    """One input after the CPU step: exactly one of ``pixels``, ``prepared``, ``encoded``, ``coefficients``,
+    ``reason``."""
 
     index: int
     route: str = ""
     pixels: Optional[torch.Tensor] = None  # uint8 (H, W, C), C in {1, 3}
     prepared: Optional[torch.Tensor] = None  # float32 (3, S, S): preprocess's own output
     encoded: Optional[torch.Tensor] = None  # uint8 1-D JPEG bytes, for nvJPEG
+    coefficients: Optional[torch.Tensor] = None  # int16 1-D, the GPU route's input (see .jpeg_dct)
+    dct_layout: Tuple[int, ...] = ()  # the coefficients' layout, as csrc/jpeg_dct_read.cpp gives it
     image_size: Tuple[int, int] = (0, 0)  # (height, width) as decoded
     channels: int = 0
     jpeg_sampling: int = -1  # for nvJPEG: Pillow's get_sampling (0: 4:4:4, 1: 4:2:2, 2: 4:2:0, -1: other)
@@ -119,7 +128,7 @@ def decode_item(index: int, item: Any, options: DecodeOptions) -> DecodedItem:
     except Exception as error:  # noqa: BLE001 - a bad input is reported, never raised
         result.reason = describe_error(error)
     if result.reason is not None:
-        result.pixels = result.prepared = result.encoded = None
+        result.pixels = result.prepared = result.encoded = result.coefficients = None
         logger.debug("input %d (%s) failed: %s", index, input_kind(item), result.reason)
     return result
 
@@ -138,6 +147,8 @@ def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) ->
             result.image_size, result.channels = (image.height, image.width), channels
             result.jpeg_sampling = JpegImagePlugin.get_sampling(image)
             result.jpeg_progressive = bool(image.info.get("progressive"))
+            return
+        if options.dct_reader is not None and _try_coefficients(data, image, channels, options.dct_reader, result):
             return
         if options.use_torchvision_jpeg and _try_torchvision(data, image, channels, result, "jpeg"):
             return
@@ -186,6 +197,21 @@ def _try_torchvision(data: bytes, image: Image.Image, channels: int, result: Dec
     # decode_* return a (C, H, W) view of (H, W, C) memory: the permute back is free.
     result.pixels = decoded.permute(1, 2, 0)
     result.route, result.image_size, result.channels = route, (image.height, image.width), channels
+    return True
+
+
+def _try_coefficients(data: bytes, image: Image.Image, channels: int, reader: DctReader, result: DecodedItem) -> bool:
+    """The GPU route's CPU half; False (and a note) when it declines the file or disagrees on the shape."""
+    coefficients, layout, failure = read_coefficients(data, reader)
+    if coefficients is None:
+        result.notes.append(f"GPU JPEG route not taken ({failure}); decoded whole")
+        return False
+    if tuple(layout[:3]) != (image.height, image.width, channels):
+        result.notes.append(f"GPU JPEG route saw {tuple(layout[:3])}, Pillow {(image.height, image.width, channels)}"
+                            "; decoded whole")
+        return False
+    result.coefficients, result.dct_layout = coefficients, tuple(layout)
+    result.route, result.image_size, result.channels = "jpeg-dct", (image.height, image.width), channels
     return True
 
 

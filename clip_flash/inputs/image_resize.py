@@ -100,10 +100,11 @@ class ExactResize:
         return plan, buffer, slots
 
     def run_packed(self, plan: BatchPlan, buffer: torch.Tensor,
-                   segments: Optional[Sequence[Tuple[int, int, int]]] = None) -> torch.Tensor:
+                   segments: Optional[Sequence[Tuple[int, int, int]]] = None,
+                   fill: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
         """The kernel on a packed buffer: one upload (asynchronous from page-locked memory; with
-        ``segments``, one copy per run of pixels, see ``resample_packed``), one launch."""
-        return resample_packed(buffer, plan, self.device, self.dtype, segments)
+        ``segments``, one copy per run of pixels, see ``resample_packed``), ``fill``, one launch."""
+        return resample_packed(buffer, plan, self.device, self.dtype, segments, fill)
 
     def pack_on_device(self, images: Sequence[torch.Tensor]) -> Tuple[BatchPlan, torch.Tensor]:
         """The packed layout built on the GPU, for pixels already there (nvJPEG's): no round trip."""

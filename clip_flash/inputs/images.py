@@ -27,7 +27,9 @@ from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
+from .jpeg_dct import DctBatch, plan_dct_batch, route_reader
 from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
+from ..ops._extension import load_extension
 from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
 from .pixel_arena import ArenaPool, Lease, arenas_supported
@@ -54,6 +56,7 @@ class PackedPixels:
     # (host_start, nbytes, device_start) per run, and the lease to mark when the upload is queued.
     segments: Optional[List[Tuple[int, int, int]]] = None
     lease: Optional[Lease] = None
+    dct: Optional[DctBatch] = None  # JPEGs as coefficients, after the pixels in ``indices``: decoded on the GPU
 
 
 @dataclass
@@ -168,9 +171,12 @@ class ImagePreprocessor:
         self.resize = ExactResize(preprocess, self.device, dtype, resize)  # refuses unsupported transforms
         agreement = decoder_agreement()
         self.decoder_agreement = agreement
+        # The exact path's GPU JPEG route needs the arenas (coefficients travel in them) and the kernel's layout.
+        dct_route = decode == "cpu" and self.resize.packs and arenas_supported()
         self.options = DecodeOptions(preprocess, use_torchvision_jpeg=agreement.jpeg,
                                      use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu",
-                                     spec=self.resize.spec)
+                                     spec=self.resize.spec,
+                                     dct_reader=route_reader(load_extension()) if dct_route else None)
         self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False,
                                           spec=self.resize.spec)
         self.workers = workers or (min(GPU_DECODE_READERS, default_workers()) if decode == "gpu" else default_workers())
@@ -266,6 +272,8 @@ class ImagePreprocessor:
         packed_items: List[DecodedItem] = []
         shapes: List[Tuple[int, int, int]] = []
         runs: List[Tuple[int, int, int]] = []  # (host_start, nbytes, first image of the run)
+        dct_items: List[DecodedItem] = []
+        dct_runs: List[Tuple[torch.Tensor, List[int]]] = []  # host coefficients, each image's offset in them
         for region in regions:
             if region.items:
                 arenas.observe(region.needed / len(region.items))
@@ -275,7 +283,16 @@ class ImagePreprocessor:
                         item.encoded = lease.tensor[region.start + offset:region.start + offset + size]
                 continue
             first = len(shapes)
-            for item, offset in zip(region.items, region.offsets):
+            in_arena: List[Tuple[DecodedItem, int, int]] = []
+            for item, offset, size in zip(region.items, region.offsets, region.sizes):
+                if item.dct_layout and item.ok:
+                    if offset >= 0:
+                        in_arena.append((item, region.start + offset, size))
+                    elif item.coefficients is not None:  # did not fit: it came back on its own
+                        dct_items.append(item)
+                        dct_runs.append((item.coefficients.view(torch.uint8), [0]))
+                        item.coefficients = None
+                    continue
                 if offset < 0:
                     continue
                 shape = (int(item.image_size[0]), int(item.image_size[1]), int(item.channels))
@@ -285,16 +302,27 @@ class ImagePreprocessor:
                 packed_items.append(item)
             if region.used:
                 runs.append((region.start, region.used, first))
+            if in_arena:  # the region's coefficients, back to back: one copy
+                begin, end = in_arena[0][1], in_arena[-1][1] + in_arena[-1][2]
+                dct_items.extend(item for item, _, _ in in_arena)
+                dct_runs.append((lease.tensor[begin:end], [at - begin for _, at, _ in in_arena]))
         decoded = sorted((item for region in regions for item in region.items), key=lambda item: item.index)
         failures = [(item.index, item.reason) for item in decoded if not item.ok]
         good = [item for item in decoded if item.ok]
         self._log_notes(good)
         packed = None
-        if packed_items:
+        if packed_items or dct_items:
+            pixel_count = len(shapes)
+            shapes += [(int(item.image_size[0]), int(item.image_size[1]), int(item.channels)) for item in dct_items]
             plan = plan_batch(shapes, self.resize.spec)
             segments = [(host_start, size, plan.pixels_at + int(plan.meta[first, 0]))
                         for host_start, size, first in runs]
-            packed = PackedPixels(plan, lease.tensor, [item.index for item in packed_items], segments, lease)
+            dct = None
+            if dct_items:
+                dct = plan_dct_batch([item.dct_layout for item in dct_items], dct_runs)
+                dct.place(plan.meta[pixel_count:, 0])
+            packed = PackedPixels(plan, lease.tensor, [item.index for item in packed_items + dct_items], segments,
+                                  lease, dct)
         return DecodedImages(len(items), good, failures, packed, lease=lease)
 
     @staticmethod
@@ -321,7 +349,8 @@ class ImagePreprocessor:
         groups: List[Tuple[List[int], torch.Tensor]] = []
         if decoded.packed is not None:
             packed = decoded.packed
-            groups.append((packed.indices, self.resize.run_packed(packed.plan, packed.buffer, packed.segments)))
+            fill = packed.dct.decode if packed.dct is not None else None
+            groups.append((packed.indices, self.resize.run_packed(packed.plan, packed.buffer, packed.segments, fill)))
             if packed.lease is not None:
                 packed.lease.record_upload()  # the arena is reused once these copies are done
             in_buffer = set(packed.indices)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -156,8 +156,13 @@ def kernel_usable(spec: ImageTransformSpec, device: Device) -> bool:
 def resample_packed(
     buffer: torch.Tensor, plan: BatchPlan, device: Device, dtype: torch.dtype = torch.float32,
     segments: Optional[Sequence[Tuple[int, int, int]]] = None,
+    fill: Optional[Callable[[torch.Tensor], None]] = None,
 ) -> torch.Tensor:
     """Run the kernel on a host buffer laid out by ``plan`` (pixels written); one upload, one launch.
+
+    ``fill``, when given, is called with the uploaded layout's pixel area (on the device) just before the
+    launch, on the current stream: it writes the pixels of images that were not uploaded (the exact path's
+    GPU JPEG route decodes them there).
 
     With ``segments``, ``buffer`` holds only pixels, in runs ``(host_start, nbytes, device_start)`` that
     are copied to ``device_start`` of the uploaded layout (the meta rows and tables come from the plan):
@@ -193,6 +198,8 @@ def resample_packed(
     meta = on_device[: plan.meta.nbytes].view(torch.int64).view(n, len(META_FIELDS))
     tables = on_device[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(torch.int32)
     pixels = on_device[plan.pixels_at:]
+    if fill is not None:
+        fill(pixels)
     extension.image_resample(pixels, meta, tables, _value_table(plan.spec, dtype, device), out)
     return out
 

@@ -1,0 +1,215 @@
+"""The exact path's JPEG route on a GPU: the CPU only entropy-decodes, the GPU does the rest, bit for bit.
+
+A web photo's libjpeg-turbo decode is about two thirds entropy decoding (Huffman) and one third arithmetic:
+the integer IDCT, "fancy" chroma upsampling and the integer YCbCr -> RGB conversion. On the route, the
+decoding workers call libjpeg-turbo's ``jpeg_read_coefficients`` (``csrc/jpeg_dct_read.cpp``; lossless, so
+any correct libjpeg gives the same coefficients) and write the coefficients into the pixel arena; the GPU
+repeats the arithmetic exactly (``csrc/jpeg_dct.cu``), writing the pixels straight into the resize kernel's
+packed layout, before the resize launch. The pixels are Pillow's: the kernels do what libjpeg-turbo does with
+the defaults Pillow keeps (GPU tests compare them with ``Image.open`` on photos re-encoded many ways).
+
+It takes 8-bit grayscale and YCbCr JPEGs (baseline or progressive) whose components are full size or halved
+across (4:2:2) or both ways (4:2:0). The rest (4:4:0, 4:1:1, RGB- or CMYK-coded, 12-bit, images whose halved
+chroma is at most 2 samples wide, files libjpeg warns about) take the whole-decode route as before.
+
+On by default where it runs: a CUDA device, the extension built, the kernel's resize and the pixel arenas.
+``CLIP_FLASH_JPEG_DCT=0`` turns it off.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+ROUTE_SWITCH = "CLIP_FLASH_JPEG_DCT"  # "0": decode JPEGs whole on the CPU
+# The kernel's table (csrc/jpeg_dct.h): per image 5 fields, then 8 per component, for up to 3 components.
+IMAGE_FIELDS, COMPONENT_FIELDS, MAX_COMPONENTS = 5, 8, 3
+TABLE_FIELDS = IMAGE_FIELDS + MAX_COMPONENTS * COMPONENT_FIELDS
+LAYOUT_HEAD, LAYOUT_PER_COMPONENT = 3, 7  # the reader's layout: (height, width, components), 7 per component
+ALIGN = 128  # coefficient tensors are multiples of 128 bytes: each starts aligned where its run does
+
+
+@dataclass(frozen=True)
+class DctReader:
+    """What a decoding worker needs to read coefficients (picklable): the compiled extension's module name and
+    file (a worker process loads it from there) and the libjpeg to open."""
+
+    module_name: str
+    module_file: str
+    library: str
+
+
+def read_coefficients(data: bytes, reader: DctReader) -> Tuple[Optional[torch.Tensor], List[int], str]:
+    """One JPEG's coefficients (int16), layout and failure (empty when read); see ``csrc/jpeg_dct_read.cpp``."""
+    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+    coefficients, layout, failure = _module(reader).jpeg_read_dct(buffer, reader.library)
+    return (None if failure else coefficients), list(layout), failure
+
+
+def _module(reader: DctReader) -> ModuleType:
+    module = sys.modules.get(reader.module_name)
+    return module if module is not None else _load_module(reader.module_name, reader.module_file)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_module(name: str, file: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name} from {file}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def jpeg_library() -> str:
+    """The libjpeg-turbo Pillow decodes with: its bundled copy (wheels), else the one it has loaded (a system
+    Pillow), else the loader's ``libjpeg.so.62``. Any correct libjpeg of the jpeg62 interface gives the same
+    coefficients; another interface is refused by the library itself, and the route is then off."""
+    import PIL
+    from PIL import Image  # noqa: F401 - loads Pillow's core, and with it its libjpeg
+
+    bundled = sorted((Path(PIL.__file__).resolve().parent.parent / "pillow.libs").glob("libjpeg*.so*"))
+    if bundled:
+        return str(bundled[0])
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            mapped = sorted({line.split()[-1] for line in maps if "libjpeg" in line and ".so.62" in line})
+        if mapped:
+            return mapped[0]
+    except OSError:
+        pass
+    return "libjpeg.so.62"
+
+
+def route_reader(extension: Optional[ModuleType]) -> Optional[DctReader]:
+    """The reader for the decoding workers when the route can run with ``extension``, else None (logged once
+    at info level with the reason)."""
+    if os.environ.get(ROUTE_SWITCH, "").strip() == "0":
+        return None
+    if extension is None or not hasattr(extension, "jpeg_read_dct") or not hasattr(extension, "jpeg_dct_to_pixels"):
+        return None
+    return _checked_reader(extension.__name__, getattr(extension, "__file__", "") or "", jpeg_library())
+
+
+@functools.lru_cache(maxsize=None)
+def _checked_reader(module_name: str, module_file: str, library: str) -> Optional[DctReader]:
+    """The reader, once it has read a small JPEG here (the library opens and speaks the interface)."""
+    from .decode_pool import warm_up_jpeg
+
+    reader = DctReader(module_name, module_file, library)
+    try:
+        _, _, failure = read_coefficients(warm_up_jpeg(), reader)
+    except Exception as error:  # noqa: BLE001 - the route stays off; the whole decode runs as before
+        failure = f"{type(error).__name__}: {error}"
+    if failure:
+        logger.info("the exact path decodes JPEGs whole on the CPU: its GPU route cannot run here (%s)", failure)
+        return None
+    return reader
+
+
+@dataclass
+class DctBatch:
+    """A batch's JPEGs as coefficients in host memory (``sources``: uint8 tensors, each a run of images back
+    to back from 128-aligned starts), and the kernel's table for them, their pixel offsets left to fill."""
+
+    sources: List[torch.Tensor]
+    table: np.ndarray  # (n, TABLE_FIELDS) int64; column 1 (pixel offset) set by ``place``
+    coefficient_bytes: int
+    plane_bytes: int
+    max_blocks: int
+    max_pixels: int
+
+    def place(self, pixel_offsets: Sequence[int]) -> None:
+        """Where each image's pixels go in the packed layout's pixel area."""
+        self.table[:, 1] = np.asarray(pixel_offsets, dtype=np.int64)
+
+    def decode(self, pixels: torch.Tensor) -> None:
+        """Queue the upload of the coefficients and the two kernels on the current stream; the pixels land at
+        their offsets in ``pixels`` (the packed layout's pixel area, on the device)."""
+        from ..ops._extension import load_extension
+
+        device = pixels.device
+        coefficients = torch.empty(self.coefficient_bytes, dtype=torch.uint8, device=device)
+        at = 0
+        for source in self.sources:
+            coefficients[at:at + source.numel()].copy_(source, non_blocking=source.is_pinned())
+            at += _aligned(source.numel())
+        table = torch.from_numpy(self.table).to(device, non_blocking=False)
+        planes = torch.empty(max(self.plane_bytes, 8), dtype=torch.uint8, device=device)
+        failure = load_extension().jpeg_dct_to_pixels(coefficients, table, planes, pixels, self.max_blocks,
+                                                      self.max_pixels)
+        if failure:  # the arguments are built here: this is a bug, not a bad file
+            raise RuntimeError(f"clip_flash's JPEG kernels refused the batch: {failure}")
+
+
+def _aligned(size: int) -> int:
+    return (size + ALIGN - 1) // ALIGN * ALIGN
+
+
+def plan_dct_batch(layouts: Sequence[Sequence[int]], runs: Sequence[Tuple[torch.Tensor, Sequence[int]]]
+                   ) -> DctBatch:
+    """The table for images with these reader layouts, whose coefficient tensors lie in ``runs``: each a
+    host tensor and the byte offsets in it of its images' tensors (in the order of ``layouts``)."""
+    table = np.zeros((len(layouts), TABLE_FIELDS), dtype=np.int64)
+    plane_bytes = max_blocks = max_pixels = 0
+    row, base = 0, 0
+    for source, offsets in runs:
+        for offset in offsets:
+            layout = layouts[row]
+            height, width, components = layout[:LAYOUT_HEAD]
+            table[row, 0] = base + offset
+            table[row, 2:5] = (height, width, components)
+            max_pixels = max(max_pixels, height * width)
+            for component in range(components):
+                fields = layout[LAYOUT_HEAD + component * LAYOUT_PER_COMPONENT:
+                                LAYOUT_HEAD + (component + 1) * LAYOUT_PER_COMPONENT]
+                wide, high = fields[2], fields[3]
+                start = IMAGE_FIELDS + component * COMPONENT_FIELDS
+                table[row, start:start + 7] = fields
+                table[row, start + 7] = plane_bytes
+                plane_bytes += wide * high * 64
+                max_blocks = max(max_blocks, wide * high)
+            row += 1
+        base += _aligned(source.numel())
+    if row != len(layouts):
+        raise ValueError(f"{len(layouts)} layouts for {row} placed images")
+    return DctBatch([source for source, _ in runs], table, base, plane_bytes, max_blocks, max_pixels)
+
+
+def decode_to_pixels(datas: Sequence[bytes], device: torch.device) -> List[Optional[torch.Tensor]]:
+    """Each JPEG's uint8 ``(H, W, C)`` pixels on ``device`` through the route (None where it declines): what
+    ``np.asarray(Image.open(...))`` gives. For tests and measurements; the preprocessor packs them itself."""
+    from ..ops._extension import load_extension
+
+    reader = route_reader(load_extension())
+    if reader is None:
+        raise RuntimeError("the exact path's GPU JPEG route cannot run here (see the log)")
+    read = [read_coefficients(data, reader) for data in datas]
+    taken = [position for position, (coefficients, _, _) in enumerate(read) if coefficients is not None]
+    results: List[Optional[torch.Tensor]] = [None] * len(datas)
+    if not taken:
+        return results
+    sources = [read[position][0].view(torch.uint8) for position in taken]
+    batch = plan_dct_batch([read[position][1] for position in taken], [(source, [0]) for source in sources])
+    shapes = [tuple(read[position][1][:LAYOUT_HEAD]) for position in taken]
+    sizes = [height * width * channels for height, width, channels in shapes]
+    offsets = np.cumsum([0] + sizes[:-1])
+    batch.place(offsets)
+    pixels = torch.empty(max(sum(sizes), 1), dtype=torch.uint8, device=device)
+    batch.decode(pixels)
+    for position, shape, offset, size in zip(taken, shapes, offsets, sizes):
+        results[position] = pixels[int(offset):int(offset) + size].view(shape)
+    return results
