@@ -207,7 +207,8 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
 
 // Defined in jpeg_dct_read.cpp and jpeg_dct_binding.cpp.
 std::tuple<at::Tensor, std::vector<int64_t>, std::string> jpeg_read_dct(const at::Tensor& data,
-                                                                         const std::string& library_path);
+                                                                         const std::string& library_path,
+                                                                         const at::Tensor& out);
 std::string jpeg_dct_to_pixels(const at::Tensor& coefficients, const at::Tensor& table, const at::Tensor& planes,
                                const at::Tensor& pixels, int64_t max_blocks, int64_t max_pixels);
 
@@ -249,8 +250,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "its frame is slots[3i+1] x slots[3i+2]; returns (1 per input written, 0 per input left; why the batch "
              "failed, empty if it did not). Waits for them, without the GIL.", py::arg("encoded"), py::arg("out"), py::arg("slots"), py::arg("library_path"), NO_GIL);
   module.def("jpeg_read_dct", &clip_flash::jpeg_read_dct, "One JPEG's quantized DCT coefficients read by libjpeg "
-             "(entropy decoding only; CPU, no CUDA): (int16 tensor, layout, why not: empty when read).",
-             py::arg("data"), py::arg("library_path"), NO_GIL);
+             "(entropy decoding only; CPU, no CUDA): (int16 tensor, at the start of out where they fit, layout, "
+             "why not: empty when read).", py::arg("data"), py::arg("library_path"), py::arg("out"), NO_GIL);
   module.def("jpeg_dct_to_pixels", &clip_flash::jpeg_dct_to_pixels, "The rest of libjpeg-turbo's decode on the GPU, "
              "bit for bit, for the images a table describes; returns why it could not (empty: queued).",
              py::arg("coefficients"), py::arg("table"), py::arg("planes"), py::arg("pixels"), py::arg("max_blocks"),

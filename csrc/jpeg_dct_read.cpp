@@ -2,7 +2,7 @@
 // decoding only, into each component's quantized DCT coefficients; the GPU does the rest (csrc/jpeg_dct.cu).
 // Entropy decoding is lossless, so any correct libjpeg gives the same coefficients; what Pillow's decoder does
 // after it (integer IDCT, upsampling, colour conversion) is integer arithmetic the kernels repeat exactly.
-// It is about two thirds of a web photo's decode time: the rest of the CPU work moves to the GPU.
+// Entropy decoding is about two thirds of a web photo's decode time: the rest of the CPU work moves to the GPU.
 //
 // The library is opened at run time (Pillow's own copy, found by the Python side) against the API headers in
 // third_party/libjpeg (libjpeg-turbo's jpeg62 ABI), so building needs no libjpeg development files. Nothing
@@ -119,18 +119,25 @@ std::string unsupported(const jpeg_decompress_struct& cinfo) {
 
 }  // namespace
 
-// One JPEG's quantized coefficients: (int16 tensor, layout, failure). The tensor holds, per component, its
-// quantization table (64 values in natural order, as libjpeg-turbo's SIMD IDCT reads them: int16), then its
-// blocks row by row (64 coefficients each, natural order). The layout is
+// One JPEG's quantized coefficients: (bytes of int16 values, layout, failure). The bytes are the start of `out`
+// (a contiguous CPU uint8 tensor, e.g. the worker's region of the pixel arena) where they fit there, else a new
+// tensor: a large copy less per image. They hold, per component, its quantization table (64 values in natural
+// order, as libjpeg-turbo's SIMD IDCT reads them: int16), then its blocks row by row (64 coefficients each,
+// natural order). The layout is
 // [height, width, components, then per component: across, down, width_in_blocks, height_in_blocks,
 //  downsampled_width, downsampled_height, offset of its table in the tensor (in int16 values)].
 // `failure` starts with "libjpeg unavailable" when the library cannot be used, with "declined" for a frame the
 // kernels do not reproduce, and is libjpeg's message (or first warning) otherwise.
 std::tuple<at::Tensor, std::vector<int64_t>, std::string> jpeg_read_dct(const at::Tensor& data,
-                                                                         const std::string& library_path) {
-  const auto empty = [] { return at::empty({0}, at::TensorOptions().dtype(at::kShort)); };
+                                                                         const std::string& library_path,
+                                                                         const at::Tensor& out) {
+  const auto empty = [] { return at::empty({0}, at::TensorOptions().dtype(at::kByte)); };
   if (!(data.device().is_cpu() && data.scalar_type() == at::kByte && data.dim() == 1 && data.is_contiguous())) {
     return {empty(), {}, "data must be a contiguous 1-D CPU uint8 tensor"};
+  }
+  if (out.defined() && !(out.device().is_cpu() && out.scalar_type() == at::kByte && out.dim() == 1 &&
+                         out.is_contiguous() && reinterpret_cast<uintptr_t>(out.data_ptr()) % 2 == 0)) {
+    return {empty(), {}, "out must be a contiguous, 2-byte aligned 1-D CPU uint8 tensor"};
   }
   const JpegLibrary& library = open_library(library_path);
   if (!library.failure.empty()) return {empty(), {}, library.failure};
@@ -166,18 +173,20 @@ std::tuple<at::Tensor, std::vector<int64_t>, std::string> jpeg_read_dct(const at
                                    component.downsampled_height, total});
       total += DCTSIZE2 * (1 + static_cast<int64_t>(component.width_in_blocks) * component.height_in_blocks);
     }
-    coefficients = at::empty({total}, at::TensorOptions().dtype(at::kShort));
-    int16_t* out = coefficients.data_ptr<int16_t>();
+    const bool in_place = out.defined() && out.numel() >= 2 * total;
+    coefficients = in_place ? out.narrow(0, 0, 2 * total)
+                            : at::empty({2 * total}, at::TensorOptions().dtype(at::kByte));
+    int16_t* write = reinterpret_cast<int16_t*>(coefficients.data_ptr<uint8_t>());
     for (int c = 0; c < cinfo.num_components; ++c) {
       const jpeg_component_info& component = cinfo.comp_info[c];
-      for (int k = 0; k < DCTSIZE2; ++k) out[k] = static_cast<int16_t>(component.quant_table->quantval[k]);
-      out += DCTSIZE2;
+      for (int k = 0; k < DCTSIZE2; ++k) write[k] = static_cast<int16_t>(component.quant_table->quantval[k]);
+      write += DCTSIZE2;
       const size_t row_bytes = sizeof(JBLOCK) * component.width_in_blocks;
       for (JDIMENSION row = 0; row < component.height_in_blocks; ++row) {
         JBLOCKARRAY blocks = (*cinfo.mem->access_virt_barray)(reinterpret_cast<j_common_ptr>(&cinfo), arrays[c],
                                                               row, 1, FALSE);
-        std::memcpy(out, blocks[0], row_bytes);
-        out += DCTSIZE2 * component.width_in_blocks;
+        std::memcpy(write, blocks[0], row_bytes);
+        write += DCTSIZE2 * component.width_in_blocks;
       }
     }
   }

@@ -18,6 +18,7 @@ hold a CUDA context. Until the workers are up, the pool's threads decode (:meth:
 from __future__ import annotations
 
 import functools
+import heapq
 import io
 import logging
 import math
@@ -139,38 +140,45 @@ class RegionResult:
     items: List[DecodedItem]
     offsets: List[int]      # per item: where its pixels (or JPEG bytes) start in the region; -1: not there
     sizes: List[int]        # per item: how many bytes are there
-    used: int               # pixel bytes written, back to back from ``start`` (coefficients follow them)
-    needed: int             # bytes all the items' pixels needed (more than ``used`` when some did not fit)
+    used: int               # pixel bytes written, back to back from ``start + pixels_from``
+    needed: int             # bytes all the items' payloads needed (more than written when some did not fit)
+    pixels_from: int = 0    # where the pixels start in the region (JPEG coefficients come first)
 
 
 def decode_into_region(pairs: List[Tuple[int, Any]], options: DecodeOptions, region: np.ndarray
-                       ) -> Tuple[List[DecodedItem], List[int], List[int], int, int]:
-    """Decode, then copy the pixels into ``region`` back to back; pixels that did not fit stay on their item.
-    JPEG coefficients (the GPU route, see :mod:`.jpeg_dct`) follow the pixels, from a 128-aligned offset.
-    On the fast path (``keep_jpeg_bytes``) the JPEG bytes go there instead, for nvJPEG to read from page-locked
-    memory; the pixels of other images then stay on their items (a region holds one kind)."""
-    items = [decode_item(index, item, options) for index, item in pairs]
+                       ) -> Tuple[List[DecodedItem], List[int], List[int], int, int, int]:
+    """Decode into ``region``: JPEG coefficients (the GPU route, see :mod:`.jpeg_dct`) are written there as they
+    are read, each from a 128-byte boundary; then the pixels, back to back from ``pixels_from``. Whatever did
+    not fit stays on its item. On the fast path (``keep_jpeg_bytes``) the JPEG bytes go there instead of pixels,
+    for nvJPEG to read from page-locked memory; the pixels of other images then stay on their items.
+    Returns (items, offsets: -1 where not written, sizes, pixel bytes, bytes all needed, pixels_from)."""
+    room = torch.from_numpy(region) if options.dct_reader is not None and region.size else None
+    cursor = -region.ctypes.data % ALIGN if room is not None else 0
+    items, offsets, sizes = [], [], []
+    for index, item in pairs:
+        scratch = room[cursor:] if room is not None and cursor < region.size else None
+        decoded = decode_item(index, item, options, scratch)
+        written = (scratch is not None and decoded.coefficients is not None
+                   and decoded.coefficients.data_ptr() == scratch.data_ptr())
+        offsets.append(cursor if written else -1)
+        sizes.append(decoded.coefficients.numel() if written else 0)
+        if written:
+            cursor += -(-sizes[-1] // ALIGN) * ALIGN
+            decoded.coefficients = None
+        items.append(decoded)
+    needed = sum(sizes) + sum(item.coefficients.numel() for item in items if item.coefficients is not None)
+    pixels_from = min(cursor, region.size)
     field = "encoded" if options.keep_jpeg_bytes else "pixels"
     payloads = [getattr(item, field) for item in items]
-    offsets, used, needed = write_pixels(region, payloads)
-    sizes = []
-    for item, offset, payload in zip(items, offsets, payloads):
-        sizes.append(payload.numel() if offset >= 0 else 0)
+    placed, used, pixel_bytes = write_pixels(region[pixels_from:], payloads)
+    for position, (item, offset, payload) in enumerate(zip(items, placed, payloads)):
         if offset >= 0:
+            offsets[position], sizes[position] = pixels_from + offset, payload.numel()
             setattr(item, field, None)
-    if any(item.coefficients is not None for item in items):
-        after = min(-(-used // ALIGN) * ALIGN, region.size)
-        blocks = [None if item.coefficients is None else item.coefficients.view(torch.uint8) for item in items]
-        placed, _, more = write_pixels(region[after:], blocks)
-        needed += more
-        for position, (item, offset, block) in enumerate(zip(items, placed, blocks)):
-            if offset >= 0:
-                offsets[position], sizes[position] = after + offset, block.numel()
-                item.coefficients = None
-    return items, offsets, sizes, used, needed
+    return items, offsets, sizes, used, needed + pixel_bytes, pixels_from
 
 def _decode_into_arena_in_process(pairs: List[Tuple[int, Any]], ref: ArenaRef, start: int, capacity: int
-                                  ) -> Tuple[List[DecodedItem], List[int], List[int], int, int]:
+                                  ) -> Tuple[List[DecodedItem], List[int], List[int], int, int, int]:
     """In a worker process: only the bookkeeping travels back; pixels that did not fit go as shared tensors."""
     return decode_into_region(pairs, _worker_options, attach(ref)[start:start + capacity])
 
@@ -206,9 +214,34 @@ def _copy_pairs(pairs: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def chunked(pairs: List[Tuple[int, Any]], workers: int) -> List[List[Tuple[int, Any]]]:
-    """Split into about two tasks per worker, at most MAX_CHUNK inputs each."""
+    """Split into about two tasks per worker, at most MAX_CHUNK inputs each, of about equal work: inputs go,
+    largest first, to the task with the least so far (file sizes stand for decode times). A call returns when
+    its last task does, so a task of large photos would leave the other workers idle meanwhile."""
     size = max(1, min(MAX_CHUNK, math.ceil(len(pairs) / (2 * workers))))
-    return [pairs[start:start + size] for start in range(0, len(pairs), size)]
+    count = math.ceil(len(pairs) / size) if pairs else 0
+    if count <= 1:
+        return [list(pairs)] if pairs else []
+    tasks: List[List[Tuple[int, Any]]] = [[] for _ in range(count)]
+    loads = [(0, number) for number in range(count)]  # a heap of (work so far, task)
+    for pair in sorted(pairs, key=lambda pair: -_work(pair[1])):
+        load, number = heapq.heappop(loads)
+        tasks[number].append(pair)
+        heapq.heappush(loads, (load + _work(pair[1]), number))
+    return [sorted(task, key=lambda pair: pair[0]) for task in tasks if task]
+
+
+def _work(item: Any) -> int:
+    """An input's decode work, roughly: its encoded size (files, bytes), its pixel count (images in memory)."""
+    if isinstance(item, (str, os.PathLike)):
+        try:
+            return os.path.getsize(item)
+        except OSError:
+            return 0
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return len(item)
+    if isinstance(item, Image.Image):
+        return item.width * item.height
+    return int(getattr(item, "size", 0) if not callable(getattr(item, "size", None)) else item.numel())
 
 
 class DecodePool:

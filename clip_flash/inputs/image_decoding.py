@@ -73,7 +73,7 @@ class DecodedItem:
     pixels: Optional[torch.Tensor] = None  # uint8 (H, W, C), C in {1, 3}
     prepared: Optional[torch.Tensor] = None  # float32 (3, S, S): preprocess's own output
     encoded: Optional[torch.Tensor] = None  # uint8 1-D JPEG bytes, for nvJPEG
-    coefficients: Optional[torch.Tensor] = None  # int16 1-D, the GPU route's input (see .jpeg_dct)
+    coefficients: Optional[torch.Tensor] = None  # uint8 1-D (int16 values), the GPU route's input (see .jpeg_dct)
     dct_layout: Tuple[int, ...] = ()  # the coefficients' layout, as csrc/jpeg_dct_read.cpp gives it
     image_size: Tuple[int, int] = (0, 0)  # (height, width) as decoded
     channels: int = 0
@@ -102,16 +102,18 @@ def input_kind(item: Any) -> str:
     return type(item).__name__
 
 
-def decode_item(index: int, item: Any, options: DecodeOptions) -> DecodedItem:
-    """The CPU step for one input. Never raises for a bad input: the reason goes in ``reason``."""
+def decode_item(index: int, item: Any, options: DecodeOptions, scratch: Optional[torch.Tensor] = None) -> DecodedItem:
+    """The CPU step for one input. Never raises for a bad input: the reason goes in ``reason``. ``scratch``
+    (uint8, 128-byte aligned): where the GPU route writes the coefficients when they fit (see
+    :func:`.decode_pool.decode_into_region`)."""
     result = DecodedItem(index)
     try:
         if isinstance(item, (str, os.PathLike)):
             with open(item, "rb") as handle:
                 data = handle.read()
-            _decode_encoded(data, options, result)
+            _decode_encoded(data, options, result, scratch)
         elif isinstance(item, (bytes, bytearray, memoryview)):
-            _decode_encoded(bytes(item), options, result)
+            _decode_encoded(bytes(item), options, result, scratch)
         elif isinstance(item, Image.Image):
             _decode_pil(item, options, result)
         elif isinstance(item, (torch.Tensor, np.ndarray)):
@@ -133,7 +135,8 @@ def decode_item(index: int, item: Any, options: DecodeOptions) -> DecodedItem:
     return result
 
 
-def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) -> None:
+def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem,
+                    scratch: Optional[torch.Tensor] = None) -> None:
     """Encoded bytes: Pillow reads the header, then the route by format and mode."""
     if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9") and _route_to_nvjpeg(data, result):
         return
@@ -148,7 +151,8 @@ def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) ->
             result.jpeg_sampling = JpegImagePlugin.get_sampling(image)
             result.jpeg_progressive = bool(image.info.get("progressive"))
             return
-        if options.dct_reader is not None and _try_coefficients(data, image, channels, options.dct_reader, result):
+        if options.dct_reader is not None and _try_coefficients(data, image, channels, options.dct_reader, result,
+                                                                scratch):
             return
         if options.use_torchvision_jpeg and _try_torchvision(data, image, channels, result, "jpeg"):
             return
@@ -200,9 +204,10 @@ def _try_torchvision(data: bytes, image: Image.Image, channels: int, result: Dec
     return True
 
 
-def _try_coefficients(data: bytes, image: Image.Image, channels: int, reader: DctReader, result: DecodedItem) -> bool:
+def _try_coefficients(data: bytes, image: Image.Image, channels: int, reader: DctReader, result: DecodedItem,
+                      scratch: Optional[torch.Tensor]) -> bool:
     """The GPU route's CPU half; False (and a note) when it declines the file or disagrees on the shape."""
-    coefficients, layout, failure = read_coefficients(data, reader)
+    coefficients, layout, failure = read_coefficients(data, reader, scratch)
     if coefficients is None:
         result.notes.append(f"GPU JPEG route not taken ({failure}); decoded whole")
         return False

@@ -290,7 +290,7 @@ class ImagePreprocessor:
                         in_arena.append((item, region.start + offset, size))
                     elif item.coefficients is not None:  # did not fit: it came back on its own
                         dct_items.append(item)
-                        dct_runs.append((item.coefficients.view(torch.uint8), [0]))
+                        dct_runs.append((item.coefficients, [0]))
                         item.coefficients = None
                     continue
                 if offset < 0:
@@ -301,7 +301,7 @@ class ImagePreprocessor:
                 shapes.append(shape)
                 packed_items.append(item)
             if region.used:
-                runs.append((region.start, region.used, first))
+                runs.append((region.start + region.pixels_from, region.used, first))
             if in_arena:  # the region's coefficients, back to back: one copy
                 begin, end = in_arena[0][1], in_arena[-1][1] + in_arena[-1][2]
                 dct_items.extend(item for item, _, _ in in_arena)

@@ -50,10 +50,13 @@ class DctReader:
     library: str
 
 
-def read_coefficients(data: bytes, reader: DctReader) -> Tuple[Optional[torch.Tensor], List[int], str]:
-    """One JPEG's coefficients (int16), layout and failure (empty when read); see ``csrc/jpeg_dct_read.cpp``."""
+def read_coefficients(data: bytes, reader: DctReader, out: Optional[torch.Tensor] = None
+                      ) -> Tuple[Optional[torch.Tensor], List[int], str]:
+    """One JPEG's coefficients (uint8 bytes of int16 values: the start of ``out`` where they fit there), layout
+    and failure (empty when read); see ``csrc/jpeg_dct_read.cpp``."""
     buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-    coefficients, layout, failure = _module(reader).jpeg_read_dct(buffer, reader.library)
+    out = out if out is not None else torch.zeros(0, dtype=torch.uint8)
+    coefficients, layout, failure = _module(reader).jpeg_read_dct(buffer, reader.library, out)
     return (None if failure else coefficients), list(layout), failure
 
 
@@ -202,7 +205,7 @@ def decode_to_pixels(datas: Sequence[bytes], device: torch.device) -> List[Optio
     results: List[Optional[torch.Tensor]] = [None] * len(datas)
     if not taken:
         return results
-    sources = [read[position][0].view(torch.uint8) for position in taken]
+    sources = [read[position][0] for position in taken]
     batch = plan_dct_batch([read[position][1] for position in taken], [(source, [0]) for source in sources])
     shapes = [tuple(read[position][1][:LAYOUT_HEAD]) for position in taken]
     sizes = [height * width * channels for height, width, channels in shapes]
