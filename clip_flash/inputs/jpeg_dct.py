@@ -140,17 +140,26 @@ class DctBatch:
         self.table[:, 1] = np.asarray(pixel_offsets, dtype=np.int64)
 
     def decode(self, pixels: torch.Tensor) -> None:
-        """Queue the upload of the coefficients and the two kernels on the current stream; the pixels land at
-        their offsets in ``pixels`` (the packed layout's pixel area, on the device)."""
+        """Queue the kernels on the current stream; the pixels land at their offsets in ``pixels`` (the packed
+        layout's pixel area, on the device). The coefficients go up on the packed batches' upload stream, as
+        the pixels do, so that on a GPU still running the previous batch's encoder the copy overlaps it."""
         from ..ops._extension import load_extension
+        from ..ops.image_resample import upload_stream
 
         device = pixels.device
-        coefficients = torch.empty(self.coefficient_bytes, dtype=torch.uint8, device=device)
-        at = 0
-        for source in self.sources:
-            coefficients[at:at + source.numel()].copy_(source, non_blocking=source.is_pinned())
-            at += _aligned(source.numel())
-        table = torch.from_numpy(self.table).to(device, non_blocking=False)
+        caller = torch.cuda.current_stream(device)
+        upload = upload_stream(device)
+        with torch.cuda.stream(upload):
+            coefficients = torch.empty(self.coefficient_bytes, dtype=torch.uint8, device=device)
+            at = 0
+            for source in self.sources:
+                # From the page-locked arena: asynchronous (an item's own tensor, rare, is copied in step).
+                coefficients[at:at + source.numel()].copy_(source, non_blocking=source.is_pinned())
+                at += _aligned(source.numel())
+            table = torch.from_numpy(self.table).pin_memory().to(device, non_blocking=True)
+        caller.wait_stream(upload)
+        coefficients.record_stream(caller)
+        table.record_stream(caller)
         planes = torch.empty(max(self.plane_bytes, 8), dtype=torch.uint8, device=device)
         failure = load_extension().jpeg_dct_to_pixels(coefficients, table, planes, pixels, self.max_blocks,
                                                       self.max_pixels)

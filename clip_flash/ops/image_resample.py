@@ -188,7 +188,7 @@ def resample_packed(
     if buffer.device.type == "cpu" and device.type == "cuda":
         # The upload runs on its own stream, so that it overlaps the encoder still running on the caller's
         # stream (the batch before); the buffer is allocated there and handed over with record_stream.
-        caller, upload = torch.cuda.current_stream(device), _upload_stream(device)
+        caller, upload = torch.cuda.current_stream(device), upload_stream(device)
         with torch.cuda.stream(upload):
             on_device = _upload(buffer, plan, device, segments)
         caller.wait_stream(upload)
@@ -205,7 +205,7 @@ def resample_packed(
 
 
 @functools.lru_cache(maxsize=None)
-def _upload_stream(device: torch.device) -> "torch.cuda.Stream":
+def upload_stream(device: torch.device) -> "torch.cuda.Stream":
     """The stream the host-to-device copies of packed batches run on, one per device."""
     return torch.cuda.Stream(device)
 
