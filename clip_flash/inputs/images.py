@@ -412,7 +412,7 @@ class ImagePreprocessor:
         rows = self.resize.run_packed(hardware.plan, hardware.buffer)
         decoded = hardware.decoded
         if len(decoded) < len(hardware.items):  # the rest are decoded elsewhere: their slots are empty
-            rows = rows.index_select(0, torch.tensor(decoded, device=rows.device))
+            rows = rows.index_select(0, _index_tensor(decoded, rows.device))
         return [hardware.items[position].index for position in decoded], rows
 
     def _resize_group(self, items: List[DecodedItem], pixels: List[torch.Tensor],
@@ -446,7 +446,7 @@ class ImagePreprocessor:
         row_of = {index: row for row, index in enumerate(indices)}
         out = torch.empty((len(indices), 3, height, width), device=self.device, dtype=self.dtype)
         for group_indices, rows in groups:
-            positions = torch.tensor([row_of[index] for index in group_indices], device=self.device)
+            positions = _index_tensor([row_of[index] for index in group_indices], self.device)
             out.index_copy_(0, positions, rows)
         return out, indices
 
@@ -467,3 +467,13 @@ class ImagePreprocessor:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _index_tensor(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, without waiting for the device: a copy from pageable memory
+    (``torch.tensor(values, device=...)``) synchronizes the current stream, i.e. waits for every batch queued
+    there; from page-locked memory it is queued like the rest."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
