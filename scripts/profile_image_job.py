@@ -77,7 +77,8 @@ class StepTimer:
         for label, values in self.calls.items():
             if values:
                 ordered = sorted(values)
-                out[label] = {"calls": len(values), "total_s": sum(values), "median_ms": 1e3 * ordered[len(values) // 2],
+                out[label] = {"calls": len(values), "total_s": sum(values),
+                              "median_ms": 1e3 * ordered[len(values) // 2],
                               "p90_ms": 1e3 * ordered[int(0.9 * (len(values) - 1))]}
         return out
 
