@@ -49,7 +49,8 @@ from clip_flash.jobs.record import cpu_cores  # noqa: E402
 CAPTION_SHARD = 32768  # captions per shard of the caption jobs: a steady rate over several shards of 8 batches
 
 COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)", "items/s (whole run)",
-           "items/s (with setup)", "setup s", "first batch s", "x stock", "of encoder-only", "GPU peak MiB",
+           "items/s (with setup)", "setup s", "first batch s", "decode processes up s",
+           "x stock", "of encoder-only", "GPU peak MiB",
            "cos vs stock (min)", "max abs diff vs stock")
 
 
@@ -208,6 +209,17 @@ def _maybe(value: Optional[float], form: str) -> str:
     return "n/a" if value is None else form.format(value)
 
 
+def _workers_ready(summary: Dict[str, Any]) -> Optional[float]:
+    """Seconds from the preparer's creation to its decoding processes' readiness (run record), if it had any."""
+    try:
+        options = json.loads(Path(summary["record_path"]).read_text()).get("options", {})
+    except (KeyError, TypeError, OSError, ValueError):
+        return None
+    if options.get("decode_executor") != "process":
+        return None
+    return options.get("decode_workers_ready_s")
+
+
 def _row(model: str, inputs: str, pipeline: str, case: Dict[str, Any], stock: Dict[str, Any], ceiling: float,
          versus_stock: Dict[str, float]) -> Dict[str, Any]:
     summary = case["summary"]
@@ -221,6 +233,7 @@ def _row(model: str, inputs: str, pipeline: str, case: Dict[str, Any], stock: Di
         "items/s (with setup)": _maybe(summary.get("job_items_per_s"), "{:,.0f}"),
         "setup s": _maybe(summary.get("setup_seconds"), "{:.2f}"),
         "first batch s": _maybe(summary.get("first_batch_seconds"), "{:.2f}"),
+        "decode processes up s": _maybe(_workers_ready(summary), "{:.2f}"),
         "x stock": f"{steady / stock_steady:.2f}",
         "of encoder-only": f"{steady / ceiling:.1%} of {ceiling:,.0f}",
         "GPU peak MiB": f"{summary['gpu_peak_mib']:,.0f}" if summary["gpu_peak_mib"] else "n/a",

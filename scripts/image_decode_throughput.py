@@ -28,7 +28,6 @@ from typing import Any, Dict, List
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-import open_clip  # noqa: E402
 import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
@@ -105,6 +104,8 @@ def main() -> int:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    import open_clip  # here: the decoding workers' fork server imports this script and needs no OpenCLIP
+
     preprocess = open_clip.image_transform(args.image_size, is_train=False)
     paths = sorted(path for path in args.photos.iterdir() if path.suffix.lower() in (".jpg", ".jpeg", ".png"))
     total = args.warmup + args.batches

@@ -4,9 +4,9 @@
     python scripts/profile_caption_job.py --model ViT-L-14 --captions 65536 --out $OUT/caption_job_profile.txt
 
 Runs ``clip_flash.embed`` on a caption file (ImageNet class names x templates) once untimed (not with
-``--cold``), then once under the profiler (CPU and CUDA activity), and writes: the job's summary (its main thread's waits), the GPU's busy
-time over the run's wall time, and the host operations and CUDA runtime calls that took the most time
-(synchronizing calls and page-locked allocations among them name what the host waited on).
+``--cold``), then once under the profiler (CPU and CUDA activity), and writes: the job's summary (its main
+thread's waits), the GPU's busy time over the run's wall time, and the host operations and CUDA runtime calls
+that took the most time (synchronizing calls and page-locked allocations among them name what the host waited on).
 """
 from __future__ import annotations
 

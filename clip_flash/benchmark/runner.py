@@ -14,7 +14,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
 import clip_flash
 
@@ -214,6 +213,8 @@ class ModelBench:
         From strings: each build tokenizes the prompts with its side's tokenizer (OpenCLIP's for stock,
         ``settings.text_tokenizer`` for patched), then encodes them batch by batch.
         """
+        from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
+
         settings = self.settings
         classes = list(IMAGENET_CLASSNAMES[: settings.zero_shot_classes])
         templates = list(OPENAI_IMAGENET_TEMPLATES[: settings.zero_shot_templates])

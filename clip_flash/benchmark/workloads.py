@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
-from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -37,10 +36,16 @@ def random_token_ids(batch: int, context_length: int, vocab_size: int, seed: int
 
 
 def zero_shot_prompts(
-    classnames: Sequence[str] = IMAGENET_CLASSNAMES,
-    templates: Sequence[Callable[[str], str]] = OPENAI_IMAGENET_TEMPLATES,
+    classnames: Optional[Sequence[str]] = None,
+    templates: Optional[Sequence[Callable[[str], str]]] = None,
 ) -> List[str]:
-    """All prompts of a zero-shot classifier, class-major: every template of class 0, then class 1..."""
+    """All prompts of a zero-shot classifier, class-major: every template of class 0, then class 1...
+    (default: OpenCLIP's ImageNet class names and templates)."""
+    # Imported here, not at the top: a benchmark script's decoding workers import it, and need no OpenCLIP.
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
+
+    classnames = IMAGENET_CLASSNAMES if classnames is None else classnames
+    templates = OPENAI_IMAGENET_TEMPLATES if templates is None else templates
     return [template(name) for name in classnames for template in templates]
 
 

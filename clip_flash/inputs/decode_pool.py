@@ -43,8 +43,9 @@ logger = logging.getLogger(__name__)
 EXECUTORS = ("thread", "process")
 # Imported once by the fork server, so that every worker forked from it starts with them loaded. Each one
 # that cannot be imported there is skipped (the worker then imports what it needs itself, as a spawned one).
-WORKER_MODULES = ("numpy", "torch", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", "torchvision.io",
-                  __name__)
+# Not torchvision: it costs seconds to import on some hosts (torch._dynamo comes with it), and a worker needs
+# its decoders only for PNGs and the JPEGs the GPU route declines (imported on the first such file).
+WORKER_MODULES = ("numpy", "torch", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", __name__)
 # Inputs per task: enough to amortize a task's overhead, few enough to balance the workers.
 MAX_CHUNK = 16
 COPY_THREADS = 4  # memory copies into the kernel's page-locked buffer
@@ -83,17 +84,37 @@ def process_context() -> multiprocessing.context.BaseContext:
             wanted = current + [name for name in WORKER_MODULES if name not in current]
             if wanted != current:
                 context.set_forkserver_preload(wanted)
+        _start_fork_server()
     return context
 
 
 def prestart() -> None:
     """Start the fork server now: it imports the decoding modules in its own process while this one goes on
     (a job calls this before loading its model). Returns at once; without a fork server, does nothing."""
-    context = process_context()
-    if context.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
+    process_context()
 
-        forkserver.ensure_running()
+
+def _start_fork_server() -> None:
+    """Start this process's fork server (if it is not running) with ``clip_flash``'s light import: it and the
+    workers forked from it import the decoding modules, not the top-level API (see ``clip_flash/__init__``)."""
+    from multiprocessing import forkserver
+
+    from .. import WORKER_PROCESS_ENV
+
+    server = getattr(forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_pid", None) is not None:
+        forkserver.ensure_running()  # running (or restarted as it was started, if it died)
+        return
+    with _preload_lock:
+        before = os.environ.get(WORKER_PROCESS_ENV)
+        os.environ[WORKER_PROCESS_ENV] = "1"  # the server inherits this process's environment when it starts
+        try:
+            forkserver.ensure_running()
+        finally:
+            if before is None:
+                del os.environ[WORKER_PROCESS_ENV]
+            else:
+                os.environ[WORKER_PROCESS_ENV] = before
 
 
 @functools.lru_cache(maxsize=1)

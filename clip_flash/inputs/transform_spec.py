@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
-from torchvision.transforms import CenterCrop, Compose, InterpolationMode, Normalize, Resize, ToTensor
 
 RESIZE_MODES = ("shortest", "longest", "squash")
 INTERPOLATIONS = ("bicubic", "bilinear")
@@ -28,7 +27,14 @@ INTERPOLATIONS = ("bicubic", "bilinear")
 # ResizeKeepRatio rounds each side with round(side / ratio); Resize((h, w)) takes the size as given.
 RESIZE_RULES = ("torchvision_short_side", "keep_ratio", "exact")
 
-_INTERPOLATION_NAMES = {InterpolationMode.BICUBIC: "bicubic", InterpolationMode.BILINEAR: "bilinear"}
+
+
+def _transforms() -> Any:
+    """``torchvision.transforms``, imported when a transform is read (in the caller's process): decoding workers
+    use the spec only, and importing torchvision costs seconds on some hosts."""
+    import torchvision.transforms
+
+    return torchvision.transforms
 
 
 class UnsupportedTransformError(ValueError):
@@ -95,15 +101,17 @@ def _describe(transform: Any) -> str:
 
 
 def _interpolation_name(mode: Any, owner: Any) -> str:
+    InterpolationMode = _transforms().InterpolationMode
+    names = {InterpolationMode.BICUBIC: "bicubic", InterpolationMode.BILINEAR: "bilinear"}
     if isinstance(mode, int) and not isinstance(mode, InterpolationMode):
         # torchvision accepts Pillow's integer constants; only BILINEAR (2) and BICUBIC (3) are ours.
         mode = {2: InterpolationMode.BILINEAR, 3: InterpolationMode.BICUBIC}.get(mode, mode)
-    if mode not in _INTERPOLATION_NAMES:
+    if mode not in names:
         raise UnsupportedTransformError(
             f"{_describe(owner)}: interpolation {mode!r} is not bicubic or bilinear, which are the only ones "
             "OpenCLIP's eval transforms use and the only ones reproduced exactly"
         )
-    return _INTERPOLATION_NAMES[mode]
+    return names[mode]
 
 
 def _pair(size: Any, owner: Any) -> Tuple[int, int]:
@@ -127,7 +135,7 @@ def _is_convert_to_rgb(transform: Any) -> bool:
 
 
 def _is_to_tensor(transform: Any) -> bool:
-    if type(transform) is ToTensor:
+    if type(transform) is _transforms().ToTensor:
         return True
     return type(transform).__name__ == "MaybeToTensor" and type(transform).__module__.startswith("open_clip")
 
@@ -138,7 +146,7 @@ def _open_clip_class(transform: Any, name: str) -> bool:
 
 def _resize_step(resize: Any) -> Tuple[str, Tuple[int, int], str, Optional[float]]:
     """(rule, size, interpolation, keep-ratio ``longest``) of the resize step, or a refusal."""
-    if type(resize) is Resize:
+    if type(resize) is _transforms().Resize:
         if resize.max_size is not None:
             raise UnsupportedTransformError(f"{_describe(resize)}: max_size={resize.max_size} is not supported")
         interpolation = _interpolation_name(resize.interpolation, resize)
@@ -167,7 +175,7 @@ def spec_from_preprocess(preprocess: Any) -> ImageTransformSpec:
     missing step, a subclass, ``max_size``, another interpolation, a training transform) is refused with
     an error that names the offending step.
     """
-    if type(preprocess) is not Compose:
+    if type(preprocess) is not _transforms().Compose:
         raise UnsupportedTransformError(
             f"expected the torchvision Compose OpenCLIP builds for evaluation, got {type(preprocess).__name__}"
         )
@@ -183,7 +191,7 @@ def spec_from_preprocess(preprocess: Any) -> ImageTransformSpec:
         )
     *geometry, convert, to_tensor, normalize = steps
     # From the end, so an appended step is the one named.
-    if type(normalize) is not Normalize:
+    if type(normalize) is not _transforms().Normalize:
         raise UnsupportedTransformError(f"{_describe(normalize)}: expected Normalize as the last step")
     if not _is_to_tensor(to_tensor):
         raise UnsupportedTransformError(f"{_describe(to_tensor)}: expected ToTensor before Normalize")
@@ -208,7 +216,7 @@ def spec_from_preprocess(preprocess: Any) -> ImageTransformSpec:
         return ImageTransformSpec(size=resize_size, resize_mode="squash", **common)
 
     crop = geometry[1]
-    if type(crop) is CenterCrop:
+    if type(crop) is _transforms().CenterCrop:
         crop_size, fill, mode = _pair(crop.size, crop), 0, "shortest"
         if rule == "keep_ratio" and longest != 0.0:
             raise UnsupportedTransformError(

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..patch.text_fast_path import takes_host_token_ids
 from .batches import ItemBatch, shard_batches
 from .sources import Shard
 from .writer import ShardResult
@@ -137,6 +136,8 @@ class EmbeddingPipeline:
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         # A patched text tower takes the pinned host ids itself and reads their lengths there: no device sync
         # per batch, so the next batch queues while the device still encodes this one.
+        from ..patch.text_fast_path import takes_host_token_ids  # here: decoding workers import this module
+
         self.host_tokens = self.cuda and tokenizer is not None and takes_host_token_ids(model)
 
     def start(self) -> None:

@@ -71,6 +71,39 @@ def test_fork_server_preloads_the_decoding_modules_and_keeps_main():
     decode_pool.prestart()
 
 
+LIGHT_WORKER_SCRIPT = """
+import sys
+import clip_flash
+from clip_flash.inputs.decode_pool import process_context
+
+assert "open_clip" in sys.modules  # the parent has the whole API
+context = process_context()
+if context.get_start_method() != "forkserver":
+    print("no fork server")
+    sys.exit(0)
+heavy = "sorted(__import__('sys').modules.keys() & {'open_clip', 'torchvision', 'clip_flash.inputs.decode_pool'})"
+with context.Pool(1) as pool:
+    print(pool.apply(eval, (heavy,)))
+    # A worker that does use the top-level API gets it on first use.
+    print(pool.apply(eval, ("__import__('clip_flash').patch.__module__",)))
+"""
+
+
+def test_workers_import_the_decoding_modules_without_open_clip():
+    """The fork server (started in a fresh interpreter, as a job starts it) preloads the decoding modules but
+    not OpenCLIP or torchvision, which took 14-17 s to import on the GPU host while threads stood in."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LIGHT_WORKER_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if done.stdout.strip() == "no fork server":
+        pytest.skip("no fork server on this platform")
+    loaded, patch_module = done.stdout.strip().splitlines()[-2:]
+    assert loaded == "['clip_flash.inputs.decode_pool']"
+    assert patch_module == "clip_flash.patch.patching"
+
+
 def test_prestarted_processes_give_the_thread_pools_rows_and_failures(vit_b32_preprocess, mixed_inputs):
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2,
                                       executor="thread", start=False) as threads:
