@@ -33,6 +33,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import pickle
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -49,6 +50,27 @@ logger = logging.getLogger(__name__)
 
 EXACT_MODES = {"RGB": 3, "L": 1}
 ROUTES = ("jpeg-dct", "jpeg", "png", "pillow-pixels", "pillow-preprocess", "gpu-jpeg", "tensor")
+
+
+class DeferredTransform:
+    """A transform that travels to worker processes as pickled bytes and is unpickled on its first call there.
+
+    Unpickling OpenCLIP's transform imports OpenCLIP and torchvision (their modules define its steps): 10-18 s
+    in each of 16 fresh workers at once on the GPU host, during which the job decoded in threads. Workers call it
+    only for the images the exact path hands to Pillow whole (RGBA, palette, CMYK...), so most never pay."""
+
+    def __init__(self, transform: Callable[[Image.Image], torch.Tensor]) -> None:
+        self._transform: Optional[Callable[[Image.Image], torch.Tensor]] = transform
+        self._pickled: Optional[bytes] = None
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        if self._transform is None:
+            self._transform = pickle.loads(self._pickled)
+        return self._transform(image)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        pickled = self._pickled if self._pickled is not None else pickle.dumps(self._transform)
+        return {"_transform": None, "_pickled": pickled}
 
 
 @dataclass

@@ -28,7 +28,8 @@ from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
 from .jpeg_dct import DctBatch, plan_dct_batch, route_reader
-from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
+from .image_decoding import (DecodedItem, DecodeOptions, DeferredTransform, decode_item, describe_error,
+                             route_counts)
 from ..ops._extension import load_extension
 from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
@@ -173,7 +174,8 @@ class ImagePreprocessor:
         self.decoder_agreement = agreement
         # The exact path's GPU JPEG route needs the arenas (coefficients travel in them) and the kernel's layout.
         dct_route = decode == "cpu" and self.resize.packs and arenas_supported()
-        self.options = DecodeOptions(preprocess, use_torchvision_jpeg=agreement.jpeg,
+        # Deferred: worker processes unpickle OpenCLIP's transform (importing OpenCLIP) only if they need it.
+        self.options = DecodeOptions(DeferredTransform(preprocess), use_torchvision_jpeg=agreement.jpeg,
                                      use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu",
                                      spec=self.resize.spec,
                                      dct_reader=route_reader(load_extension()) if dct_route else None)

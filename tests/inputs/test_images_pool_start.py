@@ -86,12 +86,27 @@ with context.Pool(1) as pool:
     print(pool.apply(eval, (heavy,)))
     # A worker that does use the top-level API gets it on first use.
     print(pool.apply(eval, ("__import__('clip_flash').patch.__module__",)))
+# A preparer's workers, after their warm-up and a batch of JPEGs: OpenCLIP's transform was sent to them, but
+# unpickling it would import OpenCLIP, and they have not needed it.
+import io
+import open_clip
+import torch
+from PIL import Image
+_, _, preprocess = open_clip.create_model_and_transforms("ViT-B-32")
+jpeg = io.BytesIO()
+Image.new("RGB", (64, 48), (200, 30, 90)).save(jpeg, "JPEG")
+with clip_flash.ImagePreprocessor(preprocess, device="cpu", dtype=torch.float32, workers=1,
+                                  executor="process") as prep:
+    prep.start(wait=True)
+    assert len(prep([jpeg.getvalue()] * 3)) == 3
+    print(prep.pool._process_pool().submit(eval, "'open_clip' in __import__('sys').modules").result())
 """
 
 
 def test_workers_import_the_decoding_modules_without_open_clip():
     """The fork server (started in a fresh interpreter, as a job starts it) preloads the decoding modules but
-    not OpenCLIP or torchvision, which took 14-17 s to import on the GPU host while threads stood in."""
+    not OpenCLIP or torchvision, which took 14-17 s to import on the GPU host while threads stood in; a
+    preparer's workers decode JPEGs without importing OpenCLIP."""
     import subprocess
     import sys
 
@@ -99,9 +114,10 @@ def test_workers_import_the_decoding_modules_without_open_clip():
     assert done.returncode == 0, done.stderr[-3000:]
     if done.stdout.strip() == "no fork server":
         pytest.skip("no fork server on this platform")
-    loaded, patch_module = done.stdout.strip().splitlines()[-2:]
+    loaded, patch_module, preparer_worker_has_open_clip = done.stdout.strip().splitlines()[-3:]
     assert loaded == "['clip_flash.inputs.decode_pool']"
     assert patch_module == "clip_flash.patch.patching"
+    assert preparer_worker_has_open_clip == "False"
 
 
 def test_prestarted_processes_give_the_thread_pools_rows_and_failures(vit_b32_preprocess, mixed_inputs):
