@@ -46,6 +46,8 @@ EXECUTORS = ("thread", "process")
 # Not torchvision: it costs seconds to import on some hosts (torch._dynamo comes with it), and a worker needs
 # its decoders only for PNGs and the JPEGs the GPU route declines (imported on the first such file).
 WORKER_MODULES = ("numpy", "torch", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", __name__)
+# Without a GPU there is no GPU route: every JPEG goes through torchvision's decoder, so the server imports it.
+CPU_WORKER_MODULES = ("torchvision.io",)
 # Inputs per task: enough to amortize a task's overhead, few enough to balance the workers.
 MAX_CHUNK = 16
 COPY_THREADS = 4  # memory copies into the kernel's page-locked buffer
@@ -81,7 +83,8 @@ def process_context() -> multiprocessing.context.BaseContext:
         with _preload_lock:
             # The default list is ["__main__"] (the main script, imported under its guard); kept, then ours.
             current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or [])
-            wanted = current + [name for name in WORKER_MODULES if name not in current]
+            modules = WORKER_MODULES if torch.cuda.is_available() else WORKER_MODULES + CPU_WORKER_MODULES
+            wanted = current + [name for name in modules if name not in current]
             if wanted != current:
                 context.set_forkserver_preload(wanted)
         _start_fork_server()
