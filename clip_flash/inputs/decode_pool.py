@@ -104,10 +104,8 @@ def _start_fork_server() -> None:
 
     from .. import WORKER_PROCESS_ENV
 
-    server = getattr(forkserver, "_forkserver", None)
-    if getattr(server, "_forkserver_pid", None) is not None:
-        forkserver.ensure_running()  # running (or restarted as it was started, if it died)
-        return
+    # Set around every call: ensure_running() returns at once for a live server, and starts a new one (with
+    # this environment) if it died.
     with _preload_lock:
         before = os.environ.get(WORKER_PROCESS_ENV)
         os.environ[WORKER_PROCESS_ENV] = "1"  # the server inherits this process's environment when it starts
