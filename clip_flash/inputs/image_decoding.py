@@ -69,8 +69,9 @@ class DeferredTransform:
         return self._transform(image)
 
     def __getstate__(self) -> Dict[str, Any]:
-        pickled = self._pickled if self._pickled is not None else pickle.dumps(self._transform)
-        return {"_transform": None, "_pickled": pickled}
+        if self._pickled is None:  # once, not once per worker
+            self._pickled = pickle.dumps(self._transform)
+        return {"_transform": None, "_pickled": self._pickled}
 
 
 @dataclass
