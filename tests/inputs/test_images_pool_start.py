@@ -241,3 +241,16 @@ def test_a_lease_waits_for_the_arena_being_made_ahead_instead_of_making_another(
     assert len(made) == 3 and bigger.arena is made[2]
     del lease, bigger
     arenas.close()
+
+
+def test_deferred_transform_is_unpickled_on_its_first_call(vit_b32_preprocess):
+    import pickle
+
+    from clip_flash.inputs.image_decoding import DeferredTransform
+
+    image = Image.new("RGBA", (61, 43), (200, 30, 90, 120))
+    travelled = pickle.loads(pickle.dumps(DeferredTransform(vit_b32_preprocess)))
+    assert travelled._transform is None  # nothing of the transform's modules needed to arrive
+    assert torch.equal(travelled(image), vit_b32_preprocess(image))
+    again = pickle.loads(pickle.dumps(travelled))  # pickled again after its first call: the same bytes travel
+    assert torch.equal(again(image), vit_b32_preprocess(image))
