@@ -75,8 +75,9 @@ class TokenizingPool:
     def _executor_here(self) -> ProcessPoolExecutor:
         if self._executor is None or self._owner_pid != os.getpid():  # a forked copy never uses its parent's
             # The decoding workers' fork server (spawn where there is none): workers forked from a clean
-            # server that has imported clip_flash once, not from this (threaded) process, and not each
-            # importing it themselves (seconds apiece, all at once).
+            # server that has imported torch and clip_flash's input modules once, not from this (threaded)
+            # process. The server does not import OpenCLIP (the decoding workers never need it): each tokenizing
+            # worker imports it when it unpickles the tokenizer below.
             from .decode_pool import process_context
 
             context = process_context()
