@@ -95,10 +95,13 @@ def profile_job(photos: Path, model: str, repeat: int, decode: str, executor: st
         with ThreadSampler(interval=interval) as sampler:
             summary = clip_flash.embed(photos, scratch / "out", model, device=device, decode=decode,
                                        executor=executor, repeat=repeat, shard_size=shard_size, progress=False)
+        # The run record (in the output folder, deleted below) says how the decoding workers started.
+        options = json.loads(Path(summary.record_path).read_text()).get("options", {})
     finally:
         timer.restore()
         shutil.rmtree(scratch, ignore_errors=True)
-    return {"summary": summary.to_dict(), "steps": timer.summary(), "sampler": sampler.report()}
+    return {"summary": summary.to_dict(), "steps": timer.summary(), "sampler": sampler.report(),
+            "decode_workers": {key: value for key, value in options.items() if key.startswith("decode_")}}
 
 
 def profile_bench_loop(photos: Path, model: str, batches: int, interval: float) -> Dict[str, Any]:
@@ -154,6 +157,7 @@ def _format(record: Dict[str, Any]) -> str:
              f"JOB: {summary['items']} items, steady {summary.get('steady_items_per_s') or 0:,.0f} items/s, whole run "
              f"{summary['items_per_s']:,.0f}; main thread: "
              + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in summary["main_thread_seconds"].items()),
+             f"decoding workers: {job.get('decode_workers') or 'none (threads)'}",
              "host steps (wall time per call):"]
     for label, data in job["steps"].items():
         lines.append(f"  {label:36s} {data['calls']:6d} calls  total {data['total_s']:7.2f} s  median "
