@@ -28,7 +28,6 @@ INTERPOLATIONS = ("bicubic", "bilinear")
 RESIZE_RULES = ("torchvision_short_side", "keep_ratio", "exact")
 
 
-
 def _transforms() -> Any:
     """``torchvision.transforms``, imported when a transform is read (in the caller's process): decoding workers
     use the spec only, and importing torchvision costs seconds on some hosts."""
