@@ -31,7 +31,7 @@ import clip_flash  # noqa: E402
 from clip_flash.benchmark.results import environment_record  # noqa: E402
 from clip_flash.benchmark.thread_sampler import ThreadSampler, format_report  # noqa: E402
 
-# The job's host steps timed call by call: (class, method) -> the name they are reported under.
+# The job's host steps timed call by call (module, class, method); ``_prepare``/``_decode`` are the preparer's.
 JOB_STEPS = (
     ("clip_flash.jobs.pipeline", "EmbeddingPipeline", "_launch"),
     ("clip_flash.jobs.pipeline", "EmbeddingPipeline", "_prepare"),
@@ -39,8 +39,6 @@ JOB_STEPS = (
     ("clip_flash.jobs.pipeline", "EmbeddingPipeline", "_to_host"),
     ("clip_flash.jobs.pipeline", "EmbeddingPipeline", "_collect"),
     ("clip_flash.jobs.pipeline", "EmbeddingPipeline", "_decode"),
-    ("clip_flash.inputs.images", "ImagePreprocessor", "prepare"),
-    ("clip_flash.inputs.images", "ImagePreprocessor", "decode"),
     ("clip_flash.jobs.writer", "OutputFolder", "write"),
 )
 

@@ -74,11 +74,15 @@ _preload_lock = threading.Lock()
 
 def process_context() -> multiprocessing.context.BaseContext:
     """The multiprocessing context decoding workers start in; for a fork server, :data:`WORKER_MODULES` are
-    added to what it preloads (a server already running keeps what it has: workers then import the rest)."""
+    added to what it preloads (a server already running keeps what it has: workers then import the rest), and
+    the server is started with ``clip_flash``'s light import: it and the workers forked from it import the
+    decoding modules, not the top-level API (see ``clip_flash/__init__``)."""
     method = process_start_method()
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         from multiprocessing import forkserver
+
+        from .. import WORKER_PROCESS_ENV
 
         with _preload_lock:
             # The default list is ["__main__"] (the main script, imported under its guard); kept, then ours.
@@ -87,7 +91,17 @@ def process_context() -> multiprocessing.context.BaseContext:
             wanted = current + [name for name in modules if name not in current]
             if wanted != current:
                 context.set_forkserver_preload(wanted)
-        _start_fork_server()
+            # Set around every call: ensure_running() returns at once for a live server, and starts a new one
+            # (inheriting this environment) if there is none or it died.
+            before = os.environ.get(WORKER_PROCESS_ENV)
+            os.environ[WORKER_PROCESS_ENV] = "1"
+            try:
+                forkserver.ensure_running()
+            finally:
+                if before is None:
+                    del os.environ[WORKER_PROCESS_ENV]
+                else:
+                    os.environ[WORKER_PROCESS_ENV] = before
     return context
 
 
@@ -95,27 +109,6 @@ def prestart() -> None:
     """Start the fork server now: it imports the decoding modules in its own process while this one goes on
     (a job calls this before loading its model). Returns at once; without a fork server, does nothing."""
     process_context()
-
-
-def _start_fork_server() -> None:
-    """Start this process's fork server (if it is not running) with ``clip_flash``'s light import: it and the
-    workers forked from it import the decoding modules, not the top-level API (see ``clip_flash/__init__``)."""
-    from multiprocessing import forkserver
-
-    from .. import WORKER_PROCESS_ENV
-
-    # Set around every call: ensure_running() returns at once for a live server, and starts a new one (with
-    # this environment) if it died.
-    with _preload_lock:
-        before = os.environ.get(WORKER_PROCESS_ENV)
-        os.environ[WORKER_PROCESS_ENV] = "1"  # the server inherits this process's environment when it starts
-        try:
-            forkserver.ensure_running()
-        finally:
-            if before is None:
-                del os.environ[WORKER_PROCESS_ENV]
-            else:
-                os.environ[WORKER_PROCESS_ENV] = before
 
 
 @functools.lru_cache(maxsize=1)
