@@ -12,6 +12,9 @@ For each case it runs ``clip_flash.embed`` (the job ``scripts/embed.py`` runs) i
 - the patched encoder alone (batch 256, random pixels / tokens already on the GPU, CUDA events), the
   ceiling each end-to-end rate is compared with.
 
+``--cases`` picks the image jobs run after stock, in order (``exact-processes-eager`` is the exact job with
+``cuda_graphs=False``); name two cases alternately to compare them.
+
 Rates are inputs per second over the pipeline's wall time after its first shard (warm-up and the first
 file reads excluded), over the whole run, and with the setup (model load, decoding workers' start) counted
 too; the setup's seconds and the first batch's (from the pipeline's start) are given beside them, and the
@@ -47,6 +50,14 @@ from clip_flash.jobs.job import DEFAULT_TEXT_BATCH  # noqa: E402
 from clip_flash.jobs.record import cpu_cores  # noqa: E402
 
 CAPTION_SHARD = 32768  # captions per shard of the caption jobs: a steady rate over several shards of 8 batches
+
+# name -> (pipeline, decode, executor, CUDA graphs)
+IMAGE_CASES = {"stock": ("stock", "cpu", "thread", False),
+               "exact-threads": ("clip_flash", "cpu", "thread", True),
+               "exact-processes": ("clip_flash", "cpu", "process", True),
+               "exact-processes-eager": ("clip_flash", "cpu", "process", False),
+               "gpu-decode": ("clip_flash", "gpu", "process", True)}
+DEFAULT_CASES = ("exact-threads", "exact-processes", "gpu-decode")
 
 COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)", "items/s (whole run)",
            "items/s (with setup)", "setup s", "first batch s", "decode processes up s",
@@ -103,12 +114,12 @@ def compare(out: Path, reference: Path) -> Dict[str, float]:
 
 def run_case(scratch: Path, name: str, source: Any, model: str, pipeline: str, decode: str, repeat: int,
              shard_size: int, batch_size: Optional[int], device: torch.device,
-             executor: str = "thread") -> Dict[str, Any]:
+             executor: str = "thread", cuda_graphs: bool = True) -> Dict[str, Any]:
     out = scratch / name
     shutil.rmtree(out, ignore_errors=True)
     summary = clip_flash.embed(source, out, model, device=device, patch=pipeline != "stock", pipeline=pipeline,
-                               decode=decode, executor=executor, repeat=repeat, shard_size=shard_size,
-                               batch_size=batch_size, progress=False)
+                               decode=decode, executor=executor, cuda_graphs=cuda_graphs, repeat=repeat,
+                               shard_size=shard_size, batch_size=batch_size, progress=False)
     print(summary.format(), flush=True)
     gc.collect()
     if device.type == "cuda":
@@ -124,6 +135,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="image jobs to run (none: only the caption job)")
     parser.add_argument("--repeat", nargs="+", type=int, default=[60, 20],
                         help="how many times the photo list is embedded, per model (default 60 for B-32, 20 for L-14)")
+    parser.add_argument("--cases", nargs="+", choices=tuple(IMAGE_CASES)[1:], default=list(DEFAULT_CASES),
+                        help="the image jobs run after stock, in this order (a case named twice runs twice: "
+                             "alternate two to compare them)")
     parser.add_argument("--captions", type=int, default=240_000, help="captions for the ViT-L-14 text job")
     parser.add_argument("--caption-model", default="ViT-L-14")
     parser.add_argument("--shard-size", type=int, default=2048)
@@ -149,28 +163,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         repeats = dict(zip(args.models, args.repeat + [args.repeat[-1]] * len(args.models)))
         for model in args.models:
             ceilings[model] = encoder_only_rates(model, device, precision, calls=args.encoder_calls)
-            cases = [(f"{model}-stock", "stock", "cpu", "thread"),
-                     (f"{model}-exact-threads", "clip_flash", "cpu", "thread"),
-                     (f"{model}-exact-processes", "clip_flash", "cpu", "process"),
-                     (f"{model}-gpu-decode", "clip_flash", "gpu", "process")]
-            done = {}
-            for name, pipeline, decode, executor in cases:
+            done = []  # (case, its result), in the order run
+            for count, case in enumerate(["stock"] + args.cases):
+                pipeline, decode, executor, graphs = IMAGE_CASES[case]
                 if decode == "gpu" and device.type != "cuda":
                     continue
-                done[name] = run_case(scratch, name, args.photos, model, pipeline, decode, repeats[model],
-                                      args.shard_size, None, device, executor)
-            stock = done[f"{model}-stock"]
-            for name, pipeline, decode, executor in cases:
-                if name not in done:
-                    continue
-                case = done[name]
+                done.append((case, run_case(scratch, f"{model}-{case}-{count}", args.photos, model, pipeline, decode,
+                                            repeats[model], args.shard_size, None, device, executor, graphs)))
+            stock = done[0][1]
+            for case_name, case in done:
+                pipeline, decode, executor, graphs = IMAGE_CASES[case_name]
                 photos = case["summary"]["items"] // repeats[model]
                 label = ("stock OpenCLIP (DataLoader)" if pipeline == "stock" else
                          f"clip_flash, exact, decode in {'processes' if executor == 'process' else 'threads'}"
                          if decode == "cpu" else "clip_flash, decode gpu, read in processes")
+                if pipeline != "stock" and not graphs:
+                    label += ", no CUDA graphs"
                 rows.append(_row(model, f"{photos} photos x {repeats[model]}", label, case, stock,
                                  ceilings[model]["image"], compare(case["out"], stock["out"])))
-            for case in done.values():
+            for _, case in done:
                 shutil.rmtree(case["out"], ignore_errors=True)
         if args.captions:
             captions_file = scratch / "captions.txt"

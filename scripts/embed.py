@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--executor", choices=("auto", "thread", "process"), default="auto",
                         help="decoding in threads, or in processes (past the GIL's cap on many cores); auto: "
                              "processes on a GPU (threads in --ray actors), threads on a CPU")
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                        help="launch every image batch eager (default on CUDA: full batches replay a CUDA graph, "
+                             "same rows)")
     parser.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw embeddings")
     parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument("--no-captions", dest="captions", action="store_false", default=None,
@@ -85,7 +88,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = dict(device=args.device, precision=args.precision, patch=patch, pipeline=args.pipeline,
                    decode=args.decode, batch_size=args.batch_size, shard_size=args.shard_size,
                    normalize=args.normalize, out_dtype=args.out_dtype, captions=args.captions,
-                   caption_column=args.caption_column, workers=args.workers, executor=args.executor, repeat=args.repeat,
+                   caption_column=args.caption_column, workers=args.workers, executor=args.executor,
+                   cuda_graphs=args.cuda_graphs, repeat=args.repeat,
                    progress=args.progress, command=command)
     try:
         if args.ray is not None:

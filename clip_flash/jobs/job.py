@@ -104,7 +104,8 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
 
 
 def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
-                normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread") -> Any:
+                normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread",
+                cuda_graphs: bool = True) -> Any:
     """The pipeline that runs the job: clip_flash's, or the stock baseline."""
     if pipeline == "stock":
         from .stock import StockPipeline
@@ -113,7 +114,8 @@ def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str
                              out_dtype=OUTPUT_DTYPES[out_dtype], workers=workers)
     preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor)
     return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
-                             out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset")
+                             out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset",
+                             cuda_graphs=cuda_graphs)
 
 
 def _caption_file(input: Union[str, Path]) -> bool:
@@ -136,7 +138,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
           pipeline: str = "clip_flash", decode: str = "cpu", batch_size: Optional[int] = None,
           shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
           captions: Optional[bool] = None, caption_column: Optional[str] = None, workers: Optional[int] = None,
-          executor: str = "auto", repeat: int = 1, progress: bool = True,
+          executor: str = "auto", cuda_graphs: bool = True, repeat: int = 1, progress: bool = True,
           command: Optional[str] = None) -> JobSummary:
     """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
 
@@ -163,6 +165,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             pixels or the fast path's JPEG bytes, i.e. a CUDA device; threads otherwise), ``thread`` or
             ``process`` decoding workers (processes are not capped by the GIL; they fork from a fork server
             started while the model loads; a script using them needs the ``if __name__ == "__main__":`` guard).
+        cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
+            kernels, so the same rows; it frees the main thread from launching them); False runs them eager.
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 
@@ -193,7 +197,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
-                                 workers, executor)
+                                 workers, executor, cuda_graphs)
             start = getattr(runner, "start", None)
             if start is not None:
                 start()  # workers and first arenas, in the background while the run begins
@@ -208,6 +212,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         options = {"batch_size": batch_size, "workers": workers, "executor": executor, "device": str(device)}
         if job.todo:
             options.update(decoding_workers(runner))
+            # Whether full image batches replayed a CUDA graph (asked for, on CUDA, with images to encode).
+            options["image_cuda_graphs"] = getattr(runner, "image_graphs", None) is not None
         return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
                           command=command, options=options, environment_device=device, setup_seconds=setup_seconds)
     finally:

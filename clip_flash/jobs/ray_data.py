@@ -97,7 +97,8 @@ class ShardEmbedder:
         source = SimpleNamespace(**job["source"])
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
-                                  job["normalize"], job["out_dtype"], workers, job["executor"])
+                                  job["normalize"], job["out_dtype"], workers, job["executor"],
+                                  job["cuda_graphs"])
         self.output = OutputFolder(job["out"], job["shard_count"])
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -136,7 +137,8 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                    decode: str = "cpu", batch_size: Optional[int] = None, shard_size: int = DEFAULT_SHARD_SIZE,
                    normalize: bool = True, out_dtype: str = "float16", captions: Optional[bool] = None,
                    caption_column: Optional[str] = None, workers: Optional[int] = None, executor: str = "thread",
-                   repeat: int = 1, progress: bool = True, command: Optional[str] = None) -> JobSummary:
+                   cuda_graphs: bool = True, repeat: int = 1, progress: bool = True,
+                   command: Optional[str] = None) -> JobSummary:
     """:func:`clip_flash.embed` on a Ray cluster: same arguments, same output folder, same resume rules.
 
     ``address``: a running cluster (``HOST:6379``); None or ``"auto"`` starts a local Ray (``num_cpus``)
@@ -159,13 +161,15 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
     actors = actors or max(1, gpus)
     actor_job = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
                  "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
-                 "executor": executor, "out": str(job.output.root), "shard_count": len(job.plan),
+                 "executor": executor, "cuda_graphs": cuda_graphs, "out": str(job.output.root),
+                 "shard_count": len(job.plan),
                  "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions}}
     try:
         stats, peak = _run_on_actors(job.todo, actor_job, actors, progress)
         return finish_job(job, stats, device=f"ray: {actors} actor(s) on {device}", pipeline="clip_flash (ray)",
                           gpu_peak=peak, command=command, environment_device=torch.device("cpu"),
                           options={"batch_size": batch_size, "workers": workers, "actors": actors,
+                                   "cuda_graphs": cuda_graphs,
                                    "cluster": {key: value for key, value in ray.cluster_resources().items()
                                                if key in ("CPU", "GPU")}})
     finally:

@@ -2,6 +2,8 @@
 flight) writes the rows the same model gives on the same batches without any pipelining."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -41,13 +43,28 @@ def _batches(count, shard_size, batch_size):
             for start in range(shard_start, min(shard_start + shard_size, count), batch_size)]
 
 
-def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path):
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cuda_graphs):
+    from clip_flash.graphs import GraphedEncoder
+
+    replayed = []
+    encode_image = GraphedEncoder.encode_image
+
+    def counted(self, images, normalize=False):
+        replayed.append(images.shape[0])
+        return encode_image(self, images, normalize)
+
+    monkeypatch.setattr(GraphedEncoder, "encode_image", counted)
     paths = write_photos(tmp_path / "photos", count=45)
     ordered = sorted(paths, key=lambda path: path.relative_to(tmp_path / "photos").as_posix())
     captions = [path.with_suffix(".txt").read_text() for path in ordered]
     summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", GPU_MODEL, device="cuda", normalize=False,
-                               out_dtype="float32", shard_size=20, batch_size=8, progress=False)
+                               out_dtype="float32", shard_size=20, batch_size=8, cuda_graphs=cuda_graphs,
+                               progress=False)
     assert summary.rows == 45 and summary.precision == "fp16" and summary.patched and summary.gpu_peak_mib > 0
+    # Full batches (two per shard of 20, batches of 8) replay the graph; the rest run eager. Rows equal either way.
+    assert replayed == ([8] * 4 if cuda_graphs else [])
+    assert json.loads(open(summary.record_path).read())["options"]["image_cuda_graphs"] is cuda_graphs
     output = read_output(tmp_path / "out")
     images, texts = _reference_rows([str(path) for path in ordered], captions, _batches(45, 20, 8))
     np.testing.assert_array_equal(output["img_emb"], images)

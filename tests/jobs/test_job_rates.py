@@ -32,6 +32,7 @@ def test_summary_and_record_give_setup_first_batch_and_every_rate(tmp_path, chec
     # auto on a CPU: threads (no GPU kernel's arenas to decode into); asked for, processes
     assert options["decode_executor"] == ("thread" if executor == "auto" else "process")
     assert options["decode_workers"] >= 1
+    assert options["image_cuda_graphs"] is False  # graphs are a CUDA device's
     assert len(read_output(tmp_path / "out")["metadata"]["image_path"]) == 9
 
 
