@@ -17,6 +17,7 @@ hold a CUDA context. Until the workers are up, the pool's threads decode (:meth:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import io
@@ -34,7 +35,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .image_decoding import DecodedItem, DecodeOptions, decode_item, decode_items, describe_error
+from .image_decoding import (CALLER_ROUTE, TORCHVISION_DECODERS, DecodedItem, DecodeOptions, decode_item,
+                             decode_items, describe_error, note_imported)
 from .jpeg_dct import ALIGN
 from .pixel_arena import ArenaRef, Lease, attach, write_pixels
 
@@ -44,7 +46,8 @@ EXECUTORS = ("thread", "process")
 # Imported once by the fork server, so that every worker forked from it starts with them loaded. Each one
 # that cannot be imported there is skipped (the worker then imports what it needs itself, as a spawned one).
 # Not torchvision: it costs seconds to import on some hosts (torch._dynamo comes with it), and a worker needs
-# its decoders only for PNGs and the JPEGs the GPU route declines (imported on the first such file).
+# its decoders only for PNGs and the JPEGs the GPU route declines (imported in the background on the first
+# such file, Pillow decoding meanwhile: see image_decoding's ``in-caller`` route).
 WORKER_MODULES = ("numpy", "torch", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", __name__)
 # Without a GPU there is no GPU route: every JPEG goes through torchvision's decoder, so the server imports it.
 CPU_WORKER_MODULES = ("torchvision.io",)
@@ -128,7 +131,8 @@ def _warm_up_process(data: bytes) -> int:
 
 def _init_process_worker(options: DecodeOptions) -> None:
     global _worker_options
-    _worker_options = options
+    _worker_options = dataclasses.replace(options, in_worker=True)
+    note_imported(TORCHVISION_DECODERS)  # where the fork server preloaded them (no GPU)
     torch.set_num_threads(1)
 
 
@@ -379,6 +383,7 @@ class DecodePool:
         for future in futures:
             decoded.extend(future.result()[1])
         decoded.sort(key=lambda item: item.index)
+        self._decode_handed_back([decoded], items)
         return decoded
 
     def decode_into(self, items: Sequence[Any], lease: Lease, bytes_per_image: int) -> List[RegionResult]:
@@ -409,7 +414,25 @@ class DecodePool:
         futures += [threads.submit(decode_into_region, chunk, self.options,
                                    arena.array[at:at + len(chunk) * bytes_per_image])
                     for chunk, at in zip(thread_chunks, starts[len(process_chunks):])]
-        return [RegionResult(at, *future.result()) for future, at in zip(futures, starts)]
+        results = [RegionResult(at, *future.result()) for future, at in zip(futures, starts)]
+        self._decode_handed_back([result.items for result in results], items)
+        return results
+
+    def _decode_handed_back(self, lists: List[List[DecodedItem]], items: Sequence[Any]) -> None:
+        """Decode here, in place, the inputs workers handed back (route ``in-caller``: a worker that has not loaded
+        ``preprocess`` yet). Here it is loaded; these take no room in an arena (their output is preprocess's)."""
+        back = [(position, number) for position, decoded in enumerate(lists)
+                for number, item in enumerate(decoded) if item.route == CALLER_ROUTE]
+        if not back:
+            return
+        pairs = [(lists[position][number].index, items[lists[position][number].index]) for position, number in back]
+        futures = [self._thread_pool().submit(decode_items, chunk, self.options)
+                   for chunk in chunked(pairs, self.workers)]
+        redone = {item.index: item for future in futures for item in future.result()[1]}
+        for position, number in back:
+            handed = lists[position][number]
+            lists[position][number] = item = redone[handed.index]
+            item.notes[:0] = handed.notes
 
     def copy_many(self, targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
         """``target[...] = source`` for each pair of CPU tensors, spread over the thread pool."""

@@ -23,6 +23,13 @@ EXIF transpose, as ``Image.open`` applies none):
     A JPEG the route does not take goes on to ``jpeg``.
 ``gpu-jpeg``
     With ``decode="gpu"``: the JPEG's bytes are kept for nvJPEG (not exact; opt-in).
+``in-caller``
+    Only in a worker process, for an input of the ``pillow-preprocess`` route while that worker has not
+    loaded ``preprocess`` yet (unpickling it imports OpenCLIP and torchvision: seconds to tens of seconds on
+    a busy host): the worker starts loading it in the background and hands the input back; the calling
+    process, which has it loaded, decodes that input itself. Likewise a worker that has not imported
+    torchvision's decoders yet imports them in the background and lets Pillow decode meanwhile (the same
+    pixels: ``decoder_agreement`` checked the two agree before torchvision's decoders are used at all).
 
 The first three routes (and ``jpeg-dct``, on the device) end in uint8 ``(H, W, C)`` pixels, C = 3 (RGB) or
 1 (L), that the exact resize turns into the model's input. A uint8 array or tensor passed in is taken as
@@ -30,10 +37,13 @@ those pixels (the reference being ``preprocess(Image.fromarray(array))``).
 """
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import os
 import pickle
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -49,29 +59,88 @@ from .transform_spec import ImageTransformSpec
 logger = logging.getLogger(__name__)
 
 EXACT_MODES = {"RGB": 3, "L": 1}
-ROUTES = ("jpeg-dct", "jpeg", "png", "pillow-pixels", "pillow-preprocess", "gpu-jpeg", "tensor")
+CALLER_ROUTE = "in-caller"
+ROUTES = ("jpeg-dct", "jpeg", "png", "pillow-pixels", "pillow-preprocess", "gpu-jpeg", "tensor", CALLER_ROUTE)
+TORCHVISION_DECODERS = "torchvision.io"
 
 
 class DeferredTransform:
-    """A transform that travels to worker processes as pickled bytes and is unpickled on its first call there.
+    """A transform that travels to worker processes as pickled bytes and is unpickled there when first needed.
 
     Unpickling OpenCLIP's transform imports OpenCLIP and torchvision (their modules define its steps): 10-18 s
-    in each of 16 fresh workers at once on the GPU host, during which the job decoded in threads. Workers call it
-    only for the images the exact path hands to Pillow whole (RGBA, palette, CMYK...), so most never pay."""
+    in each of 16 fresh workers at once on the GPU host. Workers need it only for the images the exact path
+    hands to Pillow whole (RGBA, palette, CMYK...), so most never pay; one that does loads it in the background
+    (:meth:`load_in_background`) and hands those images to the caller meanwhile (route ``in-caller``)."""
 
     def __init__(self, transform: Callable[[Image.Image], torch.Tensor]) -> None:
         self._transform: Optional[Callable[[Image.Image], torch.Tensor]] = transform
         self._pickled: Optional[bytes] = None
+        self._lock = threading.Lock()
+        self._loader: Optional[threading.Thread] = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._transform is not None
+
+    def load_in_background(self) -> None:
+        """Start unpickling the transform in a daemon thread (once)."""
+        with self._lock:
+            if self._transform is None and self._loader is None:
+                self._loader = threading.Thread(target=self._load, name="clip_flash-load-transform", daemon=True)
+                self._loader.start()
+
+    def _load(self) -> Callable[[Image.Image], torch.Tensor]:
+        with self._lock:
+            if self._transform is None:
+                self._transform = pickle.loads(self._pickled)
+            return self._transform
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        if self._transform is None:
-            self._transform = pickle.loads(self._pickled)
-        return self._transform(image)
+        return (self._transform or self._load())(image)
 
     def __getstate__(self) -> Dict[str, Any]:
-        if self._pickled is None:  # once, not once per worker
-            self._pickled = pickle.dumps(self._transform)
-        return {"_transform": None, "_pickled": self._pickled}
+        with self._lock:
+            if self._pickled is None:  # once, not once per worker
+                self._pickled = pickle.dumps(self._transform)
+            return {"_pickled": self._pickled}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(None)
+        self._pickled = state["_pickled"]
+
+
+_imports_done: Dict[str, threading.Event] = {}
+_imports_lock = threading.Lock()
+
+
+def imported_in_background(module: str) -> bool:
+    """Whether ``module`` has been imported by :func:`imported_in_background`; the first call starts importing it
+    in a daemon thread and returns False. (A module merely present in ``sys.modules`` may still be running its
+    body in another thread; using it would wait for that.)"""
+    with _imports_lock:
+        done = _imports_done.get(module)
+        if done is None:
+            done = _imports_done[module] = threading.Event()
+            threading.Thread(target=_import_then_set, args=(module, done), name=f"clip_flash-import-{module}",
+                             daemon=True).start()
+    return done.is_set()
+
+
+def note_imported(module: str) -> None:
+    """Record ``module`` as imported for :func:`imported_in_background` if it is in ``sys.modules`` (call it where
+    no other thread can be importing it, e.g. as a worker starts: the fork server imported it whole)."""
+    if module in sys.modules:
+        with _imports_lock:
+            _imports_done.setdefault(module, threading.Event()).set()
+
+
+def _import_then_set(module: str, done: threading.Event) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # noqa: BLE001 - the decoder's own import then fails where it is used, reported
+        logger.debug("background import of %s failed: %s", module, describe_error(error))
+    finally:
+        done.set()
 
 
 @dataclass
@@ -84,6 +153,7 @@ class DecodeOptions:
     keep_jpeg_bytes: bool = False  # decode="gpu": JPEGs stay encoded for nvJPEG
     spec: Optional[ImageTransformSpec] = None  # when given, sizes the transform cannot take fail here
     dct_reader: Optional[DctReader] = None  # set: JPEGs the GPU route takes are entropy-decoded only
+    in_worker: bool = False  # a worker process's copy: what it has not loaded yet goes to the caller (in-caller)
 
 
 @dataclass
@@ -144,7 +214,8 @@ def decode_item(index: int, item: Any, options: DecodeOptions, scratch: Optional
         else:
             result.reason = (f"unsupported input type {type(item).__name__}: pass a path, bytes, "
                              "a PIL image or a uint8 (H, W, C) array")
-        if result.reason is None and result.prepared is None and options.spec is not None:
+        if result.reason is None and result.prepared is None and result.route != CALLER_ROUTE \
+                and options.spec is not None:
             # An image the transform cannot resize (as OpenCLIP's fails on it) is a failure now, not
             # in the middle of a batch; this also caches its tap tables for the batch plan.
             plan_image(options.spec, *result.image_size)
@@ -177,12 +248,22 @@ def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem,
         if options.dct_reader is not None and _try_coefficients(data, image, channels, options.dct_reader, result,
                                                                 scratch):
             return
-        if options.use_torchvision_jpeg and _try_torchvision(data, image, channels, result, "jpeg"):
+        if options.use_torchvision_jpeg and _torchvision_ready(options, result) and \
+                _try_torchvision(data, image, channels, result, "jpeg"):
             return
     elif channels is not None and form == "PNG" and options.use_torchvision_png and _plain_png(image):
-        if _try_torchvision(data, image, channels, result, "png"):
+        if _torchvision_ready(options, result) and _try_torchvision(data, image, channels, result, "png"):
             return
     _decode_pil(image, options, result)
+
+
+def _torchvision_ready(options: DecodeOptions, result: DecodedItem) -> bool:
+    """False (and a note) in a worker that has not imported torchvision's decoders yet: they import in the
+    background while Pillow decodes (the same pixels), instead of this input waiting seconds for them."""
+    if not options.in_worker or imported_in_background(TORCHVISION_DECODERS):
+        return True
+    result.notes.append("torchvision's decoders are loading in this worker; Pillow decodes")
+    return False
 
 
 def _route_to_nvjpeg(data: bytes, result: DecodedItem) -> bool:
@@ -256,7 +337,13 @@ def _decode_pil(image: Image.Image, options: DecodeOptions, result: DecodedItem)
         return
     # Pillow treats this mode specially (premultiplied alpha, NEAREST for P/1, conversions): run the
     # user's own transform, which is exact by definition.
-    result.prepared = options.preprocess(image)
+    preprocess = options.preprocess
+    if options.in_worker and isinstance(preprocess, DeferredTransform) and not preprocess.loaded:
+        preprocess.load_in_background()
+        result.route = CALLER_ROUTE
+        result.notes.append("this worker is loading the transform; the caller prepares this image")
+        return
+    result.prepared = preprocess(image)
     result.route = "pillow-preprocess"
     result.notes.append(f"mode {image.mode} ({image.format or 'in-memory'}): preprocess ran on the CPU")
     logger.debug("input %d: mode %s runs OpenCLIP's preprocess on the CPU", result.index, image.mode)

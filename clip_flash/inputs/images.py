@@ -174,7 +174,8 @@ class ImagePreprocessor:
         self.decoder_agreement = agreement
         # The exact path's GPU JPEG route needs the arenas (coefficients travel in them) and the kernel's layout.
         dct_route = decode == "cpu" and self.resize.packs and arenas_supported()
-        # Deferred: worker processes unpickle OpenCLIP's transform (importing OpenCLIP) only if they need it.
+        # Deferred: worker processes unpickle OpenCLIP's transform (importing OpenCLIP) only if they need it, in
+        # the background, handing the images that need it back to this process meanwhile.
         self.options = DecodeOptions(DeferredTransform(preprocess), use_torchvision_jpeg=agreement.jpeg,
                                      use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu",
                                      spec=self.resize.spec,
