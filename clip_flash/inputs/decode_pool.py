@@ -35,8 +35,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .background_load import note_imported
 from .image_decoding import (CALLER_ROUTE, TORCHVISION_DECODERS, DecodedItem, DecodeOptions, decode_item,
-                             decode_items, describe_error, note_imported)
+                             decode_items, describe_error)
 from .jpeg_dct import ALIGN
 from .pixel_arena import ArenaRef, Lease, attach, write_pixels
 

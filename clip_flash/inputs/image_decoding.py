@@ -37,13 +37,9 @@ those pixels (the reference being ``preprocess(Image.fromarray(array))``).
 """
 from __future__ import annotations
 
-import importlib
 import io
 import logging
 import os
-import pickle
-import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -51,6 +47,7 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin, UnidentifiedImageError
 
+from .background_load import DeferredTransform, imported_in_background
 from .jpeg_dct import DctReader, read_coefficients
 from .jpeg_header import scan_jpeg_header
 from .resample_plan import plan_image
@@ -62,85 +59,6 @@ EXACT_MODES = {"RGB": 3, "L": 1}
 CALLER_ROUTE = "in-caller"
 ROUTES = ("jpeg-dct", "jpeg", "png", "pillow-pixels", "pillow-preprocess", "gpu-jpeg", "tensor", CALLER_ROUTE)
 TORCHVISION_DECODERS = "torchvision.io"
-
-
-class DeferredTransform:
-    """A transform that travels to worker processes as pickled bytes and is unpickled there when first needed.
-
-    Unpickling OpenCLIP's transform imports OpenCLIP and torchvision (their modules define its steps): 10-18 s
-    in each of 16 fresh workers at once on the GPU host. Workers need it only for the images the exact path
-    hands to Pillow whole (RGBA, palette, CMYK...), so most never pay; one that does loads it in the background
-    (:meth:`load_in_background`) and hands those images to the caller meanwhile (route ``in-caller``)."""
-
-    def __init__(self, transform: Callable[[Image.Image], torch.Tensor]) -> None:
-        self._transform: Optional[Callable[[Image.Image], torch.Tensor]] = transform
-        self._pickled: Optional[bytes] = None
-        self._lock = threading.Lock()
-        self._loader: Optional[threading.Thread] = None
-
-    @property
-    def loaded(self) -> bool:
-        return self._transform is not None
-
-    def load_in_background(self) -> None:
-        """Start unpickling the transform in a daemon thread (once)."""
-        with self._lock:
-            if self._transform is None and self._loader is None:
-                self._loader = threading.Thread(target=self._load, name="clip_flash-load-transform", daemon=True)
-                self._loader.start()
-
-    def _load(self) -> Callable[[Image.Image], torch.Tensor]:
-        with self._lock:
-            if self._transform is None:
-                self._transform = pickle.loads(self._pickled)
-            return self._transform
-
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        return (self._transform or self._load())(image)
-
-    def __getstate__(self) -> Dict[str, Any]:
-        with self._lock:
-            if self._pickled is None:  # once, not once per worker
-                self._pickled = pickle.dumps(self._transform)
-            return {"_pickled": self._pickled}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(None)
-        self._pickled = state["_pickled"]
-
-
-_imports_done: Dict[str, threading.Event] = {}
-_imports_lock = threading.Lock()
-
-
-def imported_in_background(module: str) -> bool:
-    """Whether ``module`` has been imported by :func:`imported_in_background`; the first call starts importing it
-    in a daemon thread and returns False. (A module merely present in ``sys.modules`` may still be running its
-    body in another thread; using it would wait for that.)"""
-    with _imports_lock:
-        done = _imports_done.get(module)
-        if done is None:
-            done = _imports_done[module] = threading.Event()
-            threading.Thread(target=_import_then_set, args=(module, done), name=f"clip_flash-import-{module}",
-                             daemon=True).start()
-    return done.is_set()
-
-
-def note_imported(module: str) -> None:
-    """Record ``module`` as imported for :func:`imported_in_background` if it is in ``sys.modules`` (call it where
-    no other thread can be importing it, e.g. as a worker starts: the fork server imported it whole)."""
-    if module in sys.modules:
-        with _imports_lock:
-            _imports_done.setdefault(module, threading.Event()).set()
-
-
-def _import_then_set(module: str, done: threading.Event) -> None:
-    try:
-        importlib.import_module(module)
-    except Exception as error:  # noqa: BLE001 - the decoder's own import then fails where it is used, reported
-        logger.debug("background import of %s failed: %s", module, describe_error(error))
-    finally:
-        done.set()
 
 
 @dataclass

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 import clip_flash
+import clip_flash.inputs.background_load as background_load
 import clip_flash.inputs.image_decoding as image_decoding
 from photo_corpus import assert_same_as_reference, skimage_photo
 
@@ -65,10 +66,10 @@ def test_a_worker_without_the_transform_hands_images_back_then_loads_it(vit_b32_
 
 def test_a_worker_lets_pillow_decode_until_torchvision_is_imported(vit_b32_preprocess, whole_image_inputs,
                                                                   monkeypatch):
-    monkeypatch.setattr(image_decoding, "_imports_done", {})  # as in a worker that has not imported them
+    monkeypatch.setattr(background_load, "_imports_done", {})  # as in a worker that has not imported them
     importing = threading.Event()  # held until the first decode is done: the import "takes a while"
-    import_then_set = image_decoding._import_then_set
-    monkeypatch.setattr(image_decoding, "_import_then_set",
+    import_then_set = background_load._import_then_set
+    monkeypatch.setattr(background_load, "_import_then_set",
                         lambda module, done: (importing.wait(60), import_then_set(module, done)))
     prep = clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=1,
                                         executor="thread", start=False)
@@ -79,10 +80,44 @@ def test_a_worker_lets_pillow_decode_until_torchvision_is_imported(vit_b32_prepr
     early = image_decoding.decode_item(0, plain_png, options)
     assert early.route == "pillow-pixels" and "loading in this worker" in early.notes[0]
     importing.set()
-    assert image_decoding._imports_done[image_decoding.TORCHVISION_DECODERS].wait(60)
+    assert background_load._imports_done[image_decoding.TORCHVISION_DECODERS].wait(60)
     later = image_decoding.decode_item(0, plain_png, options)
     assert later.route == "png" and not later.notes
     assert torch.equal(early.pixels, later.pixels)
     reference = np.array(Image.open(io.BytesIO(open(plain_png, "rb").read())).convert("RGB"))
     assert np.array_equal(later.pixels.numpy(), reference)
     prep.close()
+
+
+BOTH_AT_ONCE = """
+import pickle, sys, time
+from clip_flash.inputs.background_load import imported_in_background
+
+assert "torchvision" not in sys.modules  # a fresh worker, as the fork server makes them where there is a GPU
+transform = pickle.loads(sys.stdin.buffer.read())
+assert not transform.loaded and not imported_in_background("torchvision.io")
+transform.load_in_background()  # unpickling it imports torchvision too
+deadline = time.monotonic() + 240
+while not (transform.loaded and imported_in_background("torchvision.io")):
+    assert time.monotonic() < deadline, "not loaded"
+    time.sleep(0.05)
+print(sorted(transform(__import__("PIL.Image").Image.new("RGBA", (40, 30))).shape))
+"""
+
+
+def test_the_transform_and_torchvision_load_together_in_a_fresh_worker(vit_b32_preprocess):
+    """Both at once, as a worker meets a PNG and an RGBA image: they load one after the other (two threads
+    importing torchvision at once failed halfway through its circular imports on the GPU host)."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from clip_flash import WORKER_PROCESS_ENV
+    from clip_flash.inputs.background_load import DeferredTransform
+
+    travelling = pickle.dumps(DeferredTransform(vit_b32_preprocess))
+    done = subprocess.run([sys.executable, "-c", BOTH_AT_ONCE], input=travelling, capture_output=True, timeout=300,
+                          env={**os.environ, WORKER_PROCESS_ENV: "1"})
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert done.stdout.decode().strip() == "[3, 224, 224]"

@@ -246,7 +246,7 @@ def test_a_lease_waits_for_the_arena_being_made_ahead_instead_of_making_another(
 def test_deferred_transform_is_unpickled_on_its_first_call(vit_b32_preprocess):
     import pickle
 
-    from clip_flash.inputs.image_decoding import DeferredTransform
+    from clip_flash.inputs.background_load import DeferredTransform
 
     image = Image.new("RGBA", (61, 43), (200, 30, 90, 120))
     travelled = pickle.loads(pickle.dumps(DeferredTransform(vit_b32_preprocess)))
