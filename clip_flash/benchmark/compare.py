@@ -172,15 +172,21 @@ def read_job(data: Dict[str, Any]) -> Rows:
     """items/s (steady, whole run) per (model, inputs, case) of a bench_embed run, and the encoder-only ceilings.
 
     Cases are keyed by the kind of inputs (photos, captions), not their count: runs of different lengths compare,
-    and the items column shows both counts.
+    and the items column shows both counts. A case run several times (``--cases`` naming it again, alternated
+    with another) gives the median of its runs, and the items column says how many.
     """
     rows = Rows(KINDS[JOB])
+    runs: Dict[Key, List[Dict[str, Optional[float]]]] = {}
     for row in _dict_rows(data):
         key = (str(row.get("model")), _input_kind(str(row.get("inputs", "?"))), str(row.get("pipeline")))
-        rows.values[key] = {"steady": _number(row.get("items/s (steady)")),
-                            "whole run": _number(row.get("items/s (whole run)"))}
+        runs.setdefault(key, []).append({"steady": _number(row.get("items/s (steady)")),
+                                         "whole run": _number(row.get("items/s (whole run)"))})
         items = _number(row.get("items"))
         rows.details[key] = "?" if items is None else f"{items:,.0f}"
+    for key, measured in runs.items():
+        rows.values[key] = {metric: _median([run[metric] for run in measured]) for metric in ("steady", "whole run")}
+        if len(measured) > 1:
+            rows.details[key] += f" (median of {len(measured)} runs)"
     ceilings = data.get("encoder_only_items_per_s")
     for model, towers in (ceilings.items() if isinstance(ceilings, dict) else ()):
         for tower, rate in (towers.items() if isinstance(towers, dict) else ()):
@@ -188,6 +194,11 @@ def read_job(data: Dict[str, Any]) -> Rows:
             rows.values[key] = {"steady": _number(rate), "whole run": None}
             rows.details[key] = "-"
     return rows
+
+
+def _median(values: List[Optional[float]]) -> Optional[float]:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
 
 
 def read_throughput(data: Dict[str, Any]) -> Rows:

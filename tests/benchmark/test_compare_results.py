@@ -190,6 +190,19 @@ def test_job_benches_compare_steady_and_whole_run(tmp_path, capsys):
     assert "only in the new run: ViT-B-32 / photos / clip_flash, decode gpu, read in processes" in out
 
 
+def test_a_job_case_run_several_times_compares_by_its_median(tmp_path, capsys):
+    graphs, eager = "clip_flash, exact, decode in processes", "clip_flash, exact, decode in processes, no CUDA graphs"
+    old = write_job(tmp_path / "old.json", [(graphs, "4,980", "3,929")], repeat=150)
+    new = write_job(tmp_path / "new.json", [(eager, "5,592", "4,646"), (graphs, "6,002", "4,764"),
+                                            (eager, "5,395", "4,877"), (graphs, "5,720", "5,115"),
+                                            (graphs, "5,900", "n/a")], repeat=150)
+    assert compare_results.main([str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    line = table_line(out, "ViT-B-32", "photos", graphs, "57,600 -> 57,600 (median of 3 runs)")
+    assert "| 4,980 -> 5,900 | 1.185 | 3,929 -> 4,940 | 1.257 |" in line  # whole run: the median of the two known
+    assert f"only in the new run: ViT-B-32 / photos / {eager}" in out
+
+
 def test_job_rates_parse_formatted_numbers_and_input_kinds(tmp_path):
     path = write_job(tmp_path / "run.json", [("stock OpenCLIP", "14,335", "n/a")])
     data = json.loads(path.read_text())
