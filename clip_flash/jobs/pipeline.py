@@ -150,7 +150,7 @@ class EmbeddingPipeline:
         self.host_tokens = self.cuda and tokenizer is not None and takes_host_token_ids(model)
         # Full image batches replay one CUDA graph (the same kernels, so the same rows as eager). An eager ViT
         # forward is hundreds of launches, each releasing the GIL to the decoding threads and waiting to take it
-        # back: 28 ms of the main thread per batch of 256 on the H100 host, which bounded the exact job.
+        # back: 28 ms per batch of 256 in bench_clip.py's eager loop on one H100 host; it bounded the exact job.
         self.image_graphs = None
         if self.cuda and cuda_graphs and image_preparer is not None:
             from ..graphs import GraphedEncoder
