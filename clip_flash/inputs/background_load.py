@@ -17,6 +17,7 @@ import importlib
 import logging
 import pickle
 import queue
+import sys
 import threading
 from typing import Any, Callable, Dict, Optional
 
@@ -66,8 +67,6 @@ def imported_in_background(module: str) -> bool:
 def note_imported(module: str) -> None:
     """Record ``module`` as imported if it is in ``sys.modules``: call it where no other thread can be importing
     it, as a worker starts (the fork server imported it whole)."""
-    import sys
-
     if module in sys.modules:
         with _imports_lock:
             _imports_done.setdefault(module, threading.Event()).set()

@@ -384,7 +384,8 @@ class DecodePool:
         for future in futures:
             decoded.extend(future.result()[1])
         decoded.sort(key=lambda item: item.index)
-        self._decode_handed_back([decoded], items)
+        if thread_pairs is not pairs:  # only workers hand inputs back
+            self._decode_handed_back([decoded], items)
         return decoded
 
     def decode_into(self, items: Sequence[Any], lease: Lease, bytes_per_image: int) -> List[RegionResult]:
@@ -416,7 +417,7 @@ class DecodePool:
                                    arena.array[at:at + len(chunk) * bytes_per_image])
                     for chunk, at in zip(thread_chunks, starts[len(process_chunks):])]
         results = [RegionResult(at, *future.result()) for future, at in zip(futures, starts)]
-        self._decode_handed_back([result.items for result in results], items)
+        self._decode_handed_back([result.items for result in results[:len(process_chunks)]], items)
         return results
 
     def _decode_handed_back(self, lists: List[List[DecodedItem]], items: Sequence[Any]) -> None:

@@ -29,8 +29,7 @@ from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
 from .jpeg_dct import DctBatch, plan_dct_batch, route_reader
 from .background_load import DeferredTransform
-from .image_decoding import (DecodedItem, DecodeOptions, decode_item, describe_error,
-                             route_counts)
+from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
 from ..ops._extension import load_extension
 from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
