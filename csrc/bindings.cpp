@@ -203,7 +203,7 @@ std::string jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& image
 std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
                                                                const at::Tensor& out,
                                                                const std::vector<int64_t>& slots,
-                                                               const std::string& library_path);
+                                                               const std::string& library_path, int64_t decoders);
 
 // Defined in jpeg_dct_read.cpp and jpeg_dct_binding.cpp.
 std::tuple<at::Tensor, std::vector<int64_t>, std::string> jpeg_read_dct(const at::Tensor& data,
@@ -248,7 +248,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("nvjpeg_hw_decode", &clip_flash::nvjpeg_hw_decode, "Baseline 3-component JPEGs decoded by nvJPEG's "
              "hardware decoder straight into out (1-D CUDA uint8), input i's (H, W, 3) RGB at byte slots[3i] when "
              "its frame is slots[3i+1] x slots[3i+2]; returns (1 per input written, 0 per input left; why the batch "
-             "failed, empty if it did not). Waits for them, without the GIL.", py::arg("encoded"), py::arg("out"), py::arg("slots"), py::arg("library_path"), NO_GIL);
+             "failed, empty if it did not). Waits for them, without the GIL, on the current stream; calls from several threads "
+             "use up to `decoders` decoder states at once.", py::arg("encoded"), py::arg("out"), py::arg("slots"),
+             py::arg("library_path"), py::arg("decoders") = 1, NO_GIL);
   module.def("jpeg_read_dct", &clip_flash::jpeg_read_dct, "One JPEG's quantized DCT coefficients read by libjpeg "
              "(entropy decoding only; CPU, no CUDA): (int16 tensor, at the start of out where they fit, layout, "
              "why not: empty when read).", py::arg("data"), py::arg("library_path"), py::arg("out"), NO_GIL);

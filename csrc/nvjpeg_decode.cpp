@@ -42,17 +42,26 @@ struct NvjpegApi {
   decltype(&nvjpegDecodeBatched) decode_batched = nullptr;
 };
 
-// One hardware decoder per device; nvJPEG's state is not thread-safe, so every call holds `decoder_mutex`.
+// Per device: one nvJPEG handle (thread-safe) and up to kMaxDecoders decoders, each a state and a stream
+// object (not thread-safe: one call at a time holds a decoder's `busy`). Calls from several threads take
+// different decoders, so one batch's header parsing and host work overlap another's decode on the engines.
+constexpr int64_t kMaxDecoders = 8;
+
 struct HardwareDecoder {
-  nvjpegHandle_t handle = nullptr;
   nvjpegJpegState_t state = nullptr;
   nvjpegJpegStream_t stream = nullptr;
+  std::mutex busy;
 };
 
-std::mutex decoder_mutex;
+struct DeviceDecoders {
+  nvjpegHandle_t handle = nullptr;
+  std::vector<std::unique_ptr<HardwareDecoder>> decoders;  // made on demand, up to the calls' `decoders`
+};
+
+std::mutex setup_mutex;  // guards the library, the devices' handles and their decoder lists
 NvjpegApi api;
 bool api_loaded = false;
-std::vector<std::unique_ptr<HardwareDecoder>> decoders;  // by device index; never destroyed (as torchvision)
+std::vector<std::unique_ptr<DeviceDecoders>> devices;  // by device index; never destroyed (as torchvision)
 
 // Each step returns why it failed (empty: it did not): nothing here throws (see nvjpeg_hw_decode), and messages
 // are joined as std::string (see jpeg_chroma_packed in csrc/jpeg_chroma_binding.cpp).
@@ -87,29 +96,72 @@ std::string load_api(const std::string& library_path) {
   return "";
 }
 
-std::string make_decoder(int device) {
-  if (decoders.size() <= static_cast<size_t>(device)) {
-    decoders.resize(device + 1);
+std::string make_handle(int device) {
+  if (devices.size() <= static_cast<size_t>(device)) {
+    devices.resize(device + 1);
   }
-  if (decoders[device]) {
+  if (devices[device]) {
     return "";
   }
-  auto decoder = std::make_unique<HardwareDecoder>();
+  auto made = std::make_unique<DeviceDecoders>();
   nvjpegStatus_t status = api.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT,
-                                        &decoder->handle);
+                                        &made->handle);
   if (status != NVJPEG_STATUS_SUCCESS) {
     return "nvJPEG unavailable: no hardware decoder on device " + std::to_string(device) +
            " (nvjpegCreateEx status " + std::to_string(status) + ")";
   }
-  status = api.state_create(decoder->handle, &decoder->state);
+  devices[device] = std::move(made);
+  return "";
+}
+
+// Called with setup_mutex held: appends one decoder to the device's list.
+std::string add_decoder(DeviceDecoders& device) {
+  auto decoder = std::make_unique<HardwareDecoder>();
+  nvjpegStatus_t status = api.state_create(device.handle, &decoder->state);
   if (status != NVJPEG_STATUS_SUCCESS) {
     return "nvjpegJpegStateCreate failed: " + std::to_string(status);
   }
-  status = api.stream_create(decoder->handle, &decoder->stream);
+  status = api.stream_create(device.handle, &decoder->stream);
   if (status != NVJPEG_STATUS_SUCCESS) {
     return "nvjpegJpegStreamCreate failed: " + std::to_string(status);
   }
-  decoders[device] = std::move(decoder);
+  device.decoders.push_back(std::move(decoder));
+  return "";
+}
+
+// A decoder for this call, locked in `lock`: a free one among the first `wanted`, made if fewer
+// exist; when all are busy, the one after the last handed out (each call waits behind one other at most).
+std::string acquire_decoder(DeviceDecoders& decoders, int64_t wanted, HardwareDecoder** chosen,
+                            std::unique_lock<std::mutex>* lock) {
+  static size_t next = 0;
+  std::vector<HardwareDecoder*> candidates;
+  {
+    std::lock_guard<std::mutex> setup(setup_mutex);
+    for (auto& decoder : decoders.decoders) {
+      if (static_cast<int64_t>(candidates.size()) < wanted) {
+        candidates.push_back(decoder.get());
+      }
+    }
+    for (HardwareDecoder* decoder : candidates) {
+      std::unique_lock<std::mutex> attempt(decoder->busy, std::try_to_lock);
+      if (attempt.owns_lock()) {
+        *chosen = decoder;
+        *lock = std::move(attempt);
+        return "";
+      }
+    }
+    if (static_cast<int64_t>(candidates.size()) < wanted) {
+      std::string failure = add_decoder(decoders);
+      if (!failure.empty()) {
+        return failure;
+      }
+      *chosen = decoders.decoders.back().get();
+      *lock = std::unique_lock<std::mutex>((*chosen)->busy);
+      return "";
+    }
+    *chosen = candidates[next++ % candidates.size()];
+  }
+  *lock = std::unique_lock<std::mutex>((*chosen)->busy);  // waited for outside setup_mutex
   return "";
 }
 
@@ -126,13 +178,16 @@ std::string make_decoder(int device) {
 std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
                                                                const at::Tensor& out,
                                                                const std::vector<int64_t>& slots,
-                                                               const std::string& library_path) {
+                                                               const std::string& library_path, int64_t decoders) {
   std::vector<int64_t> written(encoded.size(), 0);
   if (!(out.is_cuda() && out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous())) {
     return {written, "out must be a contiguous 1-D CUDA uint8 tensor"};
   }
   if (slots.size() != 3 * encoded.size()) {
     return {written, "slots must hold (offset, height, width) per input"};
+  }
+  if (decoders < 1 || decoders > kMaxDecoders) {
+    return {written, "decoders must be between 1 and " + std::to_string(kMaxDecoders)};
   }
   for (const auto& data : encoded) {
     if (data.is_cuda() || data.scalar_type() != at::kByte || data.dim() != 1 || !data.is_contiguous()) {
@@ -145,17 +200,30 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
       return {written, "input " + std::to_string(index) + "'s slot lies outside out"};
     }
   }
-  std::lock_guard<std::mutex> lock(decoder_mutex);
-  std::string failure = load_api(library_path);
   const c10::DeviceIndex device = out.device().index();
   const c10::cuda::CUDAGuard device_guard(device);
+  std::string failure;
+  DeviceDecoders* on_device = nullptr;  // stable: devices holds pointers, never destroyed
+  {
+    std::lock_guard<std::mutex> setup(setup_mutex);
+    failure = load_api(library_path);
+    if (failure.empty()) {
+      failure = make_handle(static_cast<int>(device));
+    }
+    if (failure.empty()) {
+      on_device = devices[device].get();
+    }
+  }
+  HardwareDecoder* chosen = nullptr;
+  std::unique_lock<std::mutex> lock;
   if (failure.empty()) {
-    failure = make_decoder(static_cast<int>(device));
+    failure = acquire_decoder(*on_device, decoders, &chosen, &lock);
   }
   if (!failure.empty()) {
     return {written, failure};
   }
-  HardwareDecoder& decoder = *decoders[device];
+  const nvjpegHandle_t handle = on_device->handle;
+  HardwareDecoder& decoder = *chosen;
 
   std::vector<const unsigned char*> data;
   std::vector<size_t> lengths;
@@ -165,12 +233,12 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
     const auto* bytes = encoded[index].data_ptr<uint8_t>();
     const size_t length = static_cast<size_t>(encoded[index].numel());
     if (offset < 0 || length == 0 ||
-        api.parse_header(decoder.handle, bytes, length, decoder.stream) != NVJPEG_STATUS_SUCCESS) {
+        api.parse_header(handle, bytes, length, decoder.stream) != NVJPEG_STATUS_SUCCESS) {
       continue;
     }
     int unsupported = 1;
     unsigned int components = 0, frame_width = 0, frame_height = 0;
-    if (api.batched_supported(decoder.handle, decoder.stream, &unsupported) != NVJPEG_STATUS_SUCCESS ||
+    if (api.batched_supported(handle, decoder.stream, &unsupported) != NVJPEG_STATUS_SUCCESS ||
         unsupported != 0 || api.components(decoder.stream, &components) != NVJPEG_STATUS_SUCCESS ||
         components != 3 || api.frame_dimensions(decoder.stream, &frame_width, &frame_height) != NVJPEG_STATUS_SUCCESS ||
         frame_width != width || frame_height != height) {
@@ -189,12 +257,12 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
   }
   std::vector<int64_t> none(encoded.size(), 0);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  nvjpegStatus_t status = api.batched_initialize(decoder.handle, decoder.state, static_cast<int>(images.size()), 1,
+  nvjpegStatus_t status = api.batched_initialize(handle, decoder.state, static_cast<int>(images.size()), 1,
                                                  NVJPEG_OUTPUT_RGBI);
   if (status != NVJPEG_STATUS_SUCCESS) {
     return {none, "nvjpegDecodeBatchedInitialize failed: " + std::to_string(status)};
   }
-  status = api.decode_batched(decoder.handle, decoder.state, data.data(), lengths.data(), images.data(), stream);
+  status = api.decode_batched(handle, decoder.state, data.data(), lengths.data(), images.data(), stream);
   if (status != NVJPEG_STATUS_SUCCESS) {
     return {none, "nvjpegDecodeBatched failed: " + std::to_string(status)};
   }

@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="launch every image batch eager (default on CUDA: full batches replay a CUDA graph, "
                              "same rows)")
+    parser.add_argument("--decode-threads", type=positive_int, default=None,
+                        help="batches prepared at once ahead of the GPU (default 2; 4 with --decode gpu)")
     parser.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw embeddings")
     parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument("--no-captions", dest="captions", action="store_false", default=None,
@@ -89,7 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    decode=args.decode, batch_size=args.batch_size, shard_size=args.shard_size,
                    normalize=args.normalize, out_dtype=args.out_dtype, captions=args.captions,
                    caption_column=args.caption_column, workers=args.workers, executor=args.executor,
-                   cuda_graphs=args.cuda_graphs, repeat=args.repeat,
+                   cuda_graphs=args.cuda_graphs, decode_threads=args.decode_threads, repeat=args.repeat,
                    progress=args.progress, command=command)
     try:
         if args.ray is not None:

@@ -243,10 +243,11 @@ def chunked(pairs: List[Tuple[int, Any]], workers: int) -> List[List[Tuple[int, 
         return [list(pairs)] if pairs else []
     tasks: List[List[Tuple[int, Any]]] = [[] for _ in range(count)]
     loads = [(0, number) for number in range(count)]  # a heap of (work so far, task)
-    for pair in sorted(pairs, key=lambda pair: -_work(pair[1])):
+    works = [_work(pair[1]) for pair in pairs]  # once each: a file's costs a stat
+    for position in sorted(range(len(pairs)), key=lambda position: -works[position]):
         load, number = heapq.heappop(loads)
-        tasks[number].append(pair)
-        heapq.heappush(loads, (load + _work(pair[1]), number))
+        tasks[number].append(pairs[position])
+        heapq.heappush(loads, (load + works[position], number))
     return [sorted(task, key=lambda pair: pair[0]) for task in tasks if task]
 
 

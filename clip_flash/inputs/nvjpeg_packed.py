@@ -10,20 +10,23 @@ route (decode, then per-image chroma and packing) spent 75-80 ms per batch of 25
 
 The decode call releases the GIL for the whole batch (measured: a 256-photo decode took 25.6 ms beside a
 busy Python thread, 14.2 ms alone; torchvision's batched call 1,090 ms and 14.1 ms), so :meth:`decode` runs
-it on a decoding thread, ahead of the batch on the device. It takes baseline 3-component JPEGs; the rest
+it on a decoding thread, ahead of the batch on the device. Each decoding thread queues its batch on a stream
+of its own and the extension gives concurrent calls separate decoder states (up to ``HARDWARE_DECODERS``),
+so one batch's header parsing and host work overlap another's decode. It takes baseline 3-component JPEGs; the rest
 (progressive, grayscale) and anything it leaves go to torchvision's decoder in ``prepare``
 (:mod:`.gpu_jpeg`). The pixels are torchvision's hardware-decoded pixels exactly (GPU test), so the fast
 path's rows are the same with the route or without it.
 
 On by default where it runs: a GPU with a hardware JPEG decoder (A100, H100 and later) and the extension
 built with ``<nvjpeg.h>``. Elsewhere the first batch finds out (logged once) and torchvision decodes.
-``CLIP_FLASH_NVJPEG_HW=0`` turns it off.
+``CLIP_FLASH_NVJPEG_HW=0`` turns it off; ``CLIP_FLASH_NVJPEG_DECODERS=N`` sets how many batches decode at once.
 """
 from __future__ import annotations
 
 import functools
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -33,7 +36,6 @@ import torch
 
 from ..ops._extension import load_extension
 from ..ops.image_resample import BatchPlan, plan_batch
-from .gpu_jpeg import work_stream
 from .image_decoding import DecodedItem, describe_error
 from .jpeg_chroma import SUBSAMPLING
 from .resample_plan import plan_image
@@ -42,6 +44,8 @@ from .transform_spec import ImageTransformSpec
 logger = logging.getLogger(__name__)
 
 HARDWARE_SWITCH = "CLIP_FLASH_NVJPEG_HW"  # "0": torchvision's decoder only
+HARDWARE_DECODERS = 4  # batches the hardware decoder takes from different threads at once (the extension's cap: 8)
+DECODERS_SETTING = "CLIP_FLASH_NVJPEG_DECODERS"  # overrides HARDWARE_DECODERS
 _HARDWARE: Dict[str, Optional[str]] = {"unavailable": None}  # why the hardware decode cannot run here
 
 
@@ -92,7 +96,7 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
     if not candidates or not hardware_decoder_usable():
         return None
     extension = load_extension()
-    with torch.cuda.stream(work_stream(device)):
+    with torch.cuda.stream(_thread_stream(device)):
         try:
             plan, candidates = _plan(candidates, spec)
         except ValueError as error:
@@ -108,7 +112,7 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
         slots = np.stack([offsets, plan.meta[:, 1], plan.meta[:, 2]], axis=1).reshape(-1).tolist()
         # The calls say why they could not, rather than raise from where the GIL is released.
         written, failure = extension.nvjpeg_hw_decode([item.encoded for item in candidates], buffer, slots,
-                                                      _nvjpeg_library())
+                                                      _nvjpeg_library(), hardware_decoders())
         if not failure and chroma == "libjpeg":
             failure = _refine_chroma_in_place(extension, buffer, candidates, written, offsets, plan)
         if failure:
@@ -121,6 +125,30 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
         ready = torch.cuda.Event()
         ready.record()
     return PackedJpegs(plan, buffer, candidates, [bool(done) for done in written], ready)
+
+
+def hardware_decoders() -> int:
+    """How many batches may decode at once (``CLIP_FLASH_NVJPEG_DECODERS``, else ``HARDWARE_DECODERS``)."""
+    setting = os.environ.get(DECODERS_SETTING, "").strip()
+    if not setting:
+        return HARDWARE_DECODERS
+    if not setting.isdigit() or not 1 <= int(setting) <= 8:
+        raise ValueError(f"{DECODERS_SETTING}={setting!r}: expected a whole number from 1 to 8")
+    return int(setting)
+
+
+_streams = threading.local()
+
+
+def _thread_stream(device: torch.device) -> "torch.cuda.Stream":
+    """This thread's stream for its hardware decodes on ``device``: the call waits for its stream, so decoding
+    threads sharing one would wait for each other's batches too."""
+    streams = getattr(_streams, "by_device", None)
+    if streams is None:
+        streams = _streams.by_device = {}
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device)
+    return streams[device]
 
 
 def _plan(candidates: List[DecodedItem], spec: ImageTransformSpec) -> Tuple[BatchPlan, List[DecodedItem]]:

@@ -38,6 +38,9 @@ OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
 EXECUTORS = ("auto", "thread", "process")
 DECODES = ("cpu", "gpu")
+# Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoding workers, then
+# waits). decode="gpu": each also runs its batch's hardware JPEG decode, which waits for the device.
+DECODE_THREADS = {"cpu": 2, "gpu": 4}
 SETTINGS_VERSION = 1
 
 
@@ -105,7 +108,7 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
 
 def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
                 normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread",
-                cuda_graphs: bool = True) -> Any:
+                cuda_graphs: bool = True, decode_threads: Optional[int] = None) -> Any:
     """The pipeline that runs the job: clip_flash's, or the stock baseline."""
     if pipeline == "stock":
         from .stock import StockPipeline
@@ -115,7 +118,7 @@ def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str
     preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor)
     return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset",
-                             cuda_graphs=cuda_graphs)
+                             cuda_graphs=cuda_graphs, decode_threads=decode_threads or DECODE_THREADS[decode])
 
 
 def _caption_file(input: Union[str, Path]) -> bool:
@@ -138,8 +141,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
           pipeline: str = "clip_flash", decode: str = "cpu", batch_size: Optional[int] = None,
           shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
           captions: Optional[bool] = None, caption_column: Optional[str] = None, workers: Optional[int] = None,
-          executor: str = "auto", cuda_graphs: bool = True, repeat: int = 1, progress: bool = True,
-          command: Optional[str] = None) -> JobSummary:
+          executor: str = "auto", cuda_graphs: bool = True, decode_threads: Optional[int] = None, repeat: int = 1,
+          progress: bool = True, command: Optional[str] = None) -> JobSummary:
     """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
 
     Args:
@@ -167,6 +170,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             started while the model loads; a script using them needs the ``if __name__ == "__main__":`` guard).
         cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
             kernels, so the same rows; it frees the main thread from launching them); False runs them eager.
+        decode_threads: batches prepared at once ahead of the GPU (default ``DECODE_THREADS[decode]``: 2 for
+            the exact path, 4 with ``decode="gpu"``, whose threads also wait for the hardware JPEG decoder).
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 
@@ -197,7 +202,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
-                                 workers, executor, cuda_graphs)
+                                 workers, executor, cuda_graphs, decode_threads)
             start = getattr(runner, "start", None)
             if start is not None:
                 start()  # workers and first arenas, in the background while the run begins
@@ -210,6 +215,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             finally:
                 runner.close()
         options = {"batch_size": batch_size, "workers": workers, "executor": executor, "device": str(device)}
+        if job.todo and pipeline != "stock":
+            options["decode_threads"] = runner.decode_threads
         if job.todo:
             options.update(decoding_workers(runner))
             # Whether full image batches replayed a CUDA graph (asked for, on CUDA, with images to encode).

@@ -98,7 +98,7 @@ class ShardEmbedder:
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                   job["normalize"], job["out_dtype"], workers, job["executor"],
-                                  job["cuda_graphs"])
+                                  job["cuda_graphs"], job.get("decode_threads"))
         self.output = OutputFolder(job["out"], job["shard_count"])
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -137,8 +137,8 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                    decode: str = "cpu", batch_size: Optional[int] = None, shard_size: int = DEFAULT_SHARD_SIZE,
                    normalize: bool = True, out_dtype: str = "float16", captions: Optional[bool] = None,
                    caption_column: Optional[str] = None, workers: Optional[int] = None, executor: str = "thread",
-                   cuda_graphs: bool = True, repeat: int = 1, progress: bool = True,
-                   command: Optional[str] = None) -> JobSummary:
+                   cuda_graphs: bool = True, decode_threads: Optional[int] = None, repeat: int = 1,
+                   progress: bool = True, command: Optional[str] = None) -> JobSummary:
     """:func:`clip_flash.embed` on a Ray cluster: same arguments, same output folder, same resume rules.
 
     ``address``: a running cluster (``HOST:6379``); None or ``"auto"`` starts a local Ray (``num_cpus``)
@@ -161,7 +161,8 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
     actors = actors or max(1, gpus)
     actor_job = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
                  "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
-                 "executor": executor, "cuda_graphs": cuda_graphs, "out": str(job.output.root),
+                 "executor": executor, "cuda_graphs": cuda_graphs, "decode_threads": decode_threads,
+                 "out": str(job.output.root),
                  "shard_count": len(job.plan),
                  "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions}}
     try:
@@ -169,7 +170,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
         return finish_job(job, stats, device=f"ray: {actors} actor(s) on {device}", pipeline="clip_flash (ray)",
                           gpu_peak=peak, command=command, environment_device=torch.device("cpu"),
                           options={"batch_size": batch_size, "workers": workers, "actors": actors,
-                                   "cuda_graphs": cuda_graphs,
+                                   "cuda_graphs": cuda_graphs, "decode_threads": decode_threads,
                                    "cluster": {key: value for key, value in ray.cluster_resources().items()
                                                if key in ("CPU", "GPU")}})
     finally:

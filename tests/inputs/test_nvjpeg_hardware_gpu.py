@@ -193,3 +193,55 @@ def test_reading_in_processes_gives_the_same_rows(vit_b32_preprocess, photo_file
         processes = prep.prepare(decoded)
     assert processes.indices == threads.indices and processes.failures == threads.failures
     assert torch.equal(processes.pixels, threads.pixels)
+
+
+@cuda
+def test_batches_decoded_from_several_threads_at_once_are_each_the_same(monkeypatch, route_on, vit_b32_preprocess,
+                                                                         photo_files):
+    """Threads decoding at once (each on its own stream, with its own decoder state) write what one thread
+    alone writes, batch for batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    items, spec = _jpeg_items(vit_b32_preprocess, photo_files)
+    items = [item for item in items if nvjpeg_packed.takes(item)]
+    batches = [items[start:] + items[:start] for start in range(0, len(items), max(1, len(items) // 8))][:8]
+    monkeypatch.setenv(nvjpeg_packed.DECODERS_SETTING, "1")
+    alone = [_packed_or_skip(batch, spec, "libjpeg") for batch in batches]
+    monkeypatch.setenv(nvjpeg_packed.DECODERS_SETTING, "4")
+    device = torch.device("cuda", torch.cuda.current_device())
+
+    def decode(batch):
+        packed = nvjpeg_packed.decode_into_layout(batch, device, spec, "libjpeg")
+        packed.ready.synchronize()
+        return packed
+
+    with ThreadPoolExecutor(4) as threads:
+        for _ in range(3):
+            together = list(threads.map(decode, batches))
+            for one, other in zip(alone, together):
+                assert other.written == one.written and len(one.decoded) >= 20
+                for position in one.decoded:
+                    assert torch.equal(other.plan.pixel_slot(other.buffer, position),
+                                       one.plan.pixel_slot(one.buffer, position)), f"image {position}"
+
+
+@cuda
+def test_a_decoder_count_out_of_range_is_refused(route_on, vit_b32_preprocess, photo_files):
+    items, spec = _jpeg_items(vit_b32_preprocess, photo_files)
+    _packed_or_skip(items, spec, "nvjpeg")  # skips where the hardware decoder cannot run
+    out = torch.empty(16, dtype=torch.uint8, device="cuda")
+    for decoders in (0, 9):
+        written, failure = nvjpeg_packed.load_extension().nvjpeg_hw_decode(
+            [torch.zeros(4, dtype=torch.uint8)], out, [0, 1, 1], nvjpeg_packed._nvjpeg_library(), decoders)
+        assert written == [0] and failure == "decoders must be between 1 and 8"
+
+
+def test_the_decoder_count_setting(monkeypatch):
+    monkeypatch.delenv(nvjpeg_packed.DECODERS_SETTING, raising=False)
+    assert nvjpeg_packed.hardware_decoders() == nvjpeg_packed.HARDWARE_DECODERS
+    monkeypatch.setenv(nvjpeg_packed.DECODERS_SETTING, " 2 ")
+    assert nvjpeg_packed.hardware_decoders() == 2
+    for bad in ("0", "9", "two", "-1"):
+        monkeypatch.setenv(nvjpeg_packed.DECODERS_SETTING, bad)
+        with pytest.raises(ValueError, match=nvjpeg_packed.DECODERS_SETTING):
+            nvjpeg_packed.hardware_decoders()
