@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="launch every image batch eager (default on CUDA: full batches replay a CUDA graph, "
                              "same rows)")
     parser.add_argument("--decode-threads", type=positive_int, default=None,
-                        help="batches prepared at once ahead of the GPU (default 2; 4 with --decode gpu)")
+                        help="batches prepared at once ahead of the GPU (default 2)")
     parser.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw embeddings")
     parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument("--no-captions", dest="captions", action="store_false", default=None,

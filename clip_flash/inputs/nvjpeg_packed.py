@@ -44,7 +44,7 @@ from .transform_spec import ImageTransformSpec
 logger = logging.getLogger(__name__)
 
 HARDWARE_SWITCH = "CLIP_FLASH_NVJPEG_HW"  # "0": torchvision's decoder only
-HARDWARE_DECODERS = 4  # batches the hardware decoder takes from different threads at once (the extension's cap: 8)
+HARDWARE_DECODERS = 2  # batches decoding at once, from different threads (the job's 2; the extension's cap: 8)
 DECODERS_SETTING = "CLIP_FLASH_NVJPEG_DECODERS"  # overrides HARDWARE_DECODERS
 _HARDWARE: Dict[str, Optional[str]] = {"unavailable": None}  # why the hardware decode cannot run here
 

@@ -39,8 +39,9 @@ PIPELINES = ("clip_flash", "stock")
 EXECUTORS = ("auto", "thread", "process")
 DECODES = ("cpu", "gpu")
 # Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoding workers, then
-# waits). decode="gpu": each also runs its batch's hardware JPEG decode, which waits for the device.
-DECODE_THREADS = {"cpu": 2, "gpu": 4}
+# waits; with decode="gpu" each also runs its batch's hardware JPEG decode). More did not help on the H200
+# host: --decode gpu ran 12,944-13,018 img/s with 2, 12,599-12,807 with 4, 12,850 with 6 (results/README.md).
+DECODE_THREADS = {"cpu": 2, "gpu": 2}
 SETTINGS_VERSION = 1
 
 
@@ -170,8 +171,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             started while the model loads; a script using them needs the ``if __name__ == "__main__":`` guard).
         cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
             kernels, so the same rows; it frees the main thread from launching them); False runs them eager.
-        decode_threads: batches prepared at once ahead of the GPU (default ``DECODE_THREADS[decode]``: 2 for
-            the exact path, 4 with ``decode="gpu"``, whose threads also wait for the hardware JPEG decoder).
+        decode_threads: batches prepared at once ahead of the GPU (default 2, ``DECODE_THREADS``).
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 

@@ -33,6 +33,7 @@ def test_summary_and_record_give_setup_first_batch_and_every_rate(tmp_path, chec
     assert options["decode_executor"] == ("thread" if executor == "auto" else "process")
     assert options["decode_workers"] >= 1
     assert options["image_cuda_graphs"] is False  # graphs are a CUDA device's
+    assert options["decode_threads"] == 2  # the default
     assert len(read_output(tmp_path / "out")["metadata"]["image_path"]) == 9
 
 
@@ -41,3 +42,11 @@ def test_unknown_executor_is_refused(tmp_path):
     with pytest.raises(ValueError, match="executor"):
         clip_flash.embed(tmp_path / "photos", tmp_path / "out", MODEL, device="cpu", executor="fibers",
                          progress=False)
+
+
+def test_decode_threads_setting_is_used_and_recorded(tmp_path, checkpoint):
+    write_photos(tmp_path / "photos", count=6, captions=False)
+    summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", f"{MODEL}::{checkpoint}", device="cpu",
+                               shard_size=4, batch_size=2, executor="thread", decode_threads=3, progress=False)
+    assert summary.rows == 6
+    assert json.loads(open(summary.record_path).read())["options"]["decode_threads"] == 3
