@@ -9,7 +9,7 @@ cold: imports, the fork server, worker processes and arenas are per process). In
 torch, OpenCLIP and clip_flash are imported first (not timed: the job has them); with ``--model`` the
 model's eval transform comes from building that model (``model load``, timed), which the preparer's start
 overlaps when it is begun before the load (``early_start``: the fork server's imports; see
-``clip_flash.inputs.decode_pool.prestart``). Then, timed from the preparer's creation: the constructor,
+``clip_flash.inputs.worker_processes.prestart``). Then, timed from the preparer's creation: the constructor,
 the pool ready (every worker answered a warm-up task), the first batch decoded (and, with a GPU, prepared
 on the device), and ``--batches`` more batches streamed with 2 decoding ahead. Reported: seconds to each
 point, the steady rate (batches after the first) and the whole-run rate (all images over the time from
@@ -47,16 +47,16 @@ def run_case(args: argparse.Namespace, executor: str, workers: Optional[int], me
     import torch
 
     import clip_flash
-    from clip_flash.inputs import decode_pool
+    from clip_flash.inputs import worker_processes
     from clip_flash.inputs.pixel_arena import ArenaPool
 
     if method:
-        decode_pool.process_start_method = lambda: method
+        worker_processes.process_start_method = lambda: method
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu")
     on_gpu = device.type == "cuda"
     record: Dict[str, Any] = {"executor": executor, "start_method": None}
-    prestart = getattr(decode_pool, "prestart", None)
+    prestart = getattr(worker_processes, "prestart", None)
     began = time.perf_counter()
     if args.early_start and prestart is not None and executor != "thread":
         prestart()  # the fork server imports the decoding modules while the model loads

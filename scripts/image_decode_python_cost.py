@@ -4,7 +4,7 @@
     python scripts/image_decode_python_cost.py --photos .device/photos --threads 1 2 8 16 \
         --json results/h100/decode_python_cost.json --markdown results/h100/decode_python_cost.md
 
-Per image, one thread, the kernel route's task (:func:`clip_flash.inputs.decode_pool.decode_into_region`:
+Per image, one thread, the kernel route's task (:func:`clip_flash.inputs.arena_regions.decode_into_region`:
 file read, Pillow's header parse, torchvision's ``decode_jpeg``, the copy into the arena region, the
 bookkeeping) timed three ways: as it runs; with ``decode_jpeg`` replaced by a stand-in returning the same
 pixels (what is left is the Python side, which holds the GIL, plus the copy, which does not); and with the
@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import torchvision.io  # noqa: E402
 
 import clip_flash  # noqa: E402
-import clip_flash.inputs.decode_pool as decode_pool  # noqa: E402
+import clip_flash.inputs.arena_regions as arena_regions  # noqa: E402
 from clip_flash.benchmark import results  # noqa: E402
 from clip_flash.inputs.image_decoding import DecodeOptions  # noqa: E402
 from clip_flash.inputs.transform_spec import spec_from_preprocess  # noqa: E402
@@ -43,7 +43,7 @@ def _per_image_us(pairs: List[Any], options: DecodeOptions, region: np.ndarray, 
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        decode_pool.decode_into_region(pairs, options, region)
+        arena_regions.decode_into_region(pairs, options, region)
         times.append(time.perf_counter() - started)
     return statistics.median(times) / len(pairs) * 1e6
 
@@ -52,7 +52,7 @@ def python_side(paths: List[Path], options: DecodeOptions, repeats: int) -> Dict
     """Microseconds per image of one task, as it runs, with the decoder stubbed, and without the copy too."""
     pairs = list(enumerate(paths))
     region = np.zeros(len(paths) * (3 << 20), dtype=np.uint8)
-    real_decode, real_write = torchvision.io.decode_jpeg, decode_pool.write_pixels
+    real_decode, real_write = torchvision.io.decode_jpeg, arena_regions.write_pixels
     decoded = {}
     for path in paths:
         data = path.read_bytes()
@@ -61,10 +61,10 @@ def python_side(paths: List[Path], options: DecodeOptions, repeats: int) -> Dict
     try:
         torchvision.io.decode_jpeg = lambda data, *args, **kwargs: decoded[data.numel()]
         result["decoder_stubbed_us"] = _per_image_us(pairs, options, region, repeats * 4)
-        decode_pool.write_pixels = lambda region, pixels: ([-1] * len(pixels), 0, 0)
+        arena_regions.write_pixels = lambda region, pixels: ([-1] * len(pixels), 0, 0)
         result["python_side_us"] = _per_image_us(pairs, options, region, repeats * 4)
     finally:
-        torchvision.io.decode_jpeg, decode_pool.write_pixels = real_decode, real_write
+        torchvision.io.decode_jpeg, arena_regions.write_pixels = real_decode, real_write
     return result
 
 

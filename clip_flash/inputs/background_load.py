@@ -1,6 +1,6 @@
 """What a decoding worker process loads only when first needed, in the background, so that no batch waits for it.
 
-Workers fork from a server that preloads only what every image needs (see :mod:`.decode_pool`). Two things
+Workers fork from a server that preloads only what every image needs (see :mod:`.worker_processes`). Two things
 cost seconds to tens of seconds to load on a busy GPU host and are needed for some images only: OpenCLIP's
 transform (unpickling it imports OpenCLIP and torchvision; the images Pillow resizes its own way need it) and
 torchvision's CPU decoders (PNGs, JPEGs the GPU route declines). A worker that meets such an image starts

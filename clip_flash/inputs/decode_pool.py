@@ -3,60 +3,41 @@
 Threads suit torchvision's decoders, which release the GIL; what is left under the GIL (Pillow's
 header parsing, Python bookkeeping) caps a thread pool below what the cores could do. A process
 pool has no such cap; each task there decodes a chunk of inputs and returns their pixels in one
-shared-memory block (torch's multiprocessing reductions). Inputs already in memory (PIL images,
-arrays) always stay in the calling process.
+shared-memory block (torch's multiprocessing reductions), or writes them into its region of an arena
+(:mod:`.arena_regions`). Inputs already in memory (PIL images, arrays) always stay in the calling process.
 
-Starting processes is what costs: a spawned worker is a fresh interpreter that imports torch, torchvision
-and clip_flash before its first image (seconds, times the workers, all at once). So workers come from a
-fork server where there is one: a fresh interpreter (started by fork and exec, so no CUDA context is ever
-inherited) that imports the decoding modules once (:data:`WORKER_MODULES`); each worker is a fork of it,
-started in milliseconds with those modules already loaded. :func:`prestart` starts that server early (a
-job calls it before loading its model) and :meth:`DecodePool.start` starts the workers in the background.
-Where there is no fork server, workers are spawned, as before. Never plain fork: the calling process may
-hold a CUDA context. Until the workers are up, the pool's threads decode (:meth:`DecodePool._processes_ready`).
+The processes come from a fork server that imported the decoding modules once (:mod:`.worker_processes`);
+:meth:`DecodePool.start` starts them in the background, and until they are up the pool's threads decode
+(:meth:`DecodePool._processes_ready`).
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import heapq
-import io
 import logging
 import math
-import multiprocessing
 import os
 import threading
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .background_load import note_imported
-from .image_decoding import (CALLER_ROUTE, TORCHVISION_DECODERS, DecodedItem, DecodeOptions, decode_item,
-                             decode_items, describe_error)
-from .jpeg_dct import ALIGN
-from .pixel_arena import ArenaRef, Lease, attach, write_pixels
+from . import worker_processes
+from .arena_regions import RegionResult, decode_into_region
+from .image_decoding import CALLER_ROUTE, DecodedItem, DecodeOptions, decode_item, decode_items, describe_error
+from .pixel_arena import Lease
+from .worker_processes import (decode_chunk_in_process, decode_into_arena_in_process, init_process_worker,
+                               warm_up_process, warm_up_jpeg)
 
 logger = logging.getLogger(__name__)
 
 EXECUTORS = ("thread", "process")
-# Imported once by the fork server, so that every worker forked from it starts with them loaded. Each one
-# that cannot be imported there is skipped (the worker then imports what it needs itself, as a spawned one).
-# Not torchvision: it costs seconds to import on some hosts (torch._dynamo comes with it), and a worker needs
-# its decoders only for PNGs and the JPEGs the GPU route declines (imported in the background on the first
-# such file, Pillow decoding meanwhile: see image_decoding's ``in-caller`` route).
-WORKER_MODULES = ("numpy", "torch", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", __name__)
-# Without a GPU there is no GPU route: every JPEG goes through torchvision's decoder, so the server imports it.
-CPU_WORKER_MODULES = ("torchvision.io",)
 # Inputs per task: enough to amortize a task's overhead, few enough to balance the workers.
 MAX_CHUNK = 16
 COPY_THREADS = 4  # memory copies into the kernel's page-locked buffer
-
-_worker_options: Optional[DecodeOptions] = None
 
 
 def default_workers() -> int:
@@ -67,145 +48,9 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def process_start_method() -> str:
-    """``forkserver`` where this platform has it (workers fork from a server holding the decoding modules),
-    else ``spawn``; never ``fork`` (this process may hold a CUDA context)."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-_preload_lock = threading.Lock()
-
-
-def process_context() -> multiprocessing.context.BaseContext:
-    """The multiprocessing context decoding workers start in; for a fork server, :data:`WORKER_MODULES` are
-    added to what it preloads (a server already running keeps what it has: workers then import the rest), and
-    the server is started with ``clip_flash``'s light import: it and the workers forked from it import the
-    decoding modules, not the top-level API (see ``clip_flash/__init__``)."""
-    method = process_start_method()
-    context = multiprocessing.get_context(method)
-    if method == "forkserver":
-        from multiprocessing import forkserver
-
-        from .. import WORKER_PROCESS_ENV
-
-        with _preload_lock:
-            # The default list is ["__main__"] (the main script, imported under its guard); kept, then ours.
-            current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or [])
-            modules = WORKER_MODULES if torch.cuda.is_available() else WORKER_MODULES + CPU_WORKER_MODULES
-            wanted = current + [name for name in modules if name not in current]
-            if wanted != current:
-                context.set_forkserver_preload(wanted)
-            # Set around every call: ensure_running() returns at once for a live server, and starts a new one
-            # (inheriting this environment) if there is none or it died.
-            before = os.environ.get(WORKER_PROCESS_ENV)
-            os.environ[WORKER_PROCESS_ENV] = "1"
-            try:
-                forkserver.ensure_running()
-            finally:
-                if before is None:
-                    del os.environ[WORKER_PROCESS_ENV]
-                else:
-                    os.environ[WORKER_PROCESS_ENV] = before
-    return context
-
-
-def prestart() -> None:
-    """Start the fork server now: it imports the decoding modules in its own process while this one goes on
-    (a job calls this before loading its model). Returns at once; without a fork server, does nothing."""
-    process_context()
-
-
-@functools.lru_cache(maxsize=1)
-def warm_up_jpeg() -> bytes:
-    """A small JPEG whose decoding loads and initialises every step a worker runs on a photo."""
-    pixels = np.arange(24 * 32 * 3, dtype=np.uint8).reshape(24, 32, 3)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def _warm_up_process(data: bytes) -> int:
-    """In a worker process: one decode, so that the first real task pays nothing for a first use."""
-    decode_item(-1, data, _worker_options)
-    return os.getpid()
-
-
-def _init_process_worker(options: DecodeOptions) -> None:
-    global _worker_options
-    _worker_options = dataclasses.replace(options, in_worker=True)
-    note_imported(TORCHVISION_DECODERS)  # where the fork server preloaded them (no GPU)
-    torch.set_num_threads(1)
-
-
-def _decode_chunk_in_process(pairs: List[Tuple[int, Any]]) -> Tuple[Optional[torch.Tensor], List[DecodedItem],
-                                                                     List[Tuple[int, int]]]:
-    """Decode in a worker process; pixels travel as one packed buffer plus (offset, numel) per item."""
-    buffer, items = decode_items(pairs, _worker_options, pack=True)
-    spans = []
-    for item in items:
-        if item.pixels is not None and buffer is not None:
-            offset = item.pixels.storage_offset()
-            spans.append((offset, item.pixels.numel()))
-            item.pixels = None
-        else:
-            spans.append((-1, 0))
-    return buffer, items, spans
-
-
-@dataclass
-class RegionResult:
-    """One task's inputs decoded into its region of an arena (see :mod:`.pixel_arena`)."""
-
-    start: int              # the region's byte offset in the arena
-    items: List[DecodedItem]
-    offsets: List[int]      # per item: where its pixels (or JPEG bytes) start in the region; -1: not there
-    sizes: List[int]        # per item: how many bytes are there
-    used: int               # pixel bytes written, back to back from ``start + pixels_from``
-    needed: int             # bytes all the items' payloads needed (more than written when some did not fit)
-    pixels_from: int = 0    # where the pixels start in the region (JPEG coefficients come first)
-
-
-def decode_into_region(pairs: List[Tuple[int, Any]], options: DecodeOptions, region: np.ndarray
-                       ) -> Tuple[List[DecodedItem], List[int], List[int], int, int, int]:
-    """Decode into ``region``: JPEG coefficients (the GPU route, see :mod:`.jpeg_dct`) are written there as they
-    are read, each from a 128-byte boundary; then the pixels, back to back from ``pixels_from``. Whatever did
-    not fit stays on its item. On the fast path (``keep_jpeg_bytes``) the JPEG bytes go there instead of pixels,
-    for nvJPEG to read from page-locked memory; the pixels of other images then stay on their items.
-    Returns (items, offsets: -1 where not written, sizes, pixel bytes, bytes all needed, pixels_from)."""
-    room = torch.from_numpy(region) if options.dct_reader is not None and region.size else None
-    cursor = -region.ctypes.data % ALIGN if room is not None else 0
-    items, offsets, sizes = [], [], []
-    for index, item in pairs:
-        scratch = room[cursor:] if room is not None and cursor < region.size else None
-        decoded = decode_item(index, item, options, scratch)
-        written = (scratch is not None and decoded.coefficients is not None
-                   and decoded.coefficients.data_ptr() == scratch.data_ptr())
-        offsets.append(cursor if written else -1)
-        sizes.append(decoded.coefficients.numel() if written else 0)
-        if written:
-            cursor += -(-sizes[-1] // ALIGN) * ALIGN
-            decoded.coefficients = None
-        items.append(decoded)
-    needed = sum(sizes) + sum(item.coefficients.numel() for item in items if item.coefficients is not None)
-    pixels_from = min(cursor, region.size)
-    field = "encoded" if options.keep_jpeg_bytes else "pixels"
-    payloads = [getattr(item, field) for item in items]
-    placed, used, pixel_bytes = write_pixels(region[pixels_from:], payloads)
-    for position, (item, offset, payload) in enumerate(zip(items, placed, payloads)):
-        if offset >= 0:
-            offsets[position], sizes[position] = pixels_from + offset, payload.numel()
-            setattr(item, field, None)
-    return items, offsets, sizes, used, needed + pixel_bytes, pixels_from
-
-def _decode_into_arena_in_process(pairs: List[Tuple[int, Any]], ref: ArenaRef, start: int, capacity: int
-                                  ) -> Tuple[List[DecodedItem], List[int], List[int], int, int, int]:
-    """In a worker process: only the bookkeeping travels back; pixels that did not fit go as shared tensors."""
-    return decode_into_region(pairs, _worker_options, attach(ref)[start:start + capacity])
-
-
 def _unpack(buffer: Optional[torch.Tensor], items: List[DecodedItem], spans: List[Tuple[int, int]]
             ) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
-    """The parent's side of :func:`_decode_chunk_in_process`: views of the shared buffer."""
+    """The parent's side of :func:`decode_chunk_in_process`: views of the shared buffer."""
     if buffer is not None:
         for item, (offset, size) in zip(items, spans):
             if offset >= 0:
@@ -282,7 +127,7 @@ class DecodePool:
         self._copies: Optional[Executor] = None
         self._lock = threading.Lock()  # decode() may be called from several threads at once
         self._starter: Optional[threading.Thread] = None
-        self.start_method = process_start_method() if executor == "process" else None
+        self.start_method = worker_processes.process_start_method() if executor == "process" else None
         self.start_seconds: Optional[float] = None  # start() to every warm-up task done
 
     def start(self, wait: bool = False) -> None:
@@ -307,7 +152,7 @@ class DecodePool:
         try:
             if processes is not None:
                 # Submitted back to back, before any worker is idle: one process is started for each.
-                futures = [processes.submit(_warm_up_process, sample) for _ in range(self.workers)]
+                futures = [processes.submit(warm_up_process, sample) for _ in range(self.workers)]
             else:
                 futures = [threads.submit(decode_item, -1, sample, self.options) for _ in range(self.workers)]
             for future in futures:
@@ -357,9 +202,9 @@ class DecodePool:
 
     def _start_processes(self) -> Executor:
         if self._processes is None:
-            context = process_context()
+            context = worker_processes.process_context()
             self._processes = ProcessPoolExecutor(self.workers, mp_context=context,
-                                                  initializer=_init_process_worker, initargs=(self.options,))
+                                                  initializer=init_process_worker, initargs=(self.options,))
         return self._processes
 
     def decode(self, items: Sequence[Any]) -> List[DecodedItem]:
@@ -374,7 +219,7 @@ class DecodePool:
         if encoded and self._processes_ready():
             pool = self._process_pool()
             encoded = [(index, bytes(item) if isinstance(item, memoryview) else item) for index, item in encoded]
-            in_processes = [pool.submit(_decode_chunk_in_process, chunk) for chunk in chunked(encoded, self.workers)]
+            in_processes = [pool.submit(decode_chunk_in_process, chunk) for chunk in chunked(encoded, self.workers)]
             futures += [threads.submit(_unpack_when_done, future) for future in in_processes]
             thread_pairs = in_memory
         else:
@@ -411,7 +256,7 @@ class DecodePool:
         futures = []
         if process_chunks:
             pool = self._process_pool()
-            futures += [pool.submit(_decode_into_arena_in_process, chunk, arena.ref, at, len(chunk) * bytes_per_image)
+            futures += [pool.submit(decode_into_arena_in_process, chunk, arena.ref, at, len(chunk) * bytes_per_image)
                         for chunk, at in zip(process_chunks, starts)]
         threads = self._thread_pool()
         futures += [threads.submit(decode_into_region, chunk, self.options,

@@ -116,7 +116,7 @@ def input_kind(item: Any) -> str:
 def decode_item(index: int, item: Any, options: DecodeOptions, scratch: Optional[torch.Tensor] = None) -> DecodedItem:
     """The CPU step for one input. Never raises for a bad input: the reason goes in ``reason``. ``scratch``
     (uint8, 128-byte aligned): where the GPU route writes the coefficients when they fit (see
-    :func:`.decode_pool.decode_into_region`)."""
+    :func:`.arena_regions.decode_into_region`)."""
     result = DecodedItem(index)
     try:
         if isinstance(item, (str, os.PathLike)):

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -24,16 +23,17 @@ import torch
 from PIL import Image
 
 from .decode_pool import EXECUTORS, DecodePool, default_workers
+from .image_batches import DecodedImages, PackedPixels, PreparedImages
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
-from .jpeg_dct import DctBatch, plan_dct_batch, route_reader
+from .jpeg_dct import plan_dct_batch, route_reader
 from .background_load import DeferredTransform
-from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error, route_counts
+from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error
 from ..ops._extension import load_extension
 from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
-from .pixel_arena import ArenaPool, Lease, arenas_supported
+from .pixel_arena import ArenaPool, arenas_supported
 
 logger = logging.getLogger(__name__)
 
@@ -44,63 +44,6 @@ ARENAS_AHEAD = 4  # arenas start() makes for the first batches: those decoding a
 GPU_DECODE_READERS = 4
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
 DECODERS = ("cpu", "gpu")
-
-
-@dataclass
-class PackedPixels:
-    """Decoded pixels of ``indices``, in one page-locked buffer laid out by ``plan`` for the kernel."""
-
-    plan: Any
-    buffer: torch.Tensor
-    indices: List[int]
-    # Set when the pixels lie in runs of a reused arena (``buffer``) rather than at the plan's offsets:
-    # (host_start, nbytes, device_start) per run, and the lease to mark when the upload is queued.
-    segments: Optional[List[Tuple[int, int, int]]] = None
-    lease: Optional[Lease] = None
-    dct: Optional[DctBatch] = None  # JPEGs as coefficients, after the pixels in ``indices``: decoded on the GPU
-
-
-@dataclass
-class DecodedImages:
-    """The CPU step's result for one call of :meth:`ImagePreprocessor.decode`.
-
-    ``items`` holds each readable input's pixels (uint8 ``(H, W, C)``; with the GPU kernel, views of the
-    one page-locked buffer ``packed`` laid out for it), the output of ``preprocess`` for inputs that ran
-    it on the CPU, or JPEG bytes for nvJPEG; ``failures`` the unreadable ones.
-    """
-
-    count: int
-    items: List[DecodedItem]
-    failures: List[Tuple[int, str]]
-    packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
-    on_gpu: Optional[PackedJpegs] = None  # decode="gpu": JPEGs the hardware decoder did here (see decode())
-    lease: Optional[Lease] = None  # the arena the pixels or JPEG bytes are in, reused after prepare()
-
-    @property
-    def indices(self) -> List[int]:
-        """The inputs that will become rows, in order."""
-        return [item.index for item in self.items]
-
-    @property
-    def routes(self) -> Dict[str, int]:
-        """How many inputs took each route (``jpeg``, ``png``, ``pillow-pixels``, ...)."""
-        counts = route_counts(self.items)
-        if self.failures:
-            counts["failed"] = len(self.failures)
-        return counts
-
-
-@dataclass
-class PreparedImages:
-    """The model-ready batch: ``pixels[k]`` is input ``indices[k]``; ``failures`` lists the others."""
-
-    pixels: torch.Tensor
-    indices: List[int]
-    failures: List[Tuple[int, str]]
-    routes: Dict[str, int] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 class ImagePreprocessor:

@@ -110,7 +110,7 @@ def route_reader(extension: Optional[ModuleType]) -> Optional[DctReader]:
 @functools.lru_cache(maxsize=None)
 def _checked_reader(module_name: str, module_file: str, library: str) -> Optional[DctReader]:
     """The reader, once it has read a small JPEG here (the library opens and speaks the interface)."""
-    from .decode_pool import warm_up_jpeg
+    from .worker_processes import warm_up_jpeg
 
     reader = DctReader(module_name, module_file, library)
     try:

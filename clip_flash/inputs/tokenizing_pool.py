@@ -78,7 +78,7 @@ class TokenizingPool:
             # server that has imported torch and clip_flash's input modules once, not from this (threaded)
             # process. The server does not import OpenCLIP (the decoding workers never need it): each tokenizing
             # worker imports it when it unpickles the tokenizer below.
-            from .decode_pool import process_context
+            from .worker_processes import process_context
 
             context = process_context()
             self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,

@@ -187,7 +187,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     device = resolve_device(device)
     if pipeline == "clip_flash" and (executor == "process" or (
             executor == "auto" and device.type == "cuda")) and not _caption_file(input):
-        from clip_flash.inputs.decode_pool import prestart
+        from clip_flash.inputs.worker_processes import prestart
 
         prestart()  # the fork server imports the decoding modules while the job plans and the model loads
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,

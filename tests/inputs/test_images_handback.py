@@ -21,7 +21,7 @@ import clip_flash.inputs.image_decoding as image_decoding
 from photo_corpus import assert_same_as_reference, skimage_photo
 
 HANDED_BACK = "the caller prepares this image"
-WORKER_LOADED = "__import__('clip_flash.inputs.decode_pool', fromlist=['_'])._worker_options.preprocess.loaded"
+WORKER_LOADED = "__import__('clip_flash.inputs.worker_processes', fromlist=['_'])._worker_options.preprocess.loaded"
 
 
 @pytest.fixture(scope="module")

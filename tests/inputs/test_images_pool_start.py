@@ -14,6 +14,7 @@ from PIL import Image
 
 import clip_flash
 import clip_flash.inputs.decode_pool as decode_pool
+import clip_flash.inputs.worker_processes as worker_processes
 import clip_flash.inputs.pixel_arena as pixel_arena
 import clip_flash.ops.image_resample as image_resample_module
 from photo_corpus import assert_same_as_reference, skimage_photo
@@ -47,7 +48,7 @@ def _same(first, second) -> None:
 def test_process_workers_fork_from_the_fork_server(vit_b32_preprocess):
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2,
                                       executor="process") as prep:
-        assert prep.pool.start_method == decode_pool.process_start_method()
+        assert prep.pool.start_method == worker_processes.process_start_method()
         prep.start(wait=True)
         assert prep.pool.start_seconds is not None  # every worker ran its warm-up decode
         parents = {prep.pool._process_pool().submit(os.getppid).result() for _ in range(4)}
@@ -61,27 +62,28 @@ def test_fork_server_preloads_the_decoding_modules_and_keeps_main():
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         pytest.skip("no fork server on this platform")
-    decode_pool.process_context()
+    worker_processes.process_context()
     preload = getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None)
     if preload is None:
         pytest.skip("this Python keeps the fork server's preload list elsewhere")
-    assert set(decode_pool.WORKER_MODULES) <= set(preload)
+    assert set(worker_processes.WORKER_MODULES) <= set(preload)
     assert preload[0] == "__main__"  # the default stays first: the main script's classes unpickle in workers
-    decode_pool.prestart()  # returns at once; the server imports in its own process
-    decode_pool.prestart()
+    worker_processes.prestart()  # returns at once; the server imports in its own process
+    worker_processes.prestart()
 
 
 LIGHT_WORKER_SCRIPT = """
 import sys
 import clip_flash
-from clip_flash.inputs.decode_pool import process_context
+from clip_flash.inputs.worker_processes import process_context
 
 assert "open_clip" in sys.modules  # the parent has the whole API
 context = process_context()
 if context.get_start_method() != "forkserver":
     print("no fork server")
     sys.exit(0)
-heavy = "sorted(__import__('sys').modules.keys() & {'open_clip', 'torchvision', 'clip_flash.inputs.decode_pool'})"
+heavy = ("sorted(__import__('sys').modules.keys() & "
+         "{'open_clip', 'torchvision', 'clip_flash.inputs.worker_processes'})")
 with context.Pool(1) as pool:
     print(pool.apply(eval, (heavy,)))
     # A worker that does use the top-level API gets it on first use.
@@ -116,7 +118,7 @@ def test_workers_import_the_decoding_modules_without_open_clip():
         pytest.skip("no fork server on this platform")
     loaded, patch_module, preparer_worker_has_open_clip = done.stdout.strip().splitlines()[-3:]
     # torchvision only without a GPU, where its decoder takes every JPEG (with one, the GPU route does).
-    expected = ["clip_flash.inputs.decode_pool"] + ([] if torch.cuda.is_available() else ["torchvision"])
+    expected = ["clip_flash.inputs.worker_processes"] + ([] if torch.cuda.is_available() else ["torchvision"])
     assert loaded == str(expected)
     assert patch_module == "clip_flash.patch.patching"
     assert preparer_worker_has_open_clip == "False"
