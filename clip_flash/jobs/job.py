@@ -184,6 +184,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     setup_started = time.perf_counter()
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    if decode_threads is not None and decode_threads < 1:
+        raise ValueError(f"decode_threads must be at least 1, got {decode_threads}")
     device = resolve_device(device)
     if pipeline == "clip_flash" and (executor == "process" or (
             executor == "auto" and device.type == "cuda")) and not _caption_file(input):

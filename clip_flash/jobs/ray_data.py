@@ -150,6 +150,8 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
 
     if pipeline != "clip_flash":
         raise ValueError("--ray runs clip_flash's pipeline; the stock baseline runs on one device")
+    if decode_threads is not None and decode_threads < 1:
+        raise ValueError(f"decode_threads must be at least 1, got {decode_threads}")
     _init_ray(address, num_cpus)
     gpus = int(ray.cluster_resources().get("GPU", 0))
     device = device or ("cuda" if gpus else "cpu")

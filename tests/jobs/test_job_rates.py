@@ -50,3 +50,6 @@ def test_decode_threads_setting_is_used_and_recorded(tmp_path, checkpoint):
                                shard_size=4, batch_size=2, executor="thread", decode_threads=3, progress=False)
     assert summary.rows == 6
     assert json.loads(open(summary.record_path).read())["options"]["decode_threads"] == 3
+    with pytest.raises(ValueError, match="decode_threads"):
+        clip_flash.embed(tmp_path / "photos", tmp_path / "out2", f"{MODEL}::{checkpoint}", device="cpu",
+                         decode_threads=0, progress=False)
