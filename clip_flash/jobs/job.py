@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .pipeline import EmbeddingPipeline, PipelineStats
+from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, PipelineStats
 from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
 from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
 from .writer import OutputFolder
@@ -38,10 +38,6 @@ OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
 EXECUTORS = ("auto", "thread", "process")
 DECODES = ("cpu", "gpu")
-# Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoding workers, then
-# waits; with decode="gpu" each also runs its batch's hardware JPEG decode). More did not help on the H200
-# host: --decode gpu ran 12,944-13,018 img/s with 2, 12,599-12,807 with 4, 12,850 with 6 (results/README.md).
-DECODE_THREADS = {"cpu": 2, "gpu": 2}
 SETTINGS_VERSION = 1
 
 
@@ -119,7 +115,7 @@ def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str
     preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor)
     return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset",
-                             cuda_graphs=cuda_graphs, decode_threads=decode_threads or DECODE_THREADS[decode])
+                             cuda_graphs=cuda_graphs, decode_threads=decode_threads or DEFAULT_DECODE_THREADS)
 
 
 def _caption_file(input: Union[str, Path]) -> bool:
@@ -171,7 +167,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             started while the model loads; a script using them needs the ``if __name__ == "__main__":`` guard).
         cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
             kernels, so the same rows; it frees the main thread from launching them); False runs them eager.
-        decode_threads: batches prepared at once ahead of the GPU (default 2, ``DECODE_THREADS``).
+        decode_threads: batches prepared at once ahead of the GPU (default ``DEFAULT_DECODE_THREADS``, 2).
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 
@@ -217,9 +213,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             finally:
                 runner.close()
         options = {"batch_size": batch_size, "workers": workers, "executor": executor, "device": str(device)}
-        if job.todo and pipeline != "stock":
-            options["decode_threads"] = runner.decode_threads
         if job.todo:
+            if pipeline != "stock":
+                options["decode_threads"] = runner.decode_threads
             options.update(decoding_workers(runner))
             # Whether full image batches replayed a CUDA graph (asked for, on CUDA, with images to encode).
             options["image_cuda_graphs"] = getattr(runner, "image_graphs", None) is not None

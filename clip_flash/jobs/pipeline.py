@@ -101,6 +101,10 @@ class PipelineStats:
 
 
 MAIN_THREAD_STEPS = ("waiting for inputs", "launching", "waiting for the device", "handing to the writer")
+# Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoding workers, then waits;
+# with decode="gpu" each also runs its batch's hardware JPEG decode). More did not help on the H200 host:
+# --decode gpu ran 12,944-13,018 img/s with 2, 12,599-12,807 with 4, 12,850 with 6 (results/README.md).
+DEFAULT_DECODE_THREADS = 2
 # Seconds; when set, the interpreter's GIL switch interval during a run (restored after). Every torch call of the
 # main thread's launches releases the GIL, and taking it back waits for the holder's interval (5 ms by default)
 # when a decoding thread runs Python meanwhile. An experiment: at b401b8f, 0.2 ms made bench_clip.py's exact
@@ -128,8 +132,9 @@ class EmbeddingPipeline:
 
     def __init__(self, model: torch.nn.Module, device: torch.device, image_preparer: Any = None,
                  tokenizer: Optional[Callable] = None, batch_size: int = 256, normalize: bool = True,
-                 out_dtype: np.dtype = np.float16, decode_threads: int = 2, prefetch_batches: int = 6,
-                 batches_in_flight: int = 2, wds_key_column: bool = False, cuda_graphs: bool = True) -> None:
+                 out_dtype: np.dtype = np.float16, decode_threads: int = DEFAULT_DECODE_THREADS,
+                 prefetch_batches: int = 6, batches_in_flight: int = 2, wds_key_column: bool = False,
+                 cuda_graphs: bool = True) -> None:
         self.model = model
         self.device = torch.device(device)
         self.image_preparer = image_preparer

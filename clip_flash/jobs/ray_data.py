@@ -164,8 +164,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
     actor_job = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
                  "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
                  "executor": executor, "cuda_graphs": cuda_graphs, "decode_threads": decode_threads,
-                 "out": str(job.output.root),
-                 "shard_count": len(job.plan),
+                 "out": str(job.output.root), "shard_count": len(job.plan),
                  "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions}}
     try:
         stats, peak = _run_on_actors(job.todo, actor_job, actors, progress)
