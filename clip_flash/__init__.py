@@ -9,58 +9,53 @@
 """
 from __future__ import annotations
 
+import importlib
 import logging
-import os
-from typing import Dict
+from typing import TYPE_CHECKING, Any, Dict
 
-# Worker processes of clip_flash's own pools (decoding, tokenizing) only need ``clip_flash.inputs``: their fork
-# server is started with this set, so that it does not import OpenCLIP and everything it pulls in (19.6 s of
-# imports on the GPU host, 4.4 s without), during which a job's first batches decode in threads.
-WORKER_PROCESS_ENV = "CLIP_FLASH_WORKER_PROCESS"
-if os.environ.get(WORKER_PROCESS_ENV) != "1":
+__version__ = "0.1.0"
+
+# Each public name and the module that defines it, imported on first use: ``import clip_flash`` stays light (it
+# does not import OpenCLIP, torchvision or the job), so processes and tools that need one wing pay only for it.
+_PUBLIC_API: Dict[str, str] = {
+    "patch": ".patching.patching", "unpatch": ".patching.patching", "patched": ".patching.patching",
+    "is_patched": ".patching.patching", "patch_report": ".patching.patching",
+    "PatchReport": ".patching.report", "SiteReport": ".patching.report",
+    "BACKEND_NAMES": ".backends", "BackendStatus": ".backends", "BackendUnavailableError": ".backends",
+    "GraphedEncoder": ".graphs",
+    "ImagePreprocessor": ".inputs.images", "PreparedImages": ".inputs.images",
+    "get_tokenizer": ".inputs.tokenizer",
+    "embed": ".jobs",
+}
+
+__all__ = sorted(_PUBLIC_API) + ["available_backends", "__version__"]
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name is imported by __getattr__
     from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
     from .graphs import GraphedEncoder
     from .inputs.images import ImagePreprocessor, PreparedImages
     from .inputs.tokenizer import get_tokenizer
     from .jobs import embed
-    from .patch.report import PatchReport, SiteReport
-    # Last: binding the function ``patch`` replaces the subpackage ``clip_flash.patch`` as this package's attribute
-    # (import its modules with ``from clip_flash.patch.<module> import ...``).
-    from .patch.patching import is_patched, patch, patch_report, patched, unpatch
-
-else:
-    # Where a worker does use the top-level API after all (a process of the user's, forked from the same server),
-    # each name is imported on first use.
-    _WORKER_API = {
-        "BACKEND_NAMES": ".backends", "BackendStatus": ".backends", "BackendUnavailableError": ".backends",
-        "GraphedEncoder": ".graphs", "ImagePreprocessor": ".inputs.images",
-        "PreparedImages": ".inputs.images", "get_tokenizer": ".inputs.tokenizer", "embed": ".jobs",
-        "PatchReport": ".patch.report", "SiteReport": ".patch.report", "is_patched": ".patch.patching",
-        "patch": ".patch.patching", "patch_report": ".patch.patching", "patched": ".patch.patching",
-        "unpatch": ".patch.patching",
-    }
-
-    def __getattr__(name: str):
-        if name not in _WORKER_API:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        import importlib
-
-        module = importlib.import_module(_WORKER_API[name], __name__)
-        value = getattr(module, name)
-        globals()[name] = value  # after the import, which bound the subpackage ``patch`` here
-        return value
-
-__version__ = "0.1.0"
-__all__ = [
-    "patch", "unpatch", "patched", "is_patched", "patch_report", "available_backends", "GraphedEncoder",
-    "ImagePreprocessor", "PreparedImages", "get_tokenizer", "embed",
-    "PatchReport", "SiteReport", "BackendStatus", "BackendUnavailableError", "BACKEND_NAMES", "__version__",
-]
-
-logging.getLogger(__name__).addHandler(logging.NullHandler())
+    from .patching.patching import is_patched, patch, patch_report, patched, unpatch
+    from .patching.report import PatchReport, SiteReport
 
 
-def available_backends() -> Dict[str, BackendStatus]:
+def __getattr__(name: str) -> Any:
+    module_name = _PUBLIC_API.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC_API))
+
+
+def available_backends() -> "Dict[str, BackendStatus]":
     """Each attention backend and whether it can run on this machine; ``reason`` says why not."""
     from .backends import available_backends as backend_statuses
 

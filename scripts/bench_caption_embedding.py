@@ -101,7 +101,7 @@ def main(argv=None) -> int:
 
     import clip_flash
     from clip_flash.benchmark.captions import CAPTION_SETS
-    from clip_flash.benchmark.model_spec import load_model, parse_model_spec
+    from clip_flash.models.model_spec import load_model, parse_model_spec
     from clip_flash.benchmark.results import markdown_table, write_microbenchmark
 
     device = torch.device(args.device)
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     clean_workers = default_workers() if args.clean_workers < 0 else args.clean_workers
     fast_tok = clip_flash.get_tokenizer(args.model, clean_workers=clean_workers)
     width = patched_model.encode_text(openclip_tok(["a"]).to(device)).shape[-1]
-    from clip_flash.patch.text_fast_path import takes_host_token_ids
+    from clip_flash.patching.text_fast_path import takes_host_token_ids
     host_ids = device.type == "cuda" and takes_host_token_ids(patched_model) and not args.cuda_graphs
     pipelines: Dict[str, tuple] = {
         "stock": (openclip_tok, stock_model.encode_text, args.stock_captions, False),

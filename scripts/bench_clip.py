@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from clip_flash.benchmark import results  # noqa: E402
 from clip_flash.benchmark import plots  # noqa: E402
-from clip_flash.benchmark.model_spec import (  # noqa: E402
+from clip_flash.models.model_spec import (  # noqa: E402
     DEFAULT_MODEL_SET,
     PRECISION_DTYPES,
     PUBLISHED_TAGS,

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
-from clip_flash.benchmark.model_spec import load_model, parse_model_spec  # noqa: E402
+from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
 from clip_flash.benchmark.results import environment_record, markdown_table  # noqa: E402
 from clip_flash.benchmark.timing import synchronize  # noqa: E402
 from clip_flash.benchmark.workloads import caption_prompts  # noqa: E402

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.benchmark.timing import alternating_median_ms  # noqa: E402
 from clip_flash.benchmark.results import write_microbenchmark  # noqa: E402
-from clip_flash.patch.patch_embedding import patch_embedding  # noqa: E402
+from clip_flash.patching.patch_embedding import patch_embedding  # noqa: E402
 
 # (patch size, width) of each model's vision conv1 (open_clip configs).
 PATCH_EMBEDDINGS = {

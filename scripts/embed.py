@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 # The script belongs to this checkout: import its clip_flash, not some other installed copy.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clip_flash.benchmark.model_spec import ModelLoadError  # noqa: E402
+from clip_flash.models.model_spec import ModelLoadError  # noqa: E402
 from clip_flash.jobs import DEFAULT_SHARD_SIZE, OutputError, SourceError, embed  # noqa: E402
 
 
@@ -83,7 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # A first fetch of a tag's weights can take minutes: say so when it starts.
-    logging.getLogger("clip_flash.benchmark.weights_fetch").setLevel(logging.INFO)
+    logging.getLogger("clip_flash.models.weights_fetch").setLevel(logging.INFO)
     arguments = list(sys.argv[1:] if argv is None else argv)
     command = "python scripts/embed.py " + " ".join(shlex.quote(arg) for arg in arguments)
     patch = args.patch and args.pipeline != "stock"

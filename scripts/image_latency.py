@@ -28,7 +28,7 @@ from PIL import Image  # noqa: E402
 
 import clip_flash  # noqa: E402
 from clip_flash.benchmark import results  # noqa: E402
-from clip_flash.benchmark.model_spec import load_model, parse_model_spec  # noqa: E402
+from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
 
 BLOCK = 50  # requests per side before switching
 

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
 from clip_flash.benchmark import results  # noqa: E402
-from clip_flash.benchmark.model_spec import load_model, parse_model_spec  # noqa: E402
+from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
 from clip_flash.benchmark.workloads import image_files  # noqa: E402
 from clip_flash.inputs import pixel_arena  # noqa: E402
 

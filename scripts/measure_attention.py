@@ -162,7 +162,7 @@ def plan_shapes(models: Sequence[str], dtypes: Sequence[str], vision_batches: Se
                 for batch in text_batches:
                     for seq in text_seqs:
                         add(Shape(dtype, causal, False, batch, seq or context, heads, head_dim), model)
-                    if causal:  # only causal towers skip padding by packing (clip_flash/patch/text_fast_path.py)
+                    if causal:  # only causal towers skip padding by packing (clip_flash/patching/text_fast_path.py)
                         lengths = varlen_lengths(batch, *varlen_range, seed)
                         add(Shape(dtype, True, True, batch, max(lengths), heads, head_dim, lengths), model)
     return shapes, notes

@@ -104,7 +104,7 @@ def profile_job(photos: Path, model: str, repeat: int, decode: str, executor: st
 
 def profile_bench_loop(photos: Path, model: str, batches: int, interval: float) -> Dict[str, Any]:
     from clip_flash.benchmark.image_pipelines import host_cores, measure_pipeline
-    from clip_flash.benchmark.model_spec import load_model, parse_model_spec
+    from clip_flash.models.model_spec import load_model, parse_model_spec
     from clip_flash.benchmark.workloads import image_files
 
     device = torch.device("cuda")

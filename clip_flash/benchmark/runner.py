@@ -20,7 +20,7 @@ import clip_flash
 from . import timing
 from .image_pipelines import measure_bench_pipelines
 from .records import TOWERS, BenchError, BenchSettings, ModelResult, ShapeResult  # noqa: F401 (re-exported)
-from .model_spec import LoadedModel, ModelSpec, fp32_reference, load_model
+from clip_flash.models.model_spec import LoadedModel, ModelSpec, fp32_reference, load_model
 from .workloads import (
     caption_prompts,
     caption_token_ids,

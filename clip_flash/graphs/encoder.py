@@ -56,7 +56,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from ..patch.text_fast_path import encode_pooled_text, pooled_positions
+from ..patching.text_fast_path import encode_pooled_text, pooled_positions
 from .capture import CapturedGraph, GraphKey
 from .model_state import EncoderSetup, bucket_table, build_setup, validated
 

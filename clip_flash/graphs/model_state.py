@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from ..patch.text_fast_path import FlashTextCLIP, FlashTextTransformer, TextPlan
+from ..patching.text_fast_path import FlashTextCLIP, FlashTextTransformer, TextPlan
 from .capture import CapturedGraph, CaptureSpace, GraphKey
 from .staleness import TowerWatch, tower_watches
 

@@ -26,7 +26,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..patch.patching import patch_report
+from ..patching.patching import patch_report
 
 _data_ptr = torch.Tensor.data_ptr
 

@@ -58,8 +58,6 @@ def process_context() -> multiprocessing.context.BaseContext:
     if method == "forkserver":
         from multiprocessing import forkserver
 
-        from .. import WORKER_PROCESS_ENV
-
         with _preload_lock:
             # The default list is ["__main__"] (the main script, imported under its guard); kept, then ours.
             current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or [])
@@ -67,17 +65,7 @@ def process_context() -> multiprocessing.context.BaseContext:
             wanted = current + [name for name in modules if name not in current]
             if wanted != current:
                 context.set_forkserver_preload(wanted)
-            # Set around every call: ensure_running() returns at once for a live server, and starts a new one
-            # (inheriting this environment) if there is none or it died.
-            before = os.environ.get(WORKER_PROCESS_ENV)
-            os.environ[WORKER_PROCESS_ENV] = "1"
-            try:
-                forkserver.ensure_running()
-            finally:
-                if before is None:
-                    del os.environ[WORKER_PROCESS_ENV]
-                else:
-                    os.environ[WORKER_PROCESS_ENV] = before
+            forkserver.ensure_running()
     return context
 
 

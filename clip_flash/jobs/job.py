@@ -50,7 +50,7 @@ def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
 def job_settings(source: Source, plan: List[Shard], model: str, precision: str,
                  patch: bool, pipeline: str, decode: str, normalize: bool, out_dtype: str) -> Dict[str, Any]:
     """Everything the embeddings depend on; a resumed job must match it exactly."""
-    from clip_flash.benchmark.model_spec import parse_model_spec
+    from clip_flash.models.model_spec import parse_model_spec
 
     spec = parse_model_spec(model)
     weights: Dict[str, Any] = {"kind": spec.kind, "weights": spec.weights}
@@ -244,7 +244,7 @@ def plan_job(input: Union[str, Path], out: Union[str, Path], model: str, *, devi
              precision: Optional[str], patch: bool, pipeline: str, decode: str, shard_size: int, normalize: bool,
              out_dtype: str, captions: Optional[bool], caption_column: Optional[str], repeat: int) -> PlannedJob:
     """Check the options, plan the shards, open (or refuse) the output folder, find the shards left."""
-    from clip_flash.benchmark.model_spec import parse_model_spec
+    from clip_flash.models.model_spec import parse_model_spec
 
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
@@ -272,7 +272,7 @@ def plan_job(input: Union[str, Path], out: Union[str, Path], model: str, *, devi
 
 def load_job_model(job: PlannedJob, device: torch.device) -> Any:
     """The job's model on ``device`` in its precision, patched unless the job is stock."""
-    from clip_flash.benchmark import model_spec
+    from clip_flash.models import model_spec
 
     loaded = model_spec.load_model(job.spec, device, job.precision)
     if job.patch:

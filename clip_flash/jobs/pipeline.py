@@ -150,7 +150,7 @@ class EmbeddingPipeline:
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         # A patched text tower takes the pinned host ids itself and reads their lengths there: no device sync
         # per batch, so the next batch queues while the device still encodes this one.
-        from ..patch.text_fast_path import takes_host_token_ids  # here: decoding workers import this module
+        from ..patching.text_fast_path import takes_host_token_ids  # here: decoding workers import this module
 
         self.host_tokens = self.cuda and tokenizer is not None and takes_host_token_ids(model)
         # Full image batches replay one CUDA graph (the same kernels, so the same rows as eager). An eager ViT

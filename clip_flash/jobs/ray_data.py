@@ -228,7 +228,7 @@ class ClipEmbedder:
                  device: Optional[str] = None, precision: Optional[str] = None, patch: bool = True,
                  decode: str = "cpu", normalize: bool = True, out_dtype: str = "float16",
                  workers: Optional[int] = None, executor: str = "thread") -> None:
-        from clip_flash.benchmark.model_spec import parse_model_spec
+        from clip_flash.models.model_spec import parse_model_spec
 
         if image_column is None and text_column is None:
             raise ValueError("ClipEmbedder needs an image_column, a text_column, or both")

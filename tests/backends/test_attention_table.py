@@ -4,7 +4,7 @@ scripts/measure_attention.py).
 CPU tests fake the GPU (``attention_table.current_gpu``) and the backends (spies registered in the backend registry) to
 check parsing, the nearest-shape choice, which table applies, dispatch and fallbacks. GPU tests (skipped without
 CUDA; the flash-attn ones also without flash-attn) check flash_attn against the accuracy rule of
-tests/patch/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a table
+tests/patching/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a table
 for this GPU says.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from clip_flash.backends.attention_table import AttentionTableError, parse_table
 from clip_flash.backends.measured import MeasuredAutoBackend
 from clip_flash.backends import sdpa as sdpa_module
 from clip_flash.backends.sdpa import SdpaBackend
-from clip_flash.patch.report import PatchReport
+from clip_flash.patching.report import PatchReport
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_GPU = ("Fake GPU 9000", (9, 0))
@@ -628,7 +628,7 @@ def _flash_attn_or_skip():
 
 
 def _assert_within_rule(tower, out, stock, ref):
-    """Patched error against fp32 at most about twice stock's (the rule of tests/patch/test_gpu_accuracy.py)."""
+    """Patched error against fp32 at most about twice stock's (the rule of tests/patching/test_gpu_accuracy.py)."""
     assert_within_twice_stock(out, stock, ref, tower, log=True)
 
 

@@ -28,7 +28,7 @@ def _load_script():
 
 bench_clip = _load_script()
 from clip_flash.benchmark import results, timing  # noqa: E402  (the script put the repo on sys.path)
-from clip_flash.benchmark.model_spec import RANDOM_INIT_NOTE, parse_model_spec  # noqa: E402
+from clip_flash.models.model_spec import RANDOM_INIT_NOTE, parse_model_spec  # noqa: E402
 
 
 def _squash(line: str) -> str:
@@ -217,7 +217,7 @@ def test_unreachable_tag_is_one_clear_message(monkeypatch, capsys):
     """The hub answers the probe but the download fails: OpenCLIP's error becomes one message."""
     import open_clip.factory
 
-    from clip_flash.benchmark import weights_fetch
+    from clip_flash.models import weights_fetch
 
     def no_network(*args, **kwargs):
         raise OSError("[Errno -2] Name or service not known")

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from clip_flash.benchmark import model_spec, weights_fetch
-from clip_flash.benchmark.model_spec import ModelLoadError, load_model, parse_model_spec
+from clip_flash.models import model_spec, weights_fetch
+from clip_flash.models.model_spec import ModelLoadError, load_model, parse_model_spec
 
 TAGGED = "ViT-B-32::laion2b-s34b-b79k"
 

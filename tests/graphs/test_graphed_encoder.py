@@ -21,7 +21,7 @@ from clip_flash.graphs import GraphedEncoder
 from clip_flash.graphs.capture import GraphKey
 from clip_flash.graphs.staleness import _live_watches
 from clip_flash.graphs.staleness import tower_watches as _tower_watches
-from clip_flash.patch.text_fast_path import encode_pooled_text, pooled_positions
+from clip_flash.patching.text_fast_path import encode_pooled_text, pooled_positions
 
 LOGGER = "clip_flash.graphs.encoder"
 LENGTHS = (8, 16, 24, 32, 48, 64, 77)

@@ -120,7 +120,7 @@ def test_workers_import_the_decoding_modules_without_open_clip():
     # torchvision only without a GPU, where its decoder takes every JPEG (with one, the GPU route does).
     expected = ["clip_flash.inputs.worker_processes"] + ([] if torch.cuda.is_available() else ["torchvision"])
     assert loaded == str(expected)
-    assert patch_module == "clip_flash.patch.patching"
+    assert patch_module == "clip_flash.patching.patching"
     assert preparer_worker_has_open_clip == "False"
 
 

@@ -49,7 +49,7 @@ _LOADER_CACHE: Dict[tuple, object] = {}
 def _share_loaded_models(monkeypatch):
     """Build each (model spec, device, precision) once per session and hand every job a deep copy: the jobs
     still go through ``load_model`` and get the same weights, without rebuilding the model each time."""
-    from clip_flash.benchmark import model_spec
+    from clip_flash.models import model_spec
 
     real = model_spec.load_model
 

@@ -18,7 +18,7 @@ GPU_MODEL = "ViT-B-32"
 
 def _reference_rows(paths, captions, batches, decode="cpu"):
     """The same model (same seed), patched, fp16, fed batch by batch with no pipelining at all."""
-    from clip_flash.benchmark.model_spec import load_model, parse_model_spec
+    from clip_flash.models.model_spec import load_model, parse_model_spec
     from clip_flash.inputs.images import ImagePreprocessor
 
     loaded = load_model(parse_model_spec(GPU_MODEL), torch.device("cuda"), "fp16")
@@ -99,7 +99,7 @@ def test_gpu_decode_job_is_close_to_the_exact_job(tmp_path):
 
 
 def test_gpu_caption_job_equals_unpipelined_text_encoding(tmp_path):
-    from clip_flash.benchmark.model_spec import load_model, parse_model_spec
+    from clip_flash.models.model_spec import load_model, parse_model_spec
     from clip_flash.benchmark.workloads import caption_prompts
 
     captions = caption_prompts(3000, seed=1)

@@ -14,7 +14,7 @@ from tests.utils import image_size
 import clip_flash
 from clip_flash.ops import fused_ops
 from clip_flash.ops.experimental import gemm_epilogue
-from clip_flash.patch.residual_block import FlashResidualAttentionBlock
+from clip_flash.patching.residual_block import FlashResidualAttentionBlock
 
 needs_cuda = pytest.mark.gpu
 ACTIVATIONS = ["gelu", "gelu_tanh", "quick_gelu", "identity"]

@@ -8,8 +8,8 @@ from open_clip.transformer import LayerNorm, LayerNormFp32
 
 import clip_flash
 from clip_flash.patch import patch_embedding as patch_embedding_module
-from clip_flash.patch.layer_norms import OnePassLayerNormFp32, fused_norm_class
-from clip_flash.patch.patch_embedding import PatchEmbeddingConv2d, patch_embedding, patch_embedding_blockers
+from clip_flash.patching.layer_norms import OnePassLayerNormFp32, fused_norm_class
+from clip_flash.patching.patch_embedding import PatchEmbeddingConv2d, patch_embedding, patch_embedding_blockers
 
 requires_cuda = pytest.mark.gpu
 

@@ -149,7 +149,7 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
             broke even (results/h100/gemm_epilogue_fp16.txt), so turning it on there buys little beyond the
             one-time calibration.
         patch_embedding_gemm: run a ViT's patch embedding (conv1: stride = kernel, no padding) as one GEMM
-            over the patches instead of cuDNN's convolution (``clip_flash.patch.patch_embedding``; the same
+            over the patches instead of cuDNN's convolution (``clip_flash.patching.patch_embedding``; the same
             products, faster at every measured batch on the H100: results/h100/patch_embedding.md).
 
     Returns:

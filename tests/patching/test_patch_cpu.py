@@ -8,7 +8,7 @@ import torch
 from tests.utils import edge_case_tokens, image_size, relative_error
 
 import clip_flash
-from clip_flash.patch.residual_block import FlashResidualAttentionBlock
+from clip_flash.patching.residual_block import FlashResidualAttentionBlock
 
 FAMILIES = [
     "ViT-B-32",            # classic CLIP

@@ -10,7 +10,7 @@ import torch
 from tests.utils import edge_case_tokens
 
 import clip_flash
-from clip_flash.patch.text_fast_path import takes_host_token_ids
+from clip_flash.patching.text_fast_path import takes_host_token_ids
 
 pytestmark = pytest.mark.gpu
 
