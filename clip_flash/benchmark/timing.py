@@ -19,6 +19,8 @@ from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 
+from clip_flash.ops.cuda_timing import median_cuda_ms
+
 EncodeFn = Callable[[], torch.Tensor]
 Result = TypeVar("Result")
 
@@ -182,21 +184,6 @@ def percentile(values: List[float], q: float) -> float:
 
 
 # -- microbenchmarks of single kernels (scripts/bench_*.py) -------------------------------------------------------
-
-def median_cuda_ms(function: Callable[[], object], repeats: int = 10) -> float:
-    """Median CUDA-event milliseconds of ``function()`` over ``repeats`` calls, after one untimed call."""
-    function()  # compile / autotune / warm caches outside the timing
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        function()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
 
 def alternating_median_ms(paths: Dict[str, Callable[[], object]], repeats: int, blocks: int = 3) -> Dict[str, float]:
     """Per path, the median over ``blocks`` of ``median_cuda_ms(path, repeats)``, the paths alternating block by

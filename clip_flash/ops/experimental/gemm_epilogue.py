@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...benchmark.timing import median_cuda_ms
 from .. import fused_ops
+from ..cuda_timing import median_cuda_ms
 
 logger = logging.getLogger(__name__)
 
