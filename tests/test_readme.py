@@ -20,7 +20,7 @@ def _usage_example() -> str:
 
 def _gain_table_rows():
     head = README[: README.index("## Use")]
-    return [line for line in head.splitlines() if line.startswith("| ") and "](results/" in line]
+    return [line for line in head.splitlines() if line.startswith("| ") and "](benchmarks/results/" in line]
 
 
 def test_usage_example_runs_as_written(tmp_path):
@@ -38,7 +38,7 @@ def test_gain_table_numbers_are_in_their_results_files():
     rows = _gain_table_rows()
     assert len(rows) >= 3, "the gains table (text batch, image batch, single request) is missing"
     for row in rows:
-        link = re.search(r"\]\((results/[^)]+)\)", row).group(1)
+        link = re.search(r"\]\((benchmarks/results/[^)]+)\)", row).group(1)
         source = (REPO_ROOT / link).read_text(encoding="utf-8").replace(",", "")
         cells = row.replace(",", "").strip("|").split("|")
         unit = re.search(r"[\d.]+ (ms|img/s|captions/s)", cells[1]).group(1)
@@ -53,7 +53,7 @@ def test_gain_table_numbers_are_in_their_results_files():
 
 
 def test_plot_shown_is_committed():
-    image = re.search(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", README)
+    image = re.search(r"!\[[^\]]*\]\((benchmarks/results/[^)]+\.png)\)", README)
     assert image and (REPO_ROOT / image.group(1)).is_file()
 
 

@@ -2,7 +2,7 @@
 
 OpenCLIP's ``conv1`` cuts the image into non-overlapping patches and projects each one: exactly a matrix
 product of the (images x patches, channels x patch x patch) patch matrix with the flattened kernel. cuDNN
-runs this 3-input-channel convolution far below the GEMM rate (see ``scripts/bench_patch_embedding.py``),
+runs this 3-input-channel convolution far below the GEMM rate (see ``benchmarks/bench_patch_embedding.py``),
 so the patched ``conv1`` gathers the patches with one copy and calls cuBLAS. The result is returned as an
 (B, E, grid_h, grid_w) view of (B, grid_h, grid_w, E) memory: OpenCLIP's following reshape and permute to
 (B, grid_h * grid_w, E) are then free views instead of a transposing copy.
