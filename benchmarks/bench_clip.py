@@ -358,7 +358,7 @@ def show_library_notes() -> None:
     handler._bench_clip = True
     library.addHandler(handler)
     library.setLevel(logging.WARNING)
-    logging.getLogger("benchmarks.harness").setLevel(logging.INFO)
+    logging.getLogger("clip_flash.models").setLevel(logging.INFO)  # says when it fetches pretrained weights
 
 
 def draw_plot(records: Sequence[Dict[str, Any]], path: Path) -> int:
