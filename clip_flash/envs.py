@@ -58,7 +58,7 @@ CACHE = EnvironmentVariable(
 ATTENTION_TABLE = EnvironmentVariable(
     "CLIP_FLASH_ATTENTION_TABLE", "path", None,
     "A measured attention table (`clip-flash measure-attention --out FILE`) for `backend=\"auto\"`, ahead of the "
-    "shipped ones; `clip_flash.backends.register_attention_table` does the same from code.")
+    "shipped ones; `clip_flash.backends.load_attention_table(path)` does the same from code.")
 GIT_REVISION = EnvironmentVariable(
     "CLIP_FLASH_GIT_REVISION", "text", None,
     "The source revision run records name, where the code runs from a copy of a checkout without its `.git`.")

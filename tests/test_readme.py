@@ -62,3 +62,21 @@ def test_cpu_torch_line_pins_what_ci_installs():
     line = next(line for line in README.splitlines() if "download.pytorch.org/whl/cpu" in line)
     assert f"torch=={pins['torch']}" in line and f"torchvision=={pins['torchvision']}" in line
     assert "--index-url" in line
+
+
+def test_environment_table_is_the_one_in_envs():
+    from clip_flash import envs
+
+    assert envs.markdown_table() in README
+    undocumented = set(re.findall(r"\bCLIP_FLASH_[A-Z_]+\b", README)) - set(envs.VARIABLES)
+    assert not undocumented, f"README names variables clip_flash/envs.py does not declare: {sorted(undocumented)}"
+
+
+def test_library_reads_only_declared_environment_variables():
+    """Every ``CLIP_FLASH_*`` name in the package's code is declared in clip_flash/envs.py."""
+    from clip_flash import envs
+
+    named = set()
+    for path in (REPO_ROOT / "clip_flash").rglob("*.py"):
+        named |= set(re.findall(r"\bCLIP_FLASH_[A-Z_]+\b", path.read_text(encoding="utf-8")))
+    assert named <= set(envs.VARIABLES), sorted(named - set(envs.VARIABLES))

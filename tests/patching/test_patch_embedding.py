@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from open_clip.transformer import LayerNorm, LayerNormFp32
 
 import clip_flash
-from clip_flash.patch import patch_embedding as patch_embedding_module
+from clip_flash.patching import patch_embedding as patch_embedding_module
 from clip_flash.patching.layer_norms import OnePassLayerNormFp32, fused_norm_class
 from clip_flash.patching.patch_embedding import PatchEmbeddingConv2d, patch_embedding, patch_embedding_blockers
 
