@@ -293,13 +293,15 @@ def test_other_records_are_not_results_it_reads(tmp_path, capsys):
     assert "nor a bench_embed or image_decode_throughput JSON" in capsys.readouterr().err
 
 
+JOB_RUN = "job_final_cc384da/embed_bench_cc384da.json"  # the one committed H100 job run: compared with itself
+
+
 @pytest.mark.parametrize("old, new, expected", [
-    ("ViT-B-32-pipelines_17863c4.json", "ViT-B-32-pipelines_001db2f.json", "| ViT-B-32 | fp16 | exact |"),
-    ("embed/embed_bench_b32_17863c4.json", "embed/embed_bench_b32_1cec4ad.json",
-     "| ViT-B-32 | photos | stock OpenCLIP (DataLoader) |"),
-    ("embed/embed_bench_b32_e92a1b4.json", "embed/embed_bench_b32_1cec4ad.json",
-     "| ViT-B-32 | photos | clip_flash, exact, decode in processes |"),
-    ("image_decode_throughput_0612f59.json", "image_decode_throughput_1047c55.json", "| process | 16 | - | 1 |"),
+    ("ViT-B-32-pipelines_001db2f.json", "ViT-B-32-pipelines_946ba19.json", "| ViT-B-32 | fp16 | exact |"),
+    (JOB_RUN, JOB_RUN, "| ViT-B-32 | photos | stock OpenCLIP (DataLoader) |"),
+    (JOB_RUN, JOB_RUN, "| ViT-B-32 | photos | clip_flash, exact, decode in processes |"),
+    ("image_decode_throughput_f5006ac.json", "image_decode_throughput_f5006ac.json",
+     "| process | 16 | GPU (entropy decode on CPU) | 2 |"),
 ])
 def test_runs_as_a_script_on_committed_rate_runs(old, new, expected):
     old_path, new_path = REPO_ROOT / "benchmarks" / "results" / "h100" / old, REPO_ROOT / "benchmarks" / "results" / "h100" / new
