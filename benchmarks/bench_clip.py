@@ -4,7 +4,7 @@
     python scripts/bench_clip.py --model ViT-L-14::laion2b_s32b_b82k --times 100
     python scripts/bench_clip.py --model ViT-B-32 --device cpu          # random init, ~1 min on CPU
     python scripts/bench_clip.py --models --json results.json            # the five published models
-    python scripts/bench_clip.py --plot-from results/h100/ViT-L-14-text.json --plot text.png  # no measuring
+    python scripts/bench_clip.py --plot-from benchmarks/results/h100/ViT-L-14-text.json --plot text.png  # no measuring
 
 The first table of each model has exactly the shape of the published openclip-flashattn tables:
 ``baseline(s)``/``flash_attn(s)`` are total seconds of ``--times`` calls of the stock/patched model,

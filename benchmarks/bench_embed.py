@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """End-to-end speed of the embedding job on a GPU, files or strings to committed ``.npy``, beside stock.
 
-    python benchmarks/bench_embed.py --photos .device/photos --results results/h100/embed
+    python benchmarks/bench_embed.py --photos .device/photos --results benchmarks/results/h100/embed
 
 For each case it runs ``clip_flash.embed`` (the job ``scripts/embed.py`` runs) into a scratch folder:
 

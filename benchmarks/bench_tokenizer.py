@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Captions/s of OpenCLIP's tokenizer and clip_flash's, on real caption sets, with all cores and with one.
 
-    PYTHONPATH=. python benchmarks/bench_tokenizer.py --json results/cpu-2core/tokenizer.json \
-        --markdown results/cpu-2core/tokenizer.md
+    PYTHONPATH=. python benchmarks/bench_tokenizer.py --json benchmarks/results/cpu-2core/tokenizer.json \
+        --markdown benchmarks/results/cpu-2core/tokenizer.md
 
 Each core setting runs in its own process (rayon sizes its pool once per process): ``all`` leaves the
 process on every core this process may use; ``1`` pins it to one core and sets RAYON_NUM_THREADS=1.

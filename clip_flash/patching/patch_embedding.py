@@ -12,7 +12,7 @@ and the kernel are padded with zero columns to the next multiple of 8, which let
 aligned kernels; zeros add nothing to the products, so the result is the same. Padding costs three more
 launches, so it is done only from ``PAD_MIN_PATCHES`` patches on: on the H100 the padded GEMM of ViT-L/H/g-14
 was ahead from batch 64 (16384 patches) on, the unpadded one at batch 16 (4096 patches) and below
-(results/h100/patch_embedding.md has the timings).
+(benchmarks/results/h100/patch_embedding.md has the timings).
 """
 from __future__ import annotations
 
