@@ -4,8 +4,8 @@ clip_flash/backends/measure_attention.py).
 CPU tests fake the GPU (``attention_table.current_gpu``) and the backends (spies registered in the backend registry)
 to check parsing, the nearest-shape choice, which table applies, dispatch and fallbacks. GPU tests (skipped without
 CUDA; the flash-attn ones also without flash-attn) check flash_attn against the accuracy rule of
-tests/patching/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a table
-for this GPU says.
+tests/patching/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a
+table for this GPU says.
 """
 from __future__ import annotations
 

@@ -145,6 +145,7 @@ def test_percentile():
 
 
 # ----- end to end ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_end_to_end_cpu_random_init(tmp_path):
     """The script on ViT-B-32 random init: published table shape, extra tables and all three files."""
     out_json, out_csv, out_md = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.md"

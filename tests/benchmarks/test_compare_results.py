@@ -304,7 +304,8 @@ JOB_RUN = "job_final_cc384da/embed_bench_cc384da.json"  # the one committed H100
      "| process | 16 | GPU (entropy decode on CPU) | 2 |"),
 ])
 def test_runs_as_a_script_on_committed_rate_runs(old, new, expected):
-    old_path, new_path = REPO_ROOT / "benchmarks" / "results" / "h100" / old, REPO_ROOT / "benchmarks" / "results" / "h100" / new
+    committed = REPO_ROOT / "benchmarks" / "results" / "h100"
+    old_path, new_path = committed / old, committed / new
     if not (old_path.is_file() and new_path.is_file()):
         pytest.skip("committed runs not present")
     done = subprocess.run([sys.executable, str(SCRIPT), str(old_path), str(new_path)], capture_output=True,

@@ -40,6 +40,7 @@ def test_pipeline_without_images_or_text_strings_is_refused(capsys):
     assert "--pipeline" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_zero_shot_from_strings_records_both_tokenizers(tmp_path):
     bench_clip = _bench_clip()
     out = tmp_path / "zs.json"
