@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Compare two benchmark runs: per shape, the new run's time over the old; per pipeline or case, its rate over the old.
 
-    python benchmarks/compare_results.py benchmarks/results/h100/ViT-L-14-image.json $OUT/ViT-L-14-image.json [--threshold 0.05]
+    python benchmarks/compare_results.py benchmarks/results/h100/ViT-L-14-image.json NEW/ViT-L-14-image.json \
+        [--threshold 0.05]
 
 Tower shapes (``scripts/bench_clip.py --json``): a shape is (model, tower, batch, dtype). For each shape in both
 files it prints the stock and patched medians of both runs and their ratios (new / old). Stock's ratio says how
@@ -79,7 +80,8 @@ def compare(old: Dict[ShapeKey, Dict[str, float]], new: Dict[ShapeKey, Dict[str,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print what both runs are and their comparison; the exit status as the module's docstring says."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("old", type=Path, help="the earlier run's JSON (e.g. the committed benchmarks/results/h100/ file)")
+    parser.add_argument("old", type=Path,
+                        help="the earlier run's JSON (e.g. the committed benchmarks/results/h100/ file)")
     parser.add_argument("new", type=Path, help="the later run's JSON")
     parser.add_argument("--threshold", type=float, default=0.05,
                         help="flag a shape whose patched median grew by more than this fraction, mark a rate "

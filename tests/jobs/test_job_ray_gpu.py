@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import clip_flash
 from .job_helpers import read_output, write_photos

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 
 CHILD = textwrap.dedent("""
