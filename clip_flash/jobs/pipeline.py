@@ -296,6 +296,8 @@ class EmbeddingPipeline:
             columns["image_path"] = items.paths
         if self.tokenizer is not None:
             columns["caption"] = items.captions
+            if self.image_preparer is None:  # a text-only job: each row's id in its input file
+                columns["id"] = items.paths
         if self.wds_key_column:
             columns["key"] = items.keys
         return columns
@@ -309,7 +311,7 @@ class EmbeddingPipeline:
         return ShardResult(index=shard.shard.index, fingerprint=shard.shard.fingerprint,
                            image_embeddings=stack(shard.image, self.image_preparer is not None),
                            text_embeddings=stack(shard.text, self.tokenizer is not None),
-                           metadata=shard.metadata, failures=shard.failures)
+                           metadata=shard.metadata, failures=shard.failures, inputs=shard.shard.inputs)
 
     def close(self) -> None:
         """Stop the image preparer's decoding workers; free the image graph's memory."""
