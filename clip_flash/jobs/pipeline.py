@@ -144,9 +144,11 @@ class EmbeddingPipeline:
         self.out_dtype = np.dtype(out_dtype)
         self.decode_threads = decode_threads
         self.prefetch_batches = prefetch_batches
-        self.batches_in_flight = max(1, batches_in_flight)
-        self.wds_key_column = wds_key_column
         self.cuda = self.device.type == "cuda"
+        # On a CPU a batch's embeddings exist when its launch returns: collected at once, so the progress bar
+        # and the shard hand-over follow every batch (waiting for 2 more held a 3-batch job's bar at 0).
+        self.batches_in_flight = max(1, batches_in_flight) if self.cuda else 0
+        self.wds_key_column = wds_key_column
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         # A patched text tower takes the pinned host ids itself and reads their lengths there: no device sync
         # per batch, so the next batch queues while the device still encodes this one.
