@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stock: OpenCLIP's PIL preprocess in a DataLoader + its tokenizer (implies --no-patch)")
     parser.add_argument("--decode", choices=("cpu", "gpu"), default="cpu",
                         help="cpu: exact (Pillow's pixels); gpu: nvJPEG, faster, not bit-exact")
-    parser.add_argument("--batch-size", type=positive_int, default=None, help="default 256 (images), 4096 (text)")
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help="default 256 (images), 4096 (text); on a CPU 32, 256")
     parser.add_argument("--shard-size", type=positive_int, default=DEFAULT_SHARD_SIZE,
                         help=f"inputs per output shard (default {DEFAULT_SHARD_SIZE}; a WebDataset tar is one shard)")
     parser.add_argument("--workers", type=positive_int, default=None,

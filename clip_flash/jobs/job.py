@@ -36,6 +36,17 @@ DEFAULT_IMAGE_BATCH = 256
 # A text batch's launches cost the host about as much at 1,024 captions as at 4,096 (the tower skips padding,
 # so its GPU time follows the tokens): larger batches spread that host time over more captions.
 DEFAULT_TEXT_BATCH = 4096
+# A CPU embeds a few images (or a few hundred captions) per second: smaller batches let the progress bar move
+# every few seconds instead of once a minute.
+CPU_IMAGE_BATCH = 32
+CPU_TEXT_BATCH = 256
+
+
+def default_batch_size(has_images: bool, device_type: str) -> int:
+    """The batch a job uses when none is given: 256 images / 4,096 captions on a GPU, 32 / 256 on a CPU."""
+    if device_type == "cuda":
+        return DEFAULT_IMAGE_BATCH if has_images else DEFAULT_TEXT_BATCH
+    return CPU_IMAGE_BATCH if has_images else CPU_TEXT_BATCH
 OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
 EXECUTORS = ("auto", "thread", "process")
@@ -147,8 +158,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
           pipeline: str = "clip_flash", decode: str = "cpu", batch_size: Optional[int] = None,
           shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
           captions: Optional[bool] = None, caption_column: Optional[str] = None, require_captions: bool = False,
-          workers: Optional[int] = None, executor: str = "auto", cuda_graphs: bool = True, decode_threads: Optional[int] = None, repeat: int = 1,
-          progress: bool = True, command: Optional[str] = None) -> JobSummary:
+          workers: Optional[int] = None, executor: str = "auto", cuda_graphs: bool = True,
+          decode_threads: Optional[int] = None, repeat: int = 1, progress: bool = True,
+          command: Optional[str] = None) -> JobSummary:
     """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
 
     Args:
@@ -166,8 +178,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         pipeline: ``clip_flash`` (threaded decode + device preparation, fast tokenizer) or ``stock``
             (OpenCLIP's PIL preprocess in a DataLoader and its tokenizer: the baseline speed figure).
         decode: ``cpu`` (exact: Pillow's pixels) or ``gpu`` (nvJPEG; faster, not bit-exact).
-        batch_size: default 256 for image jobs, 4096 for text-only. shard_size: inputs per output shard
-            (folders and caption files; a WebDataset tar is one shard).
+        batch_size: default 256 for image jobs, 4096 for text-only (32 and 256 on a CPU).
+        shard_size: inputs per output shard (folders and caption files; a WebDataset tar is one shard).
         normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
         captions: None reads captions where they exist (an image or sample without one gets an empty caption);
             False ignores them. caption_column: for CSV/parquet. require_captions: an image or sample without a
@@ -206,7 +218,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                    decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
                    caption_column=caption_column, repeat=repeat, require_captions=require_captions)
     try:
-        batch_size = batch_size or (DEFAULT_IMAGE_BATCH if job.source.has_images else DEFAULT_TEXT_BATCH)
+        batch_size = batch_size or default_batch_size(job.source.has_images, device.type)
         stats = PipelineStats()
         setup_seconds = None
         if job.todo:  # nothing left to embed: no model to load

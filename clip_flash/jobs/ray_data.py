@@ -48,11 +48,10 @@ import numpy as np
 import torch
 
 from .job import (
-    DEFAULT_IMAGE_BATCH,
     DEFAULT_SHARD_SIZE,
-    DEFAULT_TEXT_BATCH,
     OUTPUT_DTYPES,
     build_inputs,
+    default_batch_size,
     finish_job,
     load_job_model,
     make_runner,
@@ -161,7 +160,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                    captions=captions, caption_column=caption_column, repeat=repeat,
                    require_captions=require_captions)
     source = job.source
-    batch_size = batch_size or (DEFAULT_IMAGE_BATCH if source.has_images else DEFAULT_TEXT_BATCH)
+    batch_size = batch_size or default_batch_size(source.has_images, torch.device(device).type)
     actors = actors or max(1, gpus)
     actor_job = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
                  "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,

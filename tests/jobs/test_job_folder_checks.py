@@ -132,6 +132,10 @@ def test_progress_moves_at_every_batch_on_a_cpu(tmp_path, checkpoint, monkeypatc
     clip_flash.embed(path, tmp_path / "out", f"{MODEL}::{checkpoint}", device="cpu", batch_size=2)
     # each batch's 2 captions counted as soon as that batch is embedded, not batches later
     assert [entry for entry in seen if entry[0]] == [(2, 1), (2, 2), (2, 3)]
+    path.write_text("".join(f"caption number {row}\n" for row in range(300)))
+    seen.clear()
+    clip_flash.embed(path, tmp_path / "default_batches", f"{MODEL}::{checkpoint}", device="cpu")
+    assert [count for count, _ in seen if count] == [256, 44]  # the CPU's default batch: a bar that moves
 
 
 def test_random_weights_and_ignored_inputs_are_said_once(tmp_path, caplog):

@@ -93,10 +93,11 @@ def test_names_that_are_not_utf8_are_stored_escaped_and_the_job_finishes(tmp_pat
     assert read_output(tmp_path / "tar")["metadata"]["key"] == ["k\\xff"]
 
 
-def test_a_fifo_named_as_a_caption_is_not_read(tmp_path, checkpoint):
-    paths = write_photos(tmp_path / "photos", count=2)
+def test_a_fifo_named_as_a_caption_is_not_read_and_a_bad_caption_is_named(tmp_path, checkpoint):
+    paths = write_photos(tmp_path / "photos", count=3)
     paths[0].with_suffix(".txt").unlink()
     os.mkfifo(paths[0].with_suffix(".txt"))  # opening it to read would wait for a writer forever
+    paths[2].with_suffix(".txt").write_bytes(b"first line\nsecond \xff line\n")
     result = {}
 
     def job():
@@ -107,6 +108,7 @@ def test_a_fifo_named_as_a_caption_is_not_read(tmp_path, checkpoint):
     worker.start()
     worker.join(timeout=120)
     assert "summary" in result, "the job blocked on the FIFO"
-    failures = read_output(tmp_path / "out")["failures"]
-    assert [row["path"] for row in failures] == [str(paths[0])]
-    assert "is a FIFO, not a regular file" in failures[0]["reason"]
+    failures = {row["path"]: row["reason"] for row in read_output(tmp_path / "out")["failures"]}
+    assert set(failures) == {str(paths[0]), str(paths[2])}
+    assert f"caption {paths[0].stem}.txt is a FIFO, not a regular file" in failures[str(paths[0])]
+    assert f"caption {paths[2].stem}.txt is not UTF-8: line 2" in failures[str(paths[2])]
