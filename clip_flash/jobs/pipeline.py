@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batches import ItemBatch, shard_batches
+from .batches import ItemBatch, LazyColumn, RowIds, shard_batches
 from .sources import Shard
 from .writer import ShardResult
 
@@ -288,7 +288,8 @@ class EmbeddingPipeline:
                 shard.text.append(launched.host_text.numpy().copy() if self.cuda else launched.host_text.numpy())
             columns = self._metadata_columns(launched.items)
             for name, values in columns.items():
-                shard.metadata.setdefault(name, []).extend(values)
+                default = LazyColumn() if isinstance(values, RowIds) else []
+                shard.metadata.setdefault(name, default).extend(values)
         if progress is not None:
             progress.update(len(launched.items) + len(launched.failures))
 

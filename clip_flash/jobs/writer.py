@@ -113,7 +113,7 @@ class ShardResult:
     fingerprint: str
     image_embeddings: Optional[np.ndarray]      # (rows, dim) or None for a text-only job
     text_embeddings: Optional[np.ndarray]       # (rows, dim) or None when the job has no captions
-    metadata: Dict[str, List[Any]]              # column -> values, one per row
+    metadata: Dict[str, Any]                    # column -> values (a list, or a batches.LazyColumn), one per row
     failures: List[Tuple[str, str]] = field(default_factory=list)  # (path, reason)
     inputs: List[Tuple[str, str]] = field(default_factory=list)    # (input, stamp): see sources.Shard.inputs
 
@@ -157,7 +157,12 @@ def _parquet_bytes(columns: Dict[str, List[Any]]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    def text_column(values: List[Any]) -> "pa.Array":
+    def text_column(values: Any) -> "pa.Array":
+        if hasattr(values, "to_arrow"):  # batches.LazyColumn: made in bulk here
+            try:
+                return values.to_arrow()
+            except UnicodeEncodeError:
+                values = list(values)
         try:
             return pa.array(values, type=pa.string())
         except UnicodeEncodeError:  # a name that is not UTF-8: stored escaped rather than stopping the job
