@@ -1,24 +1,9 @@
-"""The embedding job's command line: ``add_arguments(parser)`` and ``run(args) -> int`` (``DESCRIPTION``
-is its help text); ``scripts/embed.py`` and the ``embed`` subcommand call them."""
-from __future__ import annotations
+"""Embed a collection into clip-retrieval's layout (img_emb/, text_emb/, metadata/), resumably.
 
-import argparse
-import contextlib
-import logging
-import signal
-import sys
-from pathlib import Path
-from typing import Iterator, List
-
-from .job import DEFAULT_SHARD_SIZE
-
-STOPPED_MESSAGE = "stopped; run the same command to resume"
-DESCRIPTION = """Embed a collection into clip-retrieval's layout (img_emb/, text_emb/, metadata/), resumably.
-
-    embed --model ViT-L-14::laion2b_s32b_b82k --input photos/ --out emb/
-    embed --model ViT-B-32::/path/ckpt.pt --input 'shards/{00000..00099}.tar' --out emb/
-    embed --model ViT-L-14::laion2b_s32b_b82k --input captions.parquet --out text_emb/    # text only
-    embed ... --ray [ADDRESS]          # one patched model per GPU of a Ray cluster
+    clip-flash embed --model ViT-L-14::laion2b_s32b_b82k --input photos/ --out emb/
+    clip-flash embed --model ViT-B-32::/path/ckpt.pt --input 'shards/{00000..00099}.tar' --out emb/
+    clip-flash embed --model ViT-L-14::laion2b_s32b_b82k --input captions.parquet --out text_emb/    # text only
+    clip-flash embed ... --ray [ADDRESS]          # one patched model per GPU of a Ray cluster
 
 Captions are read where they exist (x.txt beside x.jpg; txt or json in tars): an image without one is
 embedded with an empty caption; --require-captions embeds pairs only. In a caption file, a blank line or
@@ -32,6 +17,21 @@ OUT/failures.parquet with their reason. The summary goes to stdout, the progress
 record of the run under OUT/_clip_flash/runs/. Exit status: 0 done, 2 bad input/output/model (one clear
 message), 130/143 stopped by Ctrl-C/SIGTERM.
 """
+# The command line of clip_flash.embed: add_arguments(parser) and run(args) -> int, called by `clip-flash embed`
+# and scripts/embed.py (the module docstring above is their --help text).
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Iterator, List
+
+from .job import DEFAULT_SHARD_SIZE
+
+STOPPED_MESSAGE = "stopped; run the same command to resume"
 
 
 def positive_int(text: str) -> int:
@@ -158,7 +158,7 @@ def main(argv: List[str]) -> int:
     """``add_arguments`` + ``run`` on a new parser (what ``scripts/embed.py`` calls)."""
     import shlex
 
-    parser = argparse.ArgumentParser(description=DESCRIPTION.replace("    embed ", "    python scripts/embed.py "),
+    parser = argparse.ArgumentParser(description=__doc__.replace("clip-flash embed ", "python scripts/embed.py "),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
