@@ -2,6 +2,7 @@
 files with odd line ends and blank lines, names that are not UTF-8, a FIFO where a caption should be."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -52,11 +53,15 @@ def test_binary_caption_column_is_refused(tmp_path):
         read_captions(path)
 
 
-def test_blank_lines_and_nulls_are_empty_caption_failures_and_rows_keep_their_ids(tmp_path, checkpoint):
+def test_blank_lines_and_nulls_are_empty_caption_failures_and_rows_keep_their_ids(tmp_path, checkpoint, caplog):
     model = f"{MODEL}::{checkpoint}"
     path = tmp_path / "c.txt"
     path.write_bytes(b"a dog\n\n   \t\nbad \xff byte\na cat\n")
-    summary = clip_flash.embed(path, tmp_path / "txt", model, device="cpu", progress=False)
+    with caplog.at_level(logging.WARNING, logger="clip_flash"):
+        summary = clip_flash.embed(path, tmp_path / "txt", model, device="cpu", caption_column="caption",
+                                   progress=False)
+    assert any("caption column 'caption' ignored: c.txt holds one caption per line" in record.getMessage()
+               for record in caplog.records)
     output = read_output(tmp_path / "txt")
     assert output["metadata"] == {"caption": ["a dog", "a cat"], "id": [f"{path}:1", f"{path}:5"]}
     failures = {row["path"]: row["reason"] for row in output["failures"]}

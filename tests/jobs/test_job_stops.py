@@ -57,7 +57,7 @@ def descendants(root: int) -> Set[int]:
     return found
 
 
-def start_job(tmp_path: Path, executor: str, count: int = 10) -> subprocess.Popen:
+def start_job(tmp_path: Path, executor: str, count: int = 8) -> subprocess.Popen:
     photos = tmp_path / "photos"
     if not photos.exists():
         write_photos(photos, count=count, captions=False)
@@ -81,10 +81,10 @@ def wait_for_a_shard(process: subprocess.Popen, out: Path) -> None:
 def assert_nothing_outlives(process: subprocess.Popen, started: Set[int]) -> str:
     """The job's pipes close (no survivor holds them) and no process it started is alive; returns stderr."""
     try:
-        _, stderr = process.communicate(timeout=15)
+        _, stderr = process.communicate(timeout=8)
     except subprocess.TimeoutExpired:
         stderr = "(stderr still open)"
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 3
     alive = {pid for pid in started | descendants(process.pid) if _stat_fields(pid) is not None}
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -124,6 +124,8 @@ def test_ctrl_c_and_sigterm_stop_with_one_line_then_the_same_command_resumes(tmp
     stderr = assert_nothing_outlives(process, started)
     assert process.returncode == 128 + stop, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == STOPPED_MESSAGE, stderr
+    if stop != signal.SIGINT:
+        return  # resuming is the same after either (and after SIGKILL: test_job_resume.py)
     resumed = start_job(tmp_path, executor)
     stdout, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
