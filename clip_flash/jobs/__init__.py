@@ -5,7 +5,7 @@
 - ``sources``: what a job reads and its fixed plan of numbered shards (``folder``, ``webdataset``,
   ``caption_file``; ``items`` the pieces they share);
 - ``writer``: the output folder (clip-retrieval's files, atomic shards, settings check, failures);
-  ``weights_identity``: a checkpoint identified by the SHA-256 of its bytes;
+  ``file_formats``: the bytes of its files; ``weights_identity``: a checkpoint identified by its SHA-256;
 - ``pipeline``: one model on one device, reading/decoding in threads, the GPU kept busy;
 - ``stock``: the baseline (OpenCLIP's preprocess in a DataLoader, unpatched model) for speed figures;
 - ``record``: the summary and the JSON record of a run;

@@ -27,7 +27,7 @@ nothing that stands in the way of the corrected command.
 
 Names are stored as text: a file name that is not valid UTF-8 (Python gives its stray bytes as lone
 surrogates) is written with each such byte as ``\\xNN`` (:func:`stored_text`), so the job never stops on
-it and the name can be told back (``os.fsencode`` of the original gives the same bytes).
+it; undoing the ``\\xNN`` escapes gives the name's bytes back (``os.fsencode`` of the name as Python listed it).
 """
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .file_formats import inputs_bytes, npy_bytes, parquet_bytes, stored_text
 
 logger = logging.getLogger(__name__)
 
@@ -68,21 +70,6 @@ SHARD_FILE_PATTERNS = ("img_emb/img_emb_*.npy", "text_emb/text_emb_*.npy", "meta
 # Settings that follow from the input rather than from the command: a difference there means the input changed.
 INPUT_SETTINGS = ("shards",)
 MAX_LISTED = 5
-
-
-def stored_text(text: str) -> str:
-    """``text`` as valid UTF-8: unchanged when it is; else each byte a lone surrogate stands for (a file name
-    that is not UTF-8, decoded by Python with ``surrogateescape``) written ``\\xNN``."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") \
-            if _only_escaped_bytes(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _only_escaped_bytes(text: str) -> bool:
-    return all(not 0xD800 <= ord(char) <= 0xDFFF or 0xDC80 <= ord(char) <= 0xDCFF for char in text)
 
 
 def _flatten(settings: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -143,41 +130,6 @@ def _write_bytes_durably(path: Path, payload: bytes) -> None:
         handle.write(payload)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array))
-    return buffer.getvalue()
-
-
-def _parquet_bytes(columns: Dict[str, List[Any]]) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    def text_column(values: Any) -> "pa.Array":
-        if hasattr(values, "to_arrow"):  # batches.LazyColumn: made in bulk here
-            try:
-                return values.to_arrow()
-            except UnicodeEncodeError:
-                values = list(values)
-        try:
-            return pa.array(values, type=pa.string())
-        except UnicodeEncodeError:  # a name that is not UTF-8: stored escaped rather than stopping the job
-            return pa.array([None if value is None else stored_text(value) for value in values], type=pa.string())
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({name: text_column(values) for name, values in columns.items()}), sink)
-    return sink.getvalue().to_pybytes()
-
-
-def _inputs_bytes(inputs: Sequence[Tuple[str, str]]) -> bytes:
-    import gzip
-
-    # surrogates kept (json escapes them): compared with the next run's names as they are
-    return gzip.compress(json.dumps([list(pair) for pair in inputs]).encode(), mtime=0)
 
 
 class OutputFolder:
@@ -398,15 +350,15 @@ class OutputFolder:
         payloads: Dict[str, bytes] = {}
         if result.rows:
             if result.image_embeddings is not None:
-                payloads["img_emb"] = _npy_bytes(result.image_embeddings)
+                payloads["img_emb"] = npy_bytes(result.image_embeddings)
             if result.text_embeddings is not None:
-                payloads["text_emb"] = _npy_bytes(result.text_embeddings)
-            payloads["metadata"] = _parquet_bytes(result.metadata)
+                payloads["text_emb"] = npy_bytes(result.text_embeddings)
+            payloads["metadata"] = parquet_bytes(result.metadata)
         if result.failures:
             paths, reasons = zip(*result.failures)
-            payloads["failures"] = _parquet_bytes({"path": list(paths), "reason": list(reasons)})
+            payloads["failures"] = parquet_bytes({"path": list(paths), "reason": list(reasons)})
         if result.inputs:
-            payloads["inputs"] = _inputs_bytes(result.inputs)
+            payloads["inputs"] = inputs_bytes(result.inputs)
         try:
             self.clear(result.index)
             for role, payload in payloads.items():
