@@ -47,6 +47,8 @@ def default_batch_size(has_images: bool, device_type: str) -> int:
     if device_type == "cuda":
         return DEFAULT_IMAGE_BATCH if has_images else DEFAULT_TEXT_BATCH
     return CPU_IMAGE_BATCH if has_images else CPU_TEXT_BATCH
+
+
 OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
 EXECUTORS = ("auto", "thread", "process")
@@ -101,7 +103,7 @@ def shards_to_do(plan: List[Shard], output: OutputFolder) -> List[Shard]:
 def _progress(total: Optional[int], enabled: bool):
     from tqdm.auto import tqdm
 
-    # miniters=1: the bar moves at every batch (tqdm's default would wait for as many items as its first update)
+    # miniters=1: any batch may redraw the bar (tqdm otherwise adapts how many items it waits for between redraws)
     return tqdm(total=total, unit="item", dynamic_ncols=True, file=sys.stderr, miniters=1,
                 disable=not enabled, desc="embedding", smoothing=0.1)
 
@@ -201,7 +203,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
 
     Raises:
         SourceError, OutputError (including SettingsMismatchError, InputChangedError), ModelLoadError: with one
-        clear message. Nothing is recorded in ``out`` before the model has loaded.
+        clear message. The settings are recorded in ``out`` only once the model has loaded.
     """
     setup_started = time.perf_counter()
     if executor not in EXECUTORS:
