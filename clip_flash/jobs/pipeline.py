@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batches import ItemBatch, shard_batches
+from .batches import ItemBatch, LazyColumn, RowIds, shard_batches
 from .sources import Shard
 from .writer import ShardResult
 
@@ -135,9 +135,11 @@ class EmbeddingPipeline:
         self.out_dtype = np.dtype(out_dtype)
         self.decode_threads = decode_threads
         self.prefetch_batches = prefetch_batches
-        self.batches_in_flight = max(1, batches_in_flight)
-        self.wds_key_column = wds_key_column
         self.cuda = self.device.type == "cuda"
+        # On a CPU a batch's embeddings exist when its launch returns: collected at once, so the progress bar
+        # and the shard hand-over follow every batch (waiting for 2 more held a 3-batch job's bar at 0).
+        self.batches_in_flight = max(1, batches_in_flight) if self.cuda else 0
+        self.wds_key_column = wds_key_column
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         # A patched text tower takes the pinned host ids itself and reads their lengths there: no device sync
         # per batch, so the next batch queues while the device still encodes this one.
@@ -277,7 +279,8 @@ class EmbeddingPipeline:
                 shard.text.append(launched.host_text.numpy().copy() if self.cuda else launched.host_text.numpy())
             columns = self._metadata_columns(launched.items)
             for name, values in columns.items():
-                shard.metadata.setdefault(name, []).extend(values)
+                default = LazyColumn() if isinstance(values, RowIds) else []
+                shard.metadata.setdefault(name, default).extend(values)
         if progress is not None:
             progress.update(len(launched.items) + len(launched.failures))
 
@@ -287,6 +290,8 @@ class EmbeddingPipeline:
             columns["image_path"] = items.paths
         if self.tokenizer is not None:
             columns["caption"] = items.captions
+            if self.image_preparer is None:  # a text-only job: each row's id in its input file
+                columns["id"] = items.paths
         if self.wds_key_column:
             columns["key"] = items.keys
         return columns
@@ -300,7 +305,7 @@ class EmbeddingPipeline:
         return ShardResult(index=shard.shard.index, fingerprint=shard.shard.fingerprint,
                            image_embeddings=stack(shard.image, self.image_preparer is not None),
                            text_embeddings=stack(shard.text, self.tokenizer is not None),
-                           metadata=shard.metadata, failures=shard.failures)
+                           metadata=shard.metadata, failures=shard.failures, inputs=shard.shard.inputs)
 
     def close(self) -> None:
         """Stop the image preparer's decoding workers; free the image graph's memory."""
