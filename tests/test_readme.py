@@ -80,3 +80,24 @@ def test_library_reads_only_declared_environment_variables():
     for path in (REPO_ROOT / "clip_flash").rglob("*.py"):
         named |= set(re.findall(r"\bCLIP_FLASH_[A-Z_]+\b", path.read_text(encoding="utf-8")))
     assert named <= set(envs.VARIABLES), sorted(named - set(envs.VARIABLES))
+
+
+def test_try_it_command_embeds_the_sample_photos(tmp_path):
+    """The README's first command, after its install: ``clip-flash embed`` on the shipped examples/photos."""
+    line = next(line.strip() for line in README.splitlines() if "&& clip-flash embed" in line)
+    args = line.split("&& clip-flash embed", 1)[1].split()
+    args[args.index("--out") + 1] = str(tmp_path / "out")
+    done = subprocess.run([sys.executable, "-m", "clip_flash.cli", "embed", *args], capture_output=True, text=True,
+                          timeout=600, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    photos = sorted(path.stem for path in (REPO_ROOT / "examples" / "photos").glob("*.jpg"))
+    assert f"items: {len(photos)} ({len(photos)} embedded, 0 failed" in done.stdout
+    assert "RANDOM-INIT" in done.stderr  # the default model says its embeddings are meaningless for search
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    embeddings = np.load(tmp_path / "out" / "img_emb" / "img_emb_0.npy")
+    metadata = pq.read_table(tmp_path / "out" / "metadata" / "metadata_0.parquet").to_pydict()
+    assert embeddings.shape == (len(photos), 512)
+    assert sorted(Path(path).stem for path in metadata["image_path"]) == photos
+    assert sum(1 for caption in metadata["caption"] if caption) == 3  # three photos have a caption beside them

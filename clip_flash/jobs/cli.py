@@ -32,6 +32,7 @@ from typing import Iterator, List
 from .job import DEFAULT_SHARD_SIZE
 
 STOPPED_MESSAGE = "stopped; run the same command to resume"
+DEFAULT_MODEL = "ViT-B-32"
 
 
 def positive_int(text: str) -> int:
@@ -43,8 +44,9 @@ def positive_int(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The job's options on ``parser``."""
-    parser.add_argument("--model", required=True, help="NAME (random init: meaningless for search), NAME::TAG or "
-                                                      "NAME::/path/to/checkpoint")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="NAME (random init: meaningless for search), NAME::TAG or NAME::/path/to/checkpoint "
+                             f"(default {DEFAULT_MODEL}, random init: for trying the job without downloading weights)")
     parser.add_argument("--input", required=True,
                         help="image folder (captions: x.txt beside x.jpg, read where they exist), WebDataset "
                              "tar(s) ('dir/{00000..00099}.tar'), or caption file (.txt/.csv/.tsv/.parquet)")
