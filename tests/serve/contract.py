@@ -192,9 +192,11 @@ def test_64_concurrent_clients_mixing_good_and_bad(server):
 
     async def client(number: int, http: httpx.AsyncClient):
         statuses = []
-        for step in range(3):
+        for step in range(2):
             kind = (number + step) % 4
-            inputs = [["a cat", good], [f"caption {number}", bad], [bad], [good, "a dog", bad]][kind]
+            inputs = [["a cat", bad], [f"caption {number}"], [bad], ["a dog", bad, "x"]][kind]
+            if number % 16 == 0:
+                inputs = inputs + [good]  # a few images: on a CPU each costs tens of milliseconds
             response = await http.post("/v1/embeddings", json={"input": inputs})
             statuses.append(response.status_code)
             body = response.json()
@@ -210,6 +212,7 @@ def test_64_concurrent_clients_mixing_good_and_bad(server):
             return await asyncio.gather(*(client(n, http) for n in range(64)))
 
     statuses = [status for per_client in asyncio.run(main()) for status in per_client]
-    assert len(statuses) == 64 * 3
+    assert len(statuses) == 64 * 2
     assert set(statuses) <= {200, 400}, sorted(set(statuses))
-    assert statuses.count(400) == 64 * 3 // 4  # exactly the all-bad requests
+    all_bad = sum(1 for n in range(64) for step in range(2) if (n + step) % 4 == 2 and n % 16 != 0)
+    assert statuses.count(400) == all_bad  # exactly the requests whose every input was bad
