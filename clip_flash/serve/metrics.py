@@ -7,7 +7,7 @@ queued, each batch preparing and encoding, and each request being answered.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -24,6 +24,7 @@ class ServeMetrics:
     """Counters, gauges and histograms of one server; ``render()`` is the /metrics body."""
 
     def __init__(self, queue_depth: Callable[[str], int]) -> None:
+        """``queue_depth(tower)``: read at each scrape (no cost per request)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("clip_flash_requests", "HTTP requests answered, by route and status code",
@@ -31,8 +32,10 @@ class ServeMetrics:
         self.items = Counter("clip_flash_items", "Inputs answered, by tower and outcome (ok, error)",
                              ["tower", "outcome"], registry=r)
         self.dropped_items = Counter("clip_flash_items_dropped", "Queued inputs dropped before compute because "
-                                     "their client went away or their deadline passed", ["tower"], registry=r)
-        depth = Gauge("clip_flash_queue_depth", "Inputs waiting in the queue, per tower", ["tower"], registry=r)
+                                     "their client went away or their deadline passed", ["tower"],
+                                     registry=r)
+        depth = Gauge("clip_flash_queue_depth", "Inputs waiting in the queue, per tower", ["tower"],
+                      registry=r)
         for tower in TOWERS:
             depth.labels(tower).set_function(lambda tower=tower: queue_depth(tower))
         self.batch_size = Histogram("clip_flash_batch_size", "Inputs per batch, per tower", ["tower"],
@@ -43,7 +46,8 @@ class ServeMetrics:
                                          "(decoding, resampling, tokenizing)", ["tower"], buckets=SECONDS_BUCKETS,
                                          registry=r)
         self.encode_seconds = Histogram("clip_flash_encode_seconds", "Seconds from a prepared batch to its "
-                                        "embeddings on the host", ["tower"], buckets=SECONDS_BUCKETS, registry=r)
+                                        "embeddings on the host", ["tower"], buckets=SECONDS_BUCKETS,
+                                        registry=r)
         self.answer_seconds = Histogram("clip_flash_answer_seconds", "Seconds from a request's last result to its "
                                         "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
         self.request_seconds = Histogram("clip_flash_request_seconds", "Seconds from a request's arrival to its "
@@ -91,6 +95,37 @@ class ServeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def apply(self, relayed: "RelayedMetrics.Observations") -> None:
+        """Add a frontend's observations (``RelayedMetrics.take()``) to these metrics."""
+        answered, outcomes = relayed
+        for route, status, seconds, answer_seconds in answered:
+            self.answered(route, status, seconds, answer_seconds)
+        for tower, ok, errors in outcomes:
+            self.outcomes(tower, ok, errors)
+
+
+class RelayedMetrics:
+    """A frontend's half of the metrics with ``--workers N``: it records what the routes observe and hands it to
+    the engine process (``take``), whose one registry /metrics shows, so counts cover every frontend."""
+
+    Observations = Tuple[List[Tuple[str, int, Optional[float], Optional[float]]], List[Tuple[str, int, int]]]
+
+    def __init__(self) -> None:
+        self._answered: List[Tuple[str, int, Optional[float], Optional[float]]] = []
+        self._outcomes: List[Tuple[str, int, int]] = []
+
+    def answered(self, route: str, status: int, seconds: Optional[float] = None,
+                 answer_seconds: Optional[float] = None) -> None:
+        self._answered.append((route, status, seconds, answer_seconds))
+
+    def outcomes(self, tower: str, ok: int, errors: int) -> None:
+        self._outcomes.append((tower, ok, errors))
+
+    def take(self) -> "RelayedMetrics.Observations":
+        taken = (self._answered, self._outcomes)
+        self._answered, self._outcomes = [], []
+        return taken
 
 
 def metric_families(text: str) -> Sequence[str]:
