@@ -2,9 +2,9 @@
 
 One Python process answers about 10,000 small requests/s with no model behind it (design notes, section 9), so
 past that rate the HTTP work is spread over processes while the model stays in one: this process loads the
-engines (one per GPU) and serves them on a Unix socket; each frontend (spawned, listening on the same port with
-``SO_REUSEPORT``, so the kernel spreads connections) runs the same routes over a ``RemotePool`` that forwards
-each request's inputs through that socket and gets their embeddings back.
+engines (one per GPU) and serves them on a Unix socket; each frontend (spawned, accepting on one listening
+socket this process opened and handed to them, so the kernel spreads connections) runs the same routes over a
+``RemotePool`` that forwards each request's inputs through that socket and gets their embeddings back.
 
 Messages are length-prefixed pickles (both ends are this package, on this host, over a socket only this user
 can open). Frontend to engine: ``("embed", id, seconds_left, [(index, kind, payload)])``, ``("abandon", id)``,
