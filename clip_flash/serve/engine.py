@@ -70,7 +70,6 @@ class Engine:
             self._load_on(device)
 
     def _load_on(self, device) -> None:
-        import torch
 
         from clip_flash.models import load_model, parse_model_spec
 
