@@ -40,8 +40,9 @@ class ServeMetrics:
             depth.labels(tower).set_function(lambda tower=tower: queue_depth(tower))
         self.batch_size = Histogram("clip_flash_batch_size", "Inputs per batch, per tower", ["tower"],
                                     buckets=BATCH_BUCKETS, registry=r)
-        self.queue_seconds = Histogram("clip_flash_queue_seconds", "Seconds an input waited in the queue",
-                                       ["tower"], buckets=SECONDS_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("clip_flash_queue_seconds", "Seconds a request's inputs waited in the "
+                                       "queue (one observation per request and tower)", ["tower"],
+                                       buckets=SECONDS_BUCKETS, registry=r)
         self.prepare_seconds = Histogram("clip_flash_prepare_seconds", "Seconds preparing a batch's inputs "
                                          "(decoding, resampling, tokenizing)", ["tower"], buckets=SECONDS_BUCKETS,
                                          registry=r)

@@ -27,6 +27,8 @@ class StockReference:
     def __init__(self, name: str = "ViT-B-32", device: str = "cpu", precision: str = "fp32") -> None:
         import open_clip
 
+        if device.startswith("cuda"):
+            torch.backends.cudnn.allow_tf32 = False  # stock conv1 on cuDNN would round in TF32; the server's doesn't
         torch.manual_seed(0)
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(
             name, pretrained=None, precision=precision, device=device)

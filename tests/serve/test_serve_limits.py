@@ -102,3 +102,15 @@ def test_client_gone_inputs_dropped(server):
     while dropped_items(server) == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert dropped_items(server) - before == 1
+
+
+def test_unknown_model_exits_with_the_reason():
+    import subprocess
+    import sys
+
+    from tests.serve.server_process import ROOT, free_port
+
+    done = subprocess.run([sys.executable, "-m", "clip_flash.serve", "--model", "ViT-B-33", "--device", "cpu",
+                           "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "unknown OpenCLIP model 'ViT-B-33'" in done.stderr and "ViT-B-32" in done.stderr  # a close match
