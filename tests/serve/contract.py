@@ -76,6 +76,15 @@ def test_captions_equal_stock_in_order(server, reference, tolerance):
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
+def test_many_captions_of_many_lengths_equal_stock(server, reference, tolerance):
+    """Enough captions in one batch to be cut into length groups, answered in input order."""
+    words = "the quick brown fox jumps over a lazy dog near the river bank at dawn".split()
+    captions = [" ".join(words[: 1 + (n * 7) % len(words)] * (1 + n % 5)) for n in range(40)]
+    response = post(server, {"input": captions})
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(vectors(response.json()), reference.texts(captions), atol=tolerance, rtol=0)
+
+
 def test_images_and_captions_mixed_equal_stock(server, reference, tolerance):
     photos = [jpeg_bytes(0), jpeg_bytes(1, (640, 480)), png_bytes()]
     inputs = [data_uri(photos[0]), "a photo of a cat", data_uri(photos[1]), data_uri(photos[2], "png")]
