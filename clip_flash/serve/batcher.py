@@ -201,19 +201,20 @@ class TowerBatcher:
         done = torch.cuda.Event() if self.device is not None else None
         if done is not None:
             done.record()
-        self._to_answer.put((batch, host, results, outputs, done, prepared))
+        counts = host[1] if self.tower == "text" else None  # captions' token counts; the rest of host can go
+        del host  # (an image batch's host step may hold a reused pixel arena)
+        self._to_answer.put((batch, counts, results, outputs, done, prepared))
         return True
 
     def _answer(self) -> bool:
         work = self._to_answer.get()
         if work is _STOP:
             return False
-        batch, host, results, outputs, done, prepared = work
+        batch, counts, results, outputs, done, prepared = work
         if done is not None:
             done.synchronize()
         if self.metrics is not None:
             self.metrics.encoded(self.tower, time.perf_counter() - prepared)
-        counts = host[1] if self.tower == "text" else None
         for positions, both in outputs:
             rows = both.numpy()
             width = rows.shape[1] // 2
