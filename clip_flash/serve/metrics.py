@@ -7,7 +7,7 @@ queued, each batch preparing and encoding, and each request being answered.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -53,22 +53,25 @@ class ServeMetrics:
                                         "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
         self.request_seconds = Histogram("clip_flash_request_seconds", "Seconds from a request's arrival to its "
                                          "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
-        self._request_children: Dict[Tuple[str, int], Counter] = {}
+        self._request_children: Dict[Tuple[str, int], Tuple[Any, Any, Any]] = {}
         self._tower = {tower: (self.batch_size.labels(tower), self.queue_seconds.labels(tower),
                                self.prepare_seconds.labels(tower), self.encode_seconds.labels(tower),
                                self.dropped_items.labels(tower), self.items.labels(tower, "ok"),
                                self.items.labels(tower, "error")) for tower in TOWERS}
 
     # -- from the HTTP side ----------------------------------------------------------------------------------------
-    def answered(self, route: str, status: int, seconds: float = None, answer_seconds: float = None) -> None:
-        child = self._request_children.get((route, status))
-        if child is None:
-            child = self._request_children[(route, status)] = self.requests.labels(route, str(status))
-        child.inc()
+    def answered(self, route: str, status: int, seconds: Optional[float] = None,
+                 answer_seconds: Optional[float] = None) -> None:
+        children = self._request_children.get((route, status))
+        if children is None:  # labels() costs a lock and a dict lookup: once per (route, status)
+            children = self._request_children[(route, status)] = (
+                self.requests.labels(route, str(status)), self.request_seconds.labels(route),
+                self.answer_seconds.labels(route))
+        children[0].inc()
         if seconds is not None:
-            self.request_seconds.labels(route).observe(seconds)
+            children[1].observe(seconds)
         if answer_seconds is not None:
-            self.answer_seconds.labels(route).observe(answer_seconds)
+            children[2].observe(answer_seconds)
 
     def outcomes(self, tower: str, ok: int, errors: int) -> None:
         children = self._tower[tower]
