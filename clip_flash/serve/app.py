@@ -96,6 +96,7 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         engine.metrics = engine.metrics or metrics
     holder["pool"] = pool
     state = ServerState(config, pool, metrics)
+    per_engine_queue = -(-config.max_queue // len(config.device_names()))  # a request goes whole to one engine
 
     def unauthorized(request: Request) -> Optional[Response]:
         if state.bearer is None:
@@ -159,10 +160,10 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
                 job.settle(index, entry)
             else:
                 (images if entry[0] == IMAGE else texts).append(Item(job, index, entry[1]))
-        if len(images) + len(texts) > config.max_queue:
+        if len(images) + len(texts) > per_engine_queue:  # could never be admitted: not a 429 to retry
             return refuse(route, started, RequestError(
                 413, f"{len(images) + len(texts)} inputs in one request; this server queues at most "
-                     f"{config.max_queue} (--max-queue)", param="input"))
+                     f"{per_engine_queue} for one engine (--max-queue)", param="input"))
         engine = None
         if images or texts:
             try:
