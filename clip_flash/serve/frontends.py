@@ -32,12 +32,21 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .config import ServeConfig
-from .jobs import IMAGE, TEXT, TOWERS, EmbeddingJob, Item, NotReady, ServerBusy
+from .jobs import IMAGE, TEXT, TOWERS, Embedded, EmbeddingJob, Item, ItemError, NotReady, ServerBusy
 
 logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
 STATE_POLL_SECONDS = 0.25
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop  # the serve extra's uvicorn[standard] brings it
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
 
 
 async def read_message(reader: asyncio.StreamReader) -> Any:
@@ -50,6 +59,27 @@ def frame(message: Any) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
+def pack_results(inputs: Sequence[Tuple[int, str, Any]], results: Sequence[Any]) -> Tuple[Any, ...]:
+    """A request's results as a few arrays (one pickle each, not one per embedding): (indices, raw, normalized,
+    token counts, [(index, error message)])."""
+    import numpy as np
+
+    good = [(inputs[position][0], result) for position, result in enumerate(results) if type(result) is Embedded]
+    errors = [(inputs[position][0], getattr(result, "message", "no embedding was produced"))
+              for position, result in enumerate(results) if type(result) is not Embedded]
+    if not good:
+        return [], None, None, [], errors
+    raw = np.stack([result.raw for _, result in good])
+    normalized = np.stack([result.normalized for _, result in good])
+    return [index for index, _ in good], raw, normalized, [result.tokens for _, result in good], errors
+
+
+def unpack_results(indices, raw, normalized, tokens, errors) -> List[Tuple[int, Any]]:
+    pairs: List[Tuple[int, Any]] = [(index, Embedded(raw[row], normalized[row], tokens[row]))
+                                    for row, index in enumerate(indices)]
+    return pairs + [(index, ItemError(message)) for index, message in errors]
+
+
 # -- the engine process -----------------------------------------------------------------------------------------
 class EngineServer:
     """The engines, served on a Unix socket from a thread running its own event loop."""
@@ -57,7 +87,7 @@ class EngineServer:
     def __init__(self, pool: Any, path: str) -> None:
         self.pool = pool
         self.path = path
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_event_loop()
         self.thread = threading.Thread(target=self._run, daemon=True, name="clip_flash-engine-socket")
         self.started = threading.Event()
 
@@ -67,7 +97,7 @@ class EngineServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(asyncio.start_unix_server(self._connection, self.path))
+        self.server = self.loop.run_until_complete(asyncio.start_unix_server(self._connection, self.path))
         os.chmod(self.path, 0o600)
         self.started.set()
         self.loop.run_forever()
@@ -122,8 +152,7 @@ class EngineServer:
         def answer(_: Any) -> None:
             if waiting.pop(request_id, None) is None:
                 return  # abandoned
-            results = [(inputs[position][0], result) for position, result in enumerate(job.results)]
-            writer.write(frame(("done", request_id, results)))
+            writer.write(frame(("done", request_id) + pack_results(inputs, job.results)))
 
         job.future.add_done_callback(answer)
 
@@ -212,7 +241,7 @@ class RemotePool:
                 if kind == "done":
                     job = self._jobs.pop(request_id, None)
                     if job is not None:
-                        for index, result in message[2]:
+                        for index, result in unpack_results(*message[2:]):
                             job.settle(index, result)
                 elif kind == "refused":
                     job = self._jobs.pop(request_id, None)
@@ -281,6 +310,7 @@ def serve_with_frontends(config: ServeConfig) -> int:
         process.join()
     listener.close()
     engine_server.stop()
+    loader.join()  # a model still loading is not torn down under the loading thread
     pool.close()
     try:
         os.unlink(path)
@@ -289,5 +319,8 @@ def serve_with_frontends(config: ServeConfig) -> int:
         pass
     if pool.state == "failed":
         logger.error("the model could not be loaded: %s", pool.error)
+        return 1
+    if not stop.is_set():
+        logger.error("the HTTP frontends exited (exit codes %s)", [process.exitcode for process in frontends])
         return 1
     return 0

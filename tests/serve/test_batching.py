@@ -97,3 +97,19 @@ def test_tower_batcher_batches_and_scatters_in_order():
         assert last.raw.tolist() == [number * 6.0 + 4, 2.0]
         assert abs(float((first.normalized ** 2).sum()) - 1) < 1e-6
     assert max(sizes) <= 4  # max_batch items a batch (bad ones are not encoded)
+
+
+def test_frontend_results_round_trip_packed():
+    import numpy as np
+
+    from clip_flash.serve.frontends import pack_results, unpack_results
+
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    results = [Embedded(rows[0], rows[0] / 2, 5), ItemError("bad"), Embedded(rows[2], rows[2] / 2, 0)]
+    inputs = [(7, "text", "a"), (8, "image", b""), (9, "image", b"")]
+    pairs = dict(unpack_results(*pack_results(inputs, results)))
+    assert sorted(pairs) == [7, 8, 9]
+    assert pairs[8].message == "bad"
+    assert pairs[7].raw.tolist() == rows[0].tolist() and pairs[9].normalized.tolist() == (rows[2] / 2).tolist()
+    assert pairs[7].tokens == 5
+    assert unpack_results(*pack_results(inputs[1:2], results[1:2]))[0][1].message == "bad"
