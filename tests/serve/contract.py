@@ -79,7 +79,7 @@ def test_captions_equal_stock_in_order(server, reference, tolerance):
 def test_many_captions_of_many_lengths_equal_stock(server, reference, tolerance):
     """Enough captions in one batch to be cut into length groups, answered in input order."""
     words = "the quick brown fox jumps over a lazy dog near the river bank at dawn".split()
-    captions = [" ".join(words[: 1 + (n * 7) % len(words)] * (1 + n % 5)) for n in range(40)]
+    captions = [" ".join(words[: 1 + n % 4]) if n % 2 else " ".join(words * 2)[: 80 + n] for n in range(36)]
     response = post(server, {"input": captions})
     assert response.status_code == 200, response.text
     np.testing.assert_allclose(vectors(response.json()), reference.texts(captions), atol=tolerance, rtol=0)
