@@ -144,7 +144,10 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         if denied is not None:
             return denied
         # With --workers N the engine process holds the one registry every frontend reports to.
-        body = await pool.engine_metrics() if remote else metrics.render()
+        try:
+            body = await pool.engine_metrics() if remote else metrics.render()
+        except NotReady as error:
+            return json_response(503, error_body(str(error), "server_error"), {"Retry-After": "1"})
         return Response(body, 200, media_type=CONTENT_TYPE)
 
     async def embed(request: Request, route: str, started: float, inputs: List[Union[Input, ItemError]],

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
 STATE_POLL_SECONDS = 0.25
+REPLY_TIMEOUT_SECONDS = 10.0  # a state or metrics question the engine process leaves unanswered this long
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
@@ -209,7 +210,10 @@ class RemotePool:
         return RemoteHandle(self, request_id)
 
     async def engine_metrics(self) -> bytes:
-        return await self._ask("metrics")
+        try:
+            return await asyncio.wait_for(self._ask("metrics"), REPLY_TIMEOUT_SECONDS)
+        except asyncio.TimeoutError:
+            raise NotReady("the engine process did not answer") from None
 
     def _send(self, message: Any) -> None:
         if self._writer is None or self._writer.is_closing():
@@ -228,8 +232,9 @@ class RemotePool:
     async def _poll_state(self) -> None:
         while True:
             try:
-                self.state, self.error, self.description, self.depths = await self._ask("state")
-            except NotReady:
+                self.state, self.error, self.description, self.depths = await asyncio.wait_for(
+                    self._ask("state"), REPLY_TIMEOUT_SECONDS)
+            except (NotReady, asyncio.TimeoutError):
                 self.state, self.error = "failed", "the engine process is not reachable"
             await asyncio.sleep(STATE_POLL_SECONDS)
 
