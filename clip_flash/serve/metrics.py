@@ -1,0 +1,137 @@
+"""The server's Prometheus metrics (``GET /metrics``), in a registry of their own so that several servers (or
+tests) in one process never collide.
+
+Names follow the peers' in spirit (TEI's queue size and per-stage durations, Triton's queue and compute
+durations): requests by route and status, items queued per tower, batch sizes, and the seconds each item spends
+queued, each batch preparing and encoding, and each request being answered.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .jobs import TOWERS
+
+# Seconds: from 100 us (a replayed graph) to 10 s (a loaded CPU).
+SECONDS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServeMetrics:
+    """Counters, gauges and histograms of one server; ``render()`` is the /metrics body."""
+
+    def __init__(self, queue_depth: Callable[[str], int]) -> None:
+        """``queue_depth(tower)``: read at each scrape (no cost per request)."""
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("clip_flash_requests", "HTTP requests answered, by route and status code",
+                                ["route", "status"], registry=r)
+        self.items = Counter("clip_flash_items", "Inputs answered, by tower and outcome (ok, error)",
+                             ["tower", "outcome"], registry=r)
+        self.dropped_items = Counter("clip_flash_items_dropped", "Queued inputs dropped before compute because "
+                                     "their client went away or their deadline passed", ["tower"],
+                                     registry=r)
+        depth = Gauge("clip_flash_queue_depth", "Inputs waiting in the queue, per tower", ["tower"],
+                      registry=r)
+        for tower in TOWERS:
+            depth.labels(tower).set_function(lambda tower=tower: queue_depth(tower))
+        self.batch_size = Histogram("clip_flash_batch_size", "Inputs per batch, per tower", ["tower"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("clip_flash_queue_seconds", "Seconds a request's inputs waited in the "
+                                       "queue (one observation per request and tower)", ["tower"],
+                                       buckets=SECONDS_BUCKETS, registry=r)
+        self.prepare_seconds = Histogram("clip_flash_prepare_seconds", "Seconds preparing a batch's inputs "
+                                         "(decoding, resampling, tokenizing)", ["tower"], buckets=SECONDS_BUCKETS,
+                                         registry=r)
+        self.encode_seconds = Histogram("clip_flash_encode_seconds", "Seconds from a prepared batch to its "
+                                        "embeddings on the host", ["tower"], buckets=SECONDS_BUCKETS,
+                                        registry=r)
+        self.answer_seconds = Histogram("clip_flash_answer_seconds", "Seconds from a request's last result to its "
+                                        "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
+        self.request_seconds = Histogram("clip_flash_request_seconds", "Seconds from a request's arrival to its "
+                                         "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
+        self._request_children: Dict[Tuple[str, int], Tuple[Any, Any, Any]] = {}
+        self._tower = {tower: (self.batch_size.labels(tower), self.queue_seconds.labels(tower),
+                               self.prepare_seconds.labels(tower), self.encode_seconds.labels(tower),
+                               self.dropped_items.labels(tower), self.items.labels(tower, "ok"),
+                               self.items.labels(tower, "error")) for tower in TOWERS}
+
+    # -- from the HTTP side ----------------------------------------------------------------------------------------
+    def answered(self, route: str, status: int, seconds: Optional[float] = None,
+                 answer_seconds: Optional[float] = None) -> None:
+        children = self._request_children.get((route, status))
+        if children is None:  # labels() costs a lock and a dict lookup: once per (route, status)
+            children = self._request_children[(route, status)] = (
+                self.requests.labels(route, str(status)), self.request_seconds.labels(route),
+                self.answer_seconds.labels(route))
+        children[0].inc()
+        if seconds is not None:
+            children[1].observe(seconds)
+        if answer_seconds is not None:
+            children[2].observe(answer_seconds)
+
+    def outcomes(self, tower: str, ok: int, errors: int) -> None:
+        children = self._tower[tower]
+        if ok:
+            children[5].inc(ok)
+        if errors:
+            children[6].inc(errors)
+
+    # -- from the batchers -----------------------------------------------------------------------------------------
+    def queued(self, tower: str, waits: Iterable[float]) -> None:
+        histogram = self._tower[tower][1]
+        for seconds in waits:
+            histogram.observe(seconds)
+
+    def batch(self, tower: str, size: int, prepare_seconds: float) -> None:
+        children = self._tower[tower]
+        children[0].observe(size)
+        children[2].observe(prepare_seconds)
+
+    def encoded(self, tower: str, seconds: float) -> None:
+        self._tower[tower][3].observe(seconds)
+
+    def dropped(self, tower: str, count: int) -> None:
+        self._tower[tower][4].inc(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def apply(self, relayed: "RelayedMetrics.Observations") -> None:
+        """Add a frontend's observations (``RelayedMetrics.take()``) to these metrics."""
+        answered, outcomes = relayed
+        for route, status, seconds, answer_seconds in answered:
+            self.answered(route, status, seconds, answer_seconds)
+        for tower, ok, errors in outcomes:
+            self.outcomes(tower, ok, errors)
+
+
+class RelayedMetrics:
+    """A frontend's half of the metrics with ``--workers N``: it records what the routes observe and hands it to
+    the engine process (``take``), whose one registry /metrics shows, so counts cover every frontend."""
+
+    Observations = Tuple[List[Tuple[str, int, Optional[float], Optional[float]]], List[Tuple[str, int, int]]]
+
+    def __init__(self) -> None:
+        self._answered: List[Tuple[str, int, Optional[float], Optional[float]]] = []
+        self._outcomes: List[Tuple[str, int, int]] = []
+
+    def answered(self, route: str, status: int, seconds: Optional[float] = None,
+                 answer_seconds: Optional[float] = None) -> None:
+        self._answered.append((route, status, seconds, answer_seconds))
+
+    def outcomes(self, tower: str, ok: int, errors: int) -> None:
+        self._outcomes.append((tower, ok, errors))
+
+    def take(self) -> "RelayedMetrics.Observations":
+        taken = (self._answered, self._outcomes)
+        self._answered, self._outcomes = [], []
+        return taken
+
+
+def metric_families(text: str) -> Sequence[str]:
+    """The metric family names in a /metrics body (for tests and tools)."""
+    return sorted({line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")})
