@@ -107,7 +107,7 @@ def test_base64_equals_float_and_normalize_false(server, reference, tolerance):
     np.testing.assert_allclose(raw[0], reference.texts(inputs[:1], normalize=False)[0], atol=tolerance * scale)
 
 
-def test_openai_client_unchanged(server):
+def test_openai_client_unchanged(server, tolerance):
     import openai
 
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "unused", max_retries=0)
@@ -117,7 +117,7 @@ def test_openai_client_unchanged(server):
     got = np.array([entry.embedding for entry in result.data], dtype=np.float32)
     np.testing.assert_array_equal(got, vectors(post(server, {"input": inputs}).json()))
     single = client.embeddings.create(model="ViT-B-32", input="a photo of a cat", encoding_format="float")
-    np.testing.assert_array_equal(np.float32(single.data[0].embedding), got[0])
+    np.testing.assert_allclose(np.float32(single.data[0].embedding), got[0], atol=tolerance, rtol=0)  # other batch
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="text-embedding-3-small", input="a cat")
 
@@ -158,13 +158,14 @@ def test_unknown_model_404_and_bad_bodies_400(server):
     assert response.status_code == 400
 
 
-def test_image_route_raw_and_multipart(server):
+def test_image_route_raw_and_multipart(server, tolerance):
     photo = jpeg_bytes(0)
     expected = vectors(post(server, {"input": [data_uri(photo)]}).json())[0]
     raw = httpx.post(server.url + "/v1/embeddings/image", content=photo,
                      headers={**server.headers, "Content-Type": "image/jpeg"}, timeout=60)
     assert raw.status_code == 200, raw.text
-    np.testing.assert_array_equal(vectors(raw.json())[0], expected)
+    # Rows from batches of other sizes may differ in their last bits on a GPU (other GEMM kernels): tolerance.
+    np.testing.assert_allclose(vectors(raw.json())[0], expected, atol=tolerance, rtol=0)
     files = [("files", ("a.jpg", photo, "image/jpeg")), ("files", ("b.bin", NOT_AN_IMAGE, "image/jpeg")),
              ("files", ("c.png", png_bytes(), "image/png"))]
     multi = httpx.post(server.url + "/v1/embeddings/image", files=files, headers=server.headers, timeout=60)
@@ -172,7 +173,7 @@ def test_image_route_raw_and_multipart(server):
     body = multi.json()
     assert [entry["index"] for entry in body["data"]] == [0, 2]
     assert [error["index"] for error in body["errors"]] == [1]
-    np.testing.assert_array_equal(vectors(body)[0], expected)
+    np.testing.assert_allclose(vectors(body)[0], expected, atol=tolerance, rtol=0)
     wrong = httpx.post(server.url + "/v1/embeddings/image", content=b"x",
                        headers={**server.headers, "Content-Type": "text/plain"})
     assert wrong.status_code == 415
