@@ -1,0 +1,247 @@
+"""One dynamic batcher per tower: items from every request join one queue; a batch closes at ``max_batch``
+items or ``max_wait`` seconds after its first item, whichever comes first.
+
+Three threads, each a stage, with at most one batch waiting between stages, so that while the device encodes
+batch N the next batch is already decoded (or tokenized) and launched behind it:
+
+1. ``collect``: takes a batch from the queue (dropping items whose client went away or whose deadline passed)
+   and runs the CPU step (decoding images, tokenizing captions).
+2. ``launch``: the device step (upload, exact resampling), the encoder (a replayed CUDA graph on CUDA), the
+   L2 normalisation, and an asynchronous copy of the embeddings to page-locked host memory.
+3. ``answer``: waits for that copy and hands every item's result back to its request's event loop.
+
+A failure in any step fails only the batch's items concerned, as per-item errors; out of device memory retries
+the batch in halves (``encode_in_pieces``). Nothing here can stop the threads but ``close()``.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
+
+import torch
+
+from .inputs import describe_error
+from .jobs import DROPPED, QUEUED, TAKEN, Embedded, Item, ItemError, Result, deliver_batch
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+def encode_in_pieces(encode: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``encode(x)``; out of device memory, the two halves separately (recursively, down to one row, which
+    then raises). The embeddings are the same either way: rows are independent."""
+    try:
+        return encode(x)
+    except torch.cuda.OutOfMemoryError:
+        if x.shape[0] <= 1:
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        half = (x.shape[0] + 1) // 2
+        logger.warning("out of device memory encoding %d rows: retrying as %d + %d", x.shape[0], half,
+                       x.shape[0] - half)
+        return torch.cat([encode_in_pieces(encode, x[:half]), encode_in_pieces(encode, x[half:])])
+
+
+class TowerBatcher:
+    """The queue and the three stage threads of one tower of one engine.
+
+    Args:
+        tower: ``"image"`` or ``"text"`` (labels metrics and thread names).
+        inputs: the tower's ``host``/``device`` steps (see ``inputs.py``).
+        encode: features of a model-ready batch (on the device), unnormalised.
+        max_batch, max_wait: when a batch closes.
+        lock: the engine's queue lock (shared by its towers, so one count covers every queued item).
+        on_dequeue: called (under ``lock``) with how many items left the queue, taken or dropped.
+        metrics: a ``ServeMetrics`` or None.
+        device: the CUDA device the threads work on (None: the CPU).
+    """
+
+    def __init__(self, tower: str, inputs: Any, encode: Callable[[torch.Tensor], torch.Tensor], max_batch: int,
+                 max_wait: float, lock: threading.Lock, on_dequeue: Callable[[int], None], metrics: Any = None,
+                 device: Optional[torch.device] = None) -> None:
+        self.tower = tower
+        self.inputs = inputs
+        self.encode = encode
+        self.max_batch = max_batch
+        self.max_wait = max_wait
+        self.lock = lock
+        self.on_dequeue = on_dequeue
+        self.metrics = metrics
+        self.device = device if device is not None and device.type == "cuda" else None
+        self.ready = threading.Condition(lock)
+        self.items: Deque[Item] = deque()
+        self.stopping = False
+        self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
+        self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
+        self._threads = [threading.Thread(target=self._run, args=(stage,), daemon=True,
+                                          name=f"clip_flash-{tower}-{stage.__name__.strip('_')}")
+                         for stage in (self._collect, self._launch, self._answer)]
+        for thread in self._threads:
+            thread.start()
+
+    # -- the queue (called with self.lock held) -------------------------------------------------------------------
+    def put_locked(self, items: Sequence[Item], now: float) -> None:
+        for item in items:
+            item.enqueued = now
+        self.items.extend(items)
+        self.ready.notify()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _take_batch(self) -> Optional[List[Item]]:
+        """Wait for the next batch; None when stopping with nothing left."""
+        while True:
+            taken = self._take_locked()
+            if taken is None:
+                return None
+            batch, dropped, now = taken
+            if self.metrics is not None:
+                if dropped:
+                    self.metrics.dropped(self.tower, dropped)
+                if batch:
+                    self.metrics.queued(self.tower, [now - item.enqueued for item in batch])
+            if batch:
+                return batch
+            # everything taken had been abandoned: wait for the next batch
+
+    def _take_locked(self) -> Optional[Tuple[List[Item], int, float]]:
+        """(batch, how many were dropped, when) once a batch closes; None when stopping with nothing left."""
+        with self.lock:
+            while not self.items and not self.stopping:
+                self.ready.wait()
+            if not self.items:
+                return None
+            closes = self.items[0].enqueued + self.max_wait
+            while len(self.items) < self.max_batch and not self.stopping:
+                remaining = closes - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.ready.wait(remaining)
+            now = time.monotonic()
+            batch: List[Item] = []
+            dropped = left = 0
+            while self.items and len(batch) < self.max_batch:
+                item = self.items.popleft()
+                if item.state != QUEUED:  # dropped by its request already (and uncounted then)
+                    continue
+                left += 1
+                if item.job.expired(now):
+                    item.state = DROPPED
+                    dropped += 1
+                else:
+                    item.state = TAKEN
+                    batch.append(item)
+            if left:
+                self.on_dequeue(left)
+            return batch, dropped, now
+
+    # -- the stages ----------------------------------------------------------------------------------------------
+    def _run(self, stage: Callable[[], bool]) -> None:
+        if self.device is not None:
+            torch.cuda.set_device(self.device)
+        with torch.inference_mode():
+            while True:
+                try:
+                    if not stage():
+                        return
+                except Exception:  # noqa: BLE001 - a bug here must not stop the tower; its requests time out
+                    logger.exception("%s batcher: unexpected error in %s", self.tower, threading.current_thread().name)
+
+    def _collect(self) -> bool:
+        batch = self._take_batch()
+        if batch is None:
+            self._to_launch.put(_STOP)
+            return False
+        started = time.perf_counter()
+        try:
+            host = self.inputs.host([item.payload for item in batch])
+        except Exception as error:  # noqa: BLE001 - a batch the step refuses fails its items, not the server
+            self._fail(batch, f"preparing the {self.tower} batch failed: {describe_error(error)}")
+            return True
+        self._to_launch.put((batch, host, time.perf_counter() - started))
+        return True
+
+    def _launch(self) -> bool:
+        work = self._to_launch.get()
+        if work is _STOP:
+            self._to_answer.put(_STOP)
+            return False
+        batch, host, host_seconds = work
+        started = time.perf_counter()
+        results: List[Optional[Result]] = [None] * len(batch)
+        try:
+            groups, failures = self.inputs.device(host)
+        except Exception as error:  # noqa: BLE001
+            self._fail(batch, f"preparing the {self.tower} batch failed: {describe_error(error)}")
+            return True
+        for position, reason in failures:
+            results[position] = ItemError(reason)
+        prepared = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.batch(self.tower, len(batch), host_seconds + prepared - started)
+        outputs: List[Tuple[List[int], torch.Tensor]] = []
+        for positions, tensor in groups:
+            try:
+                features = encode_in_pieces(self.encode, tensor).float()
+                both = torch.cat([features, torch.nn.functional.normalize(features, dim=-1)], dim=1)
+                outputs.append((positions, _to_host(both)))
+            except Exception as error:  # noqa: BLE001 - OOM on one row, a model error: these items fail
+                reason = ("out of device memory" if isinstance(error, torch.cuda.OutOfMemoryError)
+                          else f"encoding failed: {describe_error(error)}")
+                logger.error("%s batch of %d: %s", self.tower, len(positions), reason)
+                for position in positions:
+                    results[position] = ItemError(reason)
+        done = torch.cuda.Event() if self.device is not None else None
+        if done is not None:
+            done.record()
+        self._to_answer.put((batch, host, results, outputs, done, prepared))
+        return True
+
+    def _answer(self) -> bool:
+        work = self._to_answer.get()
+        if work is _STOP:
+            return False
+        batch, host, results, outputs, done, prepared = work
+        if done is not None:
+            done.synchronize()
+        if self.metrics is not None:
+            self.metrics.encoded(self.tower, time.perf_counter() - prepared)
+        counts = host[1] if self.tower == "text" else None
+        for positions, both in outputs:
+            rows = both.numpy()
+            width = rows.shape[1] // 2
+            for row, position in enumerate(positions):
+                tokens = counts[position] if counts is not None else 0
+                results[position] = Embedded(rows[row, :width], rows[row, width:], tokens)
+        missing = ItemError("no embedding was produced")
+        deliver_batch([(item, result if result is not None else missing) for item, result in zip(batch, results)])
+        return True
+
+    def _fail(self, batch: List[Item], reason: str) -> None:
+        logger.error("%s", reason)
+        deliver_batch([(item, ItemError(reason)) for item in batch])
+
+    # -- stopping ------------------------------------------------------------------------------------------------
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Finish every item queued so far, then stop the threads."""
+        with self.lock:
+            self.stopping = True
+            self.ready.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+
+def _to_host(features: torch.Tensor) -> torch.Tensor:
+    """Start copying to page-locked host memory without waiting (the ``answer`` stage waits); on the CPU, as is."""
+    if features.device.type != "cuda":
+        return features.contiguous()
+    host = torch.empty(features.shape, dtype=features.dtype, pin_memory=True)
+    host.copy_(features, non_blocking=True)
+    return host

@@ -1,0 +1,141 @@
+"""``clip-flash serve`` / ``python -m clip_flash.serve``: the command line of the embedding server.
+
+    clip-flash serve --model ViT-L-14::laion2b_s32b_b82k --port 8000
+    clip-flash serve                      # ViT-B-32, random-init weights, on whatever device is here
+
+``add_arguments(parser)`` fills a parser (the ``clip-flash`` command's ``serve`` subcommand uses it);
+``run(args)`` serves until SIGTERM or Ctrl-C and returns the exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional, Sequence
+
+from .config import DEFAULT_MODEL, ServeConfig
+
+logger = logging.getLogger("clip_flash.serve")
+
+
+def _devices(text: str):
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--devices takes CUDA device indices like 0,1; got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The server's options (see ``ServeConfig`` for what each one does)."""
+    defaults = ServeConfig()
+    add = parser.add_argument
+    add("--model", default=DEFAULT_MODEL,
+        help="OpenCLIP model: NAME (random-init weights), NAME::TAG or NAME::/path/ckpt (default: %(default)s, "
+             "random init)")
+    add("--served-name", default=None, help="the model name clients send (default: --model as written)")
+    add("--host", default=defaults.host, help="address to listen on (default: %(default)s)")
+    add("--port", type=int, default=defaults.port, help="port (default: %(default)s)")
+    add("--device", default=None, help="cuda, cuda:N or cpu (default: CUDA if there is one)")
+    add("--devices", type=_devices, default=(), help="CUDA devices, one engine each: e.g. 0,1")
+    add("--precision", choices=("fp32", "fp16", "bf16"), default=None,
+        help="model precision (default: fp16 on CUDA, fp32 on the CPU)")
+    add("--max-batch", type=int, default=defaults.max_batch,
+        help="largest image batch, also the largest CUDA-graph bucket (default: %(default)s)")
+    add("--max-text-batch", type=int, default=defaults.max_text_batch,
+        help="largest caption batch (default: %(default)s)")
+    add("--max-wait-ms", type=float, default=defaults.max_wait_ms,
+        help="how long a batch's first input waits for more (default: %(default)s)")
+    add("--max-queue", type=int, default=defaults.max_queue,
+        help="inputs waiting, all towers; past it requests get 429 with Retry-After (default: %(default)s)")
+    add("--request-timeout", type=float, default=defaults.request_timeout,
+        help="seconds; past it a request gets 503 and its queued inputs are dropped (default: %(default)s)")
+    add("--max-request-bytes", type=int, default=defaults.max_request_bytes,
+        help="larger bodies get 413 (default: %(default)s)")
+    add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
+    add("--decode", choices=("cpu", "gpu"), default=defaults.decode,
+        help="cpu: exact (OpenCLIP's pixels, bit for bit); gpu: nvJPEG, faster, not exact (default: %(default)s)")
+    add("--decode-workers", type=int, default=None, help="image decoding workers (default: the preparer's)")
+    add("--no-patch", dest="patch", action="store_false", help="serve the stock OpenCLIP model (a baseline)")
+    add("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run every batch eager")
+    add("--inputs", choices=("fast", "stock"), default=defaults.inputs,
+        help="fast: clip_flash's exact image preparer and tokenizer; stock: OpenCLIP's own preprocess and "
+             "tokenizer (a baseline) (default: %(default)s)")
+    add("--workers", type=int, default=defaults.workers,
+        help="HTTP frontend processes in front of the engine process (default: %(default)s: one process)")
+    add("--log-level", default=defaults.log_level, choices=("critical", "error", "warning", "info", "debug"),
+        help="(default: %(default)s)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    return ServeConfig(
+        model=args.model, host=args.host, port=args.port, device=args.device, devices=args.devices,
+        precision=args.precision, max_batch=args.max_batch, max_text_batch=args.max_text_batch,
+        max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, request_timeout=args.request_timeout,
+        max_request_bytes=args.max_request_bytes, api_key=args.api_key, decode=args.decode, patch=args.patch,
+        inputs=args.inputs, cuda_graphs=args.cuda_graphs, decode_workers=args.decode_workers,
+        workers=args.workers, log_level=args.log_level, served_name=args.served_name)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; 0 after a clean shutdown, 1 when the model cannot be loaded."""
+    from clip_flash.models import RANDOM_INIT_NOTE, parse_model_spec
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("clip_flash").setLevel(args.log_level.upper())
+    try:
+        config = config_from_args(args)
+        spec = parse_model_spec(config.model)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if spec.kind == "random":
+        logger.warning("serving %s with random-init weights %s: embeddings are meaningless; pass "
+                       "--model %s::TAG or --model %s::/path/ckpt for real ones", spec.name, RANDOM_INIT_NOTE,
+                       spec.name, spec.name)
+    if config.workers > 1:
+        from .frontends import serve_with_frontends
+
+        return serve_with_frontends(config)
+    return serve_in_process(config)
+
+
+def serve_in_process(config: ServeConfig) -> int:
+    """One process: uvicorn's event loop in front, the engine's batcher threads behind it."""
+    import uvicorn
+
+    from .app import build_app
+
+    failure = []
+    server: Optional[uvicorn.Server] = None
+
+    def on_load_failure(message: str) -> None:
+        failure.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = build_app(config, on_load_failure=on_load_failure)
+    server = uvicorn.Server(uvicorn_config(app, config))
+    server.run()
+    if failure:
+        print(f"error: the model could not be loaded: {failure[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def uvicorn_config(app, config: ServeConfig, **overrides):
+    """uvicorn with uvloop and httptools where installed (the ``serve`` extra), no access log (it costs more
+    than a request at these rates), and no limit on the graceful shutdown: every accepted request is answered."""
+    import uvicorn
+
+    options = dict(host=config.host, port=config.port, log_level=config.log_level, access_log=False,
+                   loop="auto", http="auto", timeout_graceful_shutdown=None, lifespan="on")
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="clip-flash serve", description="An OpenAI-compatible CLIP embedding "
+                                     "server: captions and images to embeddings, batched across requests.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

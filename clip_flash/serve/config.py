@@ -1,0 +1,81 @@
+"""Every setting of ``clip-flash serve`` in one dataclass; the command line (``cli.py``) and the Ray deployment
+(``ray.py``) both build one of these."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+DEFAULT_MODEL = "ViT-B-32"
+INPUTS = ("fast", "stock")
+DECODERS = ("cpu", "gpu")
+
+
+@dataclass
+class ServeConfig:
+    """What the server serves, where, and how it batches and sheds load.
+
+    Attributes:
+        model: an OpenCLIP model spec (``NAME``: random-init weights; ``NAME::TAG``; ``NAME::/path/ckpt``).
+        host, port: where uvicorn listens.
+        device: ``"cuda"``, ``"cuda:1"`` or ``"cpu"``; None picks CUDA where there is one.
+        devices: CUDA device indices, one engine each (``--devices 0,1``); empty: ``device`` alone.
+        precision: ``fp32``, ``fp16`` or ``bf16``; None: fp16 on CUDA, fp32 on the CPU.
+        max_batch: largest image batch (and a CUDA-graph bucket); a batch closes at it or at ``max_wait_ms``.
+        max_text_batch: largest caption batch (captions are cheap; graphs are captured up to it).
+        max_wait_ms: how long the first item of a batch waits for others.
+        max_queue: items waiting in all towers together; a request that would pass it gets 429.
+        request_timeout: seconds from arrival; past it the request gets 503 and its items are dropped.
+        max_request_bytes: a larger body gets 413.
+        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``.
+        decode: ``"cpu"`` (exact) or ``"gpu"`` (nvJPEG; not exact).
+        patch: run ``clip_flash.patch`` on the model (``--no-patch``: the stock model).
+        inputs: ``"fast"`` (clip_flash's exact image preparer and tokenizer) or ``"stock"`` (OpenCLIP's own
+            ``preprocess`` and tokenizer: a baseline).
+        cuda_graphs: replay CUDA graphs (``clip_flash.GraphedEncoder``) on CUDA.
+        decode_workers: image decoding workers (None: the preparer's default).
+        workers: HTTP frontend processes feeding the engine process(es); 1: one process does everything.
+        log_level: uvicorn's and the server's log level.
+        served_name: the model name clients send (default: the spec as written, e.g. ``ViT-B-32``).
+    """
+
+    model: str = DEFAULT_MODEL
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: Optional[str] = None
+    devices: Tuple[int, ...] = field(default_factory=tuple)
+    precision: Optional[str] = None
+    max_batch: int = 64
+    max_text_batch: int = 256
+    max_wait_ms: float = 2.0
+    max_queue: int = 4096
+    request_timeout: float = 30.0
+    max_request_bytes: int = 64 * 1024 * 1024
+    api_key: Optional[str] = None
+    decode: str = "cpu"
+    patch: bool = True
+    inputs: str = "fast"
+    cuda_graphs: bool = True
+    decode_workers: Optional[int] = None
+    workers: int = 1
+    log_level: str = "info"
+    served_name: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.decode not in DECODERS:
+            raise ValueError(f"decode must be one of {DECODERS}, got {self.decode!r}")
+        if self.inputs not in INPUTS:
+            raise ValueError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
+        if self.inputs == "stock" and self.decode == "gpu":
+            raise ValueError("--decode gpu is clip_flash's image path; --inputs stock uses OpenCLIP's preprocess")
+        for name in ("max_batch", "max_text_batch", "max_queue", "max_request_bytes", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_wait_ms < 0 or self.request_timeout <= 0:
+            raise ValueError("max_wait_ms must be >= 0 and request_timeout > 0")
+        self.devices = tuple(int(d) for d in self.devices)
+
+    def device_names(self) -> Tuple[Optional[str], ...]:
+        """One device name per engine (None: pick CUDA where there is one, else the CPU)."""
+        if self.devices:
+            return tuple(f"cuda:{index}" for index in self.devices)
+        return (self.device,)

@@ -1,0 +1,250 @@
+"""The engine: one model on one device, its inputs and encoders, and a dynamic batcher per tower; and the pool
+of engines (one per GPU, ``--devices 0,1``) that the HTTP side submits to.
+
+Loading (``load``) runs off the event loop: the server answers ``/health`` at once and ``/ready`` 503 until the
+model is loaded, patched and every CUDA graph the batchers can use is captured.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .config import ServeConfig
+from .jobs import IMAGE, TEXT, DROPPED, QUEUED, EmbeddingJob, Item, NotReady, ServerBusy
+
+logger = logging.getLogger(__name__)
+
+LOADING, READY, FAILED, STOPPED = "loading", "ready", "failed", "stopped"
+
+
+def batch_buckets(largest: int) -> Tuple[int, ...]:
+    """Powers of two up to ``largest``, and ``largest`` itself: the batch sizes graphs are captured for."""
+    sizes, size = [], 1
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes + [largest])
+
+
+class Engine:
+    """One model on one device serving both towers. Thread-safe; ``submit`` is called from event loops."""
+
+    def __init__(self, config: ServeConfig, device_name: Optional[str] = None, metrics=None) -> None:
+        self.config = config
+        self.device_name = device_name
+        self.metrics = metrics
+        self.state = LOADING
+        self.error: Optional[str] = None
+        self.description = ""  # what runs: model, weights, device, precision, patch, inputs, graphs
+        self.lock = threading.Lock()
+        self.queued = 0
+        self.batchers = {}
+        self.loaded = None
+
+    # -- loading -------------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Load, patch and warm up; sets ``state`` to READY, or FAILED with ``error`` (never raises)."""
+        try:
+            self._load()
+            self.state = READY
+        except Exception as error:  # noqa: BLE001 - reported through /ready and the log
+            from clip_flash.models import ModelLoadError
+
+            self.error = str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
+            self.state = FAILED
+            logger.error("engine on %s failed to load: %s", self.device_name or "the default device", self.error,
+                         exc_info=not isinstance(error, ModelLoadError))
+
+    def _load(self) -> None:
+        import torch
+
+        from clip_flash.models import load_model, parse_model_spec
+
+        from .batcher import TowerBatcher
+        from .inputs import FastImageInputs, StockImageInputs, TextInputs
+
+        config = self.config
+        started = time.perf_counter()
+        device = torch.device(self.device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        precision = config.precision or ("fp16" if device.type == "cuda" else "fp32")
+        spec = parse_model_spec(config.model)
+        loaded = load_model(spec, device, precision)
+        self.loaded = loaded
+        model = loaded.model
+        if config.patch:
+            import clip_flash
+
+            clip_flash.patch(model)
+        if config.inputs == "fast":
+            from clip_flash.inputs.tokenizer import get_tokenizer
+
+            image_inputs = FastImageInputs(loaded.preprocess, device, loaded.dtype, config.decode,
+                                           config.decode_workers, config.max_batch)
+            tokenizer = get_tokenizer(spec.name)
+        else:
+            import open_clip
+
+            image_inputs = StockImageInputs(loaded.preprocess, device, loaded.dtype, loaded.image_size)
+            tokenizer = open_clip.get_tokenizer(spec.name)
+        text_inputs = TextInputs(tokenizer, loaded.context_length, group_by_length=config.patch)
+        encode_image, encode_text = model.encode_image, model.encode_text
+        graphs = device.type == "cuda" and config.cuda_graphs
+        if graphs:
+            encode_image, encode_text = self._graphed(model, loaded, device)
+        self.batchers = {
+            IMAGE: TowerBatcher(IMAGE, image_inputs, encode_image, config.max_batch, config.max_wait_ms / 1e3,
+                                self.lock, self._dequeued, self.metrics, device),
+            TEXT: TowerBatcher(TEXT, text_inputs, encode_text, config.max_text_batch, config.max_wait_ms / 1e3,
+                               self.lock, self._dequeued, self.metrics, device),
+        }
+        self.description = (f"{spec.text} {spec.weights_note}".strip() + f" on {device}, {precision}, "
+                            f"{'patched' if config.patch else 'stock model'}, "
+                            f"{'clip_flash' if config.inputs == 'fast' else 'OpenCLIP'} inputs"
+                            f"{' (decode=gpu)' if config.decode == 'gpu' else ''}, "
+                            f"{'CUDA graphs' if graphs else 'eager'}")
+        logger.info("engine ready in %.1f s: %s", time.perf_counter() - started, self.description)
+
+    def _graphed(self, model, loaded, device) -> Tuple[Callable, Callable]:
+        """Image and text ``GraphedEncoder``s with every bucket the batchers can hit captured now (largest
+        first, so each encoder's memory pool is sized once)."""
+        import torch
+
+        from clip_flash.graphs import GraphedEncoder
+        from clip_flash.graphs.encoder import DEFAULT_TEXT_LENGTHS
+
+        config = self.config
+        image_sizes, text_sizes = batch_buckets(config.max_batch), batch_buckets(config.max_text_batch)
+        lengths = [n for n in DEFAULT_TEXT_LENGTHS if n <= loaded.context_length] + [loaded.context_length]
+        lengths = sorted(set(lengths))
+        images = GraphedEncoder(model, batch_sizes=image_sizes, max_graphs=len(image_sizes))
+        texts = GraphedEncoder(model, batch_sizes=text_sizes, text_lengths=lengths,
+                               max_graphs=len(text_sizes) * len(lengths))
+        started = time.perf_counter()
+        height, width = loaded.image_size
+        tokenizer_ids = (49406, 49407)  # OpenCLIP's SOT/EOT; only the pooled position matters for the graph key
+        for size in reversed(image_sizes):
+            images.encode_image(torch.zeros((size, 3, height, width), dtype=loaded.dtype, device=device))
+        for size in reversed(text_sizes):
+            for length in reversed(lengths):
+                tokens = torch.zeros((size, loaded.context_length), dtype=torch.long)
+                tokens[:, 0] = tokenizer_ids[0]
+                tokens[:, 1:length - 1] = 1
+                tokens[:, length - 1] = tokenizer_ids[1]
+                texts.encode_text(tokens)
+        torch.cuda.synchronize(device)
+        stats_i, stats_t = images.stats(), texts.stats()
+        logger.info("captured %d image and %d text CUDA graphs in %.1f s (%.0f MiB)", stats_i.graphs, stats_t.graphs,
+                    time.perf_counter() - started,
+                    (stats_i.graph_memory_bytes + stats_t.graph_memory_bytes) / 2**20)
+        self.graph_stats = (stats_i, stats_t)
+        return images.encode_image, texts.encode_text
+
+    # -- the queue -----------------------------------------------------------------------------------------------
+    def _dequeued(self, count: int) -> None:
+        self.queued -= count  # called with self.lock held
+
+    def queue_depth(self, tower: str) -> int:
+        batcher = self.batchers.get(tower)
+        return len(batcher) if batcher is not None else 0
+
+    def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item], limit: int) -> None:
+        """Queue a request's items, all or none: ``ServerBusy`` when ``limit`` items would be passed."""
+        if self.state != READY:
+            if self.state == STOPPED:
+                raise NotReady("the server is shutting down")
+            raise NotReady(self.error or "the model is still loading")
+        count = len(images) + len(texts)
+        now = time.monotonic()
+        with self.lock:
+            if self.queued + count > limit:
+                raise ServerBusy(f"{self.queued} inputs are queued already; this request's {count} would pass the "
+                                 f"limit of {limit} (--max-queue)")
+            if self.batchers[IMAGE].stopping:
+                raise NotReady("the server is shutting down")
+            self.queued += count
+            if images:
+                self.batchers[IMAGE].put_locked(images, now)
+            if texts:
+                self.batchers[TEXT].put_locked(texts, now)
+
+    def abandon(self, items: Sequence[Item]) -> int:
+        """Drop a request's items still queued (its client went away, or its deadline passed): they are never
+        computed. Returns how many were dropped."""
+        dropped = {IMAGE: 0, TEXT: 0}
+        with self.lock:
+            for item in items:
+                if item.state == QUEUED:
+                    item.state = DROPPED
+                    dropped[IMAGE if isinstance(item.payload, bytes) else TEXT] += 1
+            self.queued -= dropped[IMAGE] + dropped[TEXT]
+        if self.metrics is not None:
+            for tower, count in dropped.items():
+                if count:
+                    self.metrics.dropped(tower, count)
+        return dropped[IMAGE] + dropped[TEXT]
+
+    def close(self) -> None:
+        """Answer everything queued, then stop the batchers' threads and the decoding workers."""
+        if self.state == READY:
+            self.state = STOPPED
+        for batcher in self.batchers.values():
+            batcher.close()
+        for batcher in self.batchers.values():
+            batcher.inputs.close()
+
+
+class EnginePool:
+    """The engines of one server (one per device); a request goes whole to the least loaded ready engine."""
+
+    def __init__(self, config: ServeConfig, metrics=None) -> None:
+        self.config = config
+        self.engines: List[Engine] = [Engine(config, name, metrics) for name in config.device_names()]
+        self.limit = -(-config.max_queue // len(self.engines))
+
+    def load(self) -> None:
+        """Load every engine (in parallel: each waits mostly on its own device)."""
+        if len(self.engines) == 1:
+            self.engines[0].load()
+            return
+        threads = [threading.Thread(target=engine.load, name=f"clip_flash-load-{i}")
+                   for i, engine in enumerate(self.engines)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    @property
+    def state(self) -> str:
+        states = {engine.state for engine in self.engines}
+        for state in (FAILED, LOADING, STOPPED):
+            if state in states:
+                return state
+        return READY
+
+    @property
+    def error(self) -> Optional[str]:
+        return next((engine.error for engine in self.engines if engine.error), None)
+
+    @property
+    def description(self) -> str:
+        return "; ".join(engine.description for engine in self.engines)
+
+    def queue_depth(self, tower: str) -> int:
+        return sum(engine.queue_depth(tower) for engine in self.engines)
+
+    def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item]) -> Engine:
+        ready = [engine for engine in self.engines if engine.state == READY]
+        if not ready:
+            return self.engines[0].submit(job, images, texts, self.limit)  # raises NotReady with the reason
+        engine = min(ready, key=lambda e: e.queued)
+        engine.submit(job, images, texts, self.limit)
+        return engine
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
+

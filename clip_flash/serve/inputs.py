@@ -1,0 +1,140 @@
+"""Turning a batch of request payloads into model inputs, per tower, in two steps the batcher runs on two
+threads: ``host`` (CPU work: decoding, tokenizing) and ``device`` (uploading, resampling on the device), so the
+next batch's CPU work overlaps this batch's device work.
+
+``fast``: clip_flash's exact ``ImagePreprocessor`` (or nvJPEG with ``decode="gpu"``) and ``get_tokenizer``.
+``stock``: OpenCLIP's own ``preprocess(Image.open(...))`` and tokenizer, one image at a time (a baseline).
+Each ``device`` step returns groups of (positions in the batch, tensor) and the per-position failures.
+"""
+from __future__ import annotations
+
+import io
+import logging
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+Group = Tuple[List[int], torch.Tensor]
+Failures = List[Tuple[int, str]]
+
+# Captions are sorted by token count and cut where the text tower's length buckets change, so short captions
+# do not pay for a long one's length; a group smaller than this joins the next longer one (fewer launches).
+MIN_TEXT_GROUP = 16
+TEXT_LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64)
+
+
+def describe_error(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class FastImageInputs:
+    """clip_flash's ``ImagePreprocessor``: bit for bit OpenCLIP's ``preprocess`` (``decode="cpu"``)."""
+
+    def __init__(self, preprocess: Any, device: torch.device, dtype: torch.dtype, decode: str,
+                 workers: Optional[int], batch_size: int) -> None:
+        from clip_flash.inputs.images import ImagePreprocessor
+
+        self.preparer = ImagePreprocessor(preprocess, device=device, dtype=dtype, decode=decode, workers=workers,
+                                          start=False)
+        self.preparer.start(batch_size=batch_size)
+        self.output_size = self.preparer.output_size
+
+    def host(self, payloads: Sequence[bytes]) -> Any:
+        return self.preparer.decode(payloads)
+
+    def device(self, host: Any) -> Tuple[List[Group], Failures]:
+        prepared = self.preparer.prepare(host)
+        groups = [(list(prepared.indices), prepared.pixels)] if prepared.indices else []
+        return groups, list(prepared.failures)
+
+    def close(self) -> None:
+        self.preparer.close()
+
+
+class StockImageInputs:
+    """OpenCLIP's ``preprocess(Image.open(file))``, image by image on the CPU, as a user's server does it."""
+
+    def __init__(self, preprocess: Any, device: torch.device, dtype: torch.dtype, output_size: Tuple[int, int]):
+        self.preprocess = preprocess
+        self.device = device
+        self.dtype = dtype
+        self.output_size = output_size
+
+    def host(self, payloads: Sequence[bytes]) -> Tuple[List[int], List[torch.Tensor], Failures]:
+        from PIL import Image
+
+        positions, rows, failures = [], [], []
+        for position, payload in enumerate(payloads):
+            try:
+                rows.append(self.preprocess(Image.open(io.BytesIO(payload))))
+                positions.append(position)
+            except Exception as error:  # noqa: BLE001 - one bad image never fails its neighbours
+                failures.append((position, describe_error(error)))
+        return positions, rows, failures
+
+    def device(self, host: Tuple[List[int], List[torch.Tensor], Failures]) -> Tuple[List[Group], Failures]:
+        positions, rows, failures = host
+        if not rows:
+            return [], failures
+        batch = torch.stack(rows).to(self.device, self.dtype, non_blocking=True)
+        return [(positions, batch)], failures
+
+    def close(self) -> None:
+        pass
+
+
+class TextInputs:
+    """Captions to token ids (clip_flash's tokenizer, or OpenCLIP's own), grouped by length when the text
+    tower skips padding."""
+
+    def __init__(self, tokenizer: Any, context_length: int, group_by_length: bool) -> None:
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.group_by_length = group_by_length
+
+    def host(self, payloads: Sequence[str]) -> Tuple[torch.Tensor, List[int]]:
+        tokens = self.tokenizer(list(payloads), context_length=self.context_length)
+        counts = (tokens != 0).sum(dim=1).tolist()  # id 0 pads; SOT and EOT count, as OpenAI's usage does
+        return tokens, counts
+
+    def device(self, host: Tuple[torch.Tensor, List[int]]) -> Tuple[List[Group], Failures]:
+        tokens, counts = host
+        # Tokens stay on the CPU: the encoder picks its length bucket from them without a device sync.
+        if not self.group_by_length or len(counts) <= MIN_TEXT_GROUP:
+            return [(list(range(len(counts))), tokens)], []
+        return [(positions, tokens[positions]) for positions in length_groups(counts)], []
+
+    def close(self) -> None:
+        pass
+
+
+def length_groups(counts: Sequence[int], buckets: Sequence[int] = TEXT_LENGTH_BUCKETS,
+                  min_group: int = MIN_TEXT_GROUP) -> List[List[int]]:
+    """Positions sorted by token count, cut where the length bucket changes; groups under ``min_group``
+    join the next longer one (the last joins the previous)."""
+    def bucket(count: int) -> int:
+        for limit in buckets:
+            if count <= limit:
+                return limit
+        return 1 << 30
+
+    order = sorted(range(len(counts)), key=counts.__getitem__)
+    groups: List[List[int]] = []
+    current: List[int] = []
+    current_bucket = None
+    for position in order:
+        b = bucket(counts[position])
+        if current and b != current_bucket and len(current) >= min_group:
+            groups.append(current)
+            current = []
+        current.append(position)
+        current_bucket = b
+    if current:
+        if groups and len(current) < min_group:
+            groups[-1].extend(current)
+        else:
+            groups.append(current)
+    return groups

@@ -1,0 +1,110 @@
+"""What travels between the HTTP side and the engine: one ``EmbeddingJob`` per request, one ``Item`` per input.
+
+The engine's threads never touch a job's fields directly: results go back to the job's event loop with one
+``call_soon_threadsafe`` per batch (``deliver_batch``), so a job is only ever changed on its loop's thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+IMAGE, TEXT = "image", "text"
+TOWERS = (IMAGE, TEXT)
+
+QUEUED, TAKEN, DROPPED = 0, 1, 2
+
+
+class ServerBusy(Exception):
+    """The engine's queue has no room for this request's items (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NotReady(Exception):
+    """The model is still loading, or the engine is stopping (HTTP 503)."""
+
+
+class ItemError:
+    """Why one input produced no embedding (reported per item, the request's other items still answered)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ItemError({self.message!r})"
+
+
+class Embedded:
+    """One input's embedding: the raw features, the L2-normalised ones, and the caption's token count."""
+
+    __slots__ = ("raw", "normalized", "tokens")
+
+    def __init__(self, raw: Any, normalized: Any, tokens: int) -> None:
+        self.raw = raw
+        self.normalized = normalized
+        self.tokens = tokens
+
+
+Result = Union[Embedded, ItemError]
+
+
+class EmbeddingJob:
+    """One request waiting on the engine. ``future`` completes (on ``loop``) once every item has a result."""
+
+    __slots__ = ("loop", "future", "results", "pending", "deadline", "abandoned", "arrival")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int, deadline: float) -> None:
+        self.loop = loop
+        self.future: asyncio.Future = loop.create_future()
+        self.results: List[Optional[Result]] = [None] * count
+        self.pending = count
+        self.deadline = deadline  # time.monotonic() past which its items are not computed
+        self.abandoned = False  # the client went away or the deadline passed: drop what is still queued
+        self.arrival = time.monotonic()
+
+    def expired(self, now: float) -> bool:
+        return self.abandoned or now > self.deadline
+
+    def settle(self, index: int, result: Result) -> None:
+        """Record one result (on the loop's thread)."""
+        if self.results[index] is None:
+            self.results[index] = result
+            self.pending -= 1
+            if self.pending == 0 and not self.future.done():
+                self.future.set_result(None)
+
+
+class Item:
+    """One input of a job, queued for one tower. ``state`` moves QUEUED -> TAKEN (into a batch) or -> DROPPED,
+    under the engine's queue lock, so the queue depth counts each item exactly once."""
+
+    __slots__ = ("job", "index", "payload", "state", "enqueued")
+
+    def __init__(self, job: EmbeddingJob, index: int, payload: Any) -> None:
+        self.job = job
+        self.index = index
+        self.payload = payload  # bytes (an encoded image) or str (a caption)
+        self.state = QUEUED
+        self.enqueued = 0.0
+
+
+def _settle_many(pairs: Sequence[Tuple[Item, Result]]) -> None:
+    for item, result in pairs:
+        item.job.settle(item.index, result)
+
+
+def deliver_batch(pairs: Sequence[Tuple[Item, Result]]) -> None:
+    """Hand results to their jobs' event loops (from any thread): one wake-up per loop, not per item."""
+    by_loop: Dict[asyncio.AbstractEventLoop, List[Tuple[Item, Result]]] = {}
+    for pair in pairs:
+        by_loop.setdefault(pair[0].job.loop, []).append(pair)
+    for loop, group in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_many, group)
+        except RuntimeError:  # the loop is closed: nobody is waiting for these any more
+            pass

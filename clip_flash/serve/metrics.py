@@ -1,0 +1,98 @@
+"""The server's Prometheus metrics (``GET /metrics``), in a registry of their own so that several servers (or
+tests) in one process never collide.
+
+Names follow the peers' in spirit (TEI's queue size and per-stage durations, Triton's queue and compute
+durations): requests by route and status, items queued per tower, batch sizes, and the seconds each item spends
+queued, each batch preparing and encoding, and each request being answered.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, Sequence, Tuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .jobs import TOWERS
+
+# Seconds: from 100 us (a replayed graph) to 10 s (a loaded CPU).
+SECONDS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServeMetrics:
+    """Counters, gauges and histograms of one server; ``render()`` is the /metrics body."""
+
+    def __init__(self, queue_depth: Callable[[str], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("clip_flash_requests", "HTTP requests answered, by route and status code",
+                                ["route", "status"], registry=r)
+        self.items = Counter("clip_flash_items", "Inputs answered, by tower and outcome (ok, error)",
+                             ["tower", "outcome"], registry=r)
+        self.dropped_items = Counter("clip_flash_items_dropped", "Queued inputs dropped before compute because "
+                                     "their client went away or their deadline passed", ["tower"], registry=r)
+        depth = Gauge("clip_flash_queue_depth", "Inputs waiting in the queue, per tower", ["tower"], registry=r)
+        for tower in TOWERS:
+            depth.labels(tower).set_function(lambda tower=tower: queue_depth(tower))
+        self.batch_size = Histogram("clip_flash_batch_size", "Inputs per batch, per tower", ["tower"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("clip_flash_queue_seconds", "Seconds an input waited in the queue",
+                                       ["tower"], buckets=SECONDS_BUCKETS, registry=r)
+        self.prepare_seconds = Histogram("clip_flash_prepare_seconds", "Seconds preparing a batch's inputs "
+                                         "(decoding, resampling, tokenizing)", ["tower"], buckets=SECONDS_BUCKETS,
+                                         registry=r)
+        self.encode_seconds = Histogram("clip_flash_encode_seconds", "Seconds from a prepared batch to its "
+                                        "embeddings on the host", ["tower"], buckets=SECONDS_BUCKETS, registry=r)
+        self.answer_seconds = Histogram("clip_flash_answer_seconds", "Seconds from a request's last result to its "
+                                        "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
+        self.request_seconds = Histogram("clip_flash_request_seconds", "Seconds from a request's arrival to its "
+                                         "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
+        self._request_children: Dict[Tuple[str, int], Counter] = {}
+        self._tower = {tower: (self.batch_size.labels(tower), self.queue_seconds.labels(tower),
+                               self.prepare_seconds.labels(tower), self.encode_seconds.labels(tower),
+                               self.dropped_items.labels(tower), self.items.labels(tower, "ok"),
+                               self.items.labels(tower, "error")) for tower in TOWERS}
+
+    # -- from the HTTP side ----------------------------------------------------------------------------------------
+    def answered(self, route: str, status: int, seconds: float = None, answer_seconds: float = None) -> None:
+        child = self._request_children.get((route, status))
+        if child is None:
+            child = self._request_children[(route, status)] = self.requests.labels(route, str(status))
+        child.inc()
+        if seconds is not None:
+            self.request_seconds.labels(route).observe(seconds)
+        if answer_seconds is not None:
+            self.answer_seconds.labels(route).observe(answer_seconds)
+
+    def outcomes(self, tower: str, ok: int, errors: int) -> None:
+        children = self._tower[tower]
+        if ok:
+            children[5].inc(ok)
+        if errors:
+            children[6].inc(errors)
+
+    # -- from the batchers -----------------------------------------------------------------------------------------
+    def queued(self, tower: str, waits: Iterable[float]) -> None:
+        histogram = self._tower[tower][1]
+        for seconds in waits:
+            histogram.observe(seconds)
+
+    def batch(self, tower: str, size: int, prepare_seconds: float) -> None:
+        children = self._tower[tower]
+        children[0].observe(size)
+        children[2].observe(prepare_seconds)
+
+    def encoded(self, tower: str, seconds: float) -> None:
+        self._tower[tower][3].observe(seconds)
+
+    def dropped(self, tower: str, count: int) -> None:
+        self._tower[tower][4].inc(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def metric_families(text: str) -> Sequence[str]:
+    """The metric family names in a /metrics body (for tests and tools)."""
+    return sorted({line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")})
