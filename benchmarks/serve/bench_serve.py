@@ -21,6 +21,7 @@ import datetime
 import hashlib
 import json
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -37,7 +38,9 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``clip
 from benchmarks.serve.curves import Curve, CurvePlan, run_curve  # noqa: E402
 from benchmarks.serve.load_generator import LoadSettings, PointResult, Request, Workload  # noqa: E402
 from benchmarks.serve.report import check_targets, render_markdown  # noqa: E402
-from benchmarks.serve.servers import REPO_ROOT, ServerConfig, ServerProcess, build_configs, infinity_available  # noqa: E402
+from benchmarks.serve.servers import (  # noqa: E402
+    REPO_ROOT, ServerConfig, ServerProcess, build_configs, infinity_available, raise_open_files_limit,
+)
 from benchmarks.serve.workloads import WORKLOAD_NAMES, build_workloads, request_captions, request_jpegs  # noqa: E402
 from benchmarks.serve.wrk_check import find_wrk, run_wrk  # noqa: E402
 
@@ -108,11 +111,14 @@ def save_results(folder: Path, results: Dict[str, Any], model: str, small_model:
     (folder / RESULTS_MD).write_text(render_markdown(results))
 
 
-def python_subprocess(args: List[str], log_path: Path, timeout_s: float) -> None:
+def python_subprocess(args: List[str], log_path: Path, timeout_s: float, extra_path: Optional[Path] = None) -> None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path) if extra_path else None, str(REPO_ROOT),
+                                                      env.get("PYTHONPATH")]))
     with open(log_path, "wb") as out:
         done = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=timeout_s)
+                              timeout=timeout_s, env=env)
     if done.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"{' '.join(args[:3])} failed ({done.returncode}); log {log_path}:\n{tail}")
@@ -263,7 +269,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     results["settings"] = {"p99_target_ms": args.p99_ms, "max_error_fraction": args.max_error_fraction,
                            "duration_s": args.duration, "warmup_s": args.warmup, "processes": args.processes,
                            "connections_per_process": args.connections, "client": args.client}
-    results["environment"] = environment(args, logs)
+    raise_open_files_limit()  # for the client processes and wrk
+    results["environment"] = {}  # this run's (an earlier command's may have been on another machine)
+    if "encoder" not in names:  # otherwise the encoder's process records it
+        results["environment"] = environment(args, logs)
     command = "python " + shlex.join([str(Path(sys.argv[0]).resolve().relative_to(REPO_ROOT))
                                       if Path(sys.argv[0]).resolve().is_relative_to(REPO_ROOT) else sys.argv[0],
                                       *(argv if argv is not None else sys.argv[1:])])
@@ -283,23 +292,35 @@ def main(argv: Optional[List[str]] = None) -> int:
             models = [args.model] + ([args.small_model] if "clip_flash-small-gpu" in names else [])
             for model in models:
                 print(f"[encoder] {model} {args.precision}", flush=True)
-                results["encoder"][model] = measure_encoder(args, model, logs)
-                rates = results["encoder"][model]["encoder"]["patched"]
+                try:
+                    record = measure_encoder(args, model, logs)
+                except Exception as error:
+                    results.setdefault("encoder_errors", {})[model] = str(error)
+                    print(f"[encoder] {model}: failed: {error}", flush=True)
+                    continue
+                results["encoder"][model] = record
+                results["environment"] = {key: value for key, value in record.items() if key != "encoder"}
+                rates = record["encoder"]["patched"]
                 print(f"[encoder] {model}: {rates['images_per_s']:,.0f} img/s, {rates['captions_per_s']:,.0f} "
                       "captions/s (patched)", flush=True)
                 save_results(folder, results, args.model, args.small_model)
         if "infinity" in server_names and infinity_available(args.infinity_site) is None:
             infinity_dir = Path(scratch) / "hf-clip"
             python_subprocess(["-m", "benchmarks.serve.hf_clip_folder", "--model", args.model, "--out",
-                               str(infinity_dir)], logs / "hf-clip-folder.log", timeout_s=600)
+                               str(infinity_dir)], logs / "hf-clip-folder.log", timeout_s=600,
+                              extra_path=args.infinity_site)
         configs = build_configs(server_names, args.model, args.small_model, args.precision, args.device,
                                 shlex.split(args.server_args), args.stub_workers, infinity_dir, args.infinity_site,
                                 args.infinity_batch)
         for config in configs:
             results["configs"][config.name] = run_config(args, config, jpegs, captions, wrk_jpeg, logs)
             save_results(folder, results, args.model, args.small_model)
+    if not results.get("environment"):
+        results["environment"] = environment(args, logs)
     results["runs"].append({"command": command, "started": started.isoformat(timespec="seconds"),
-                            "elapsed_s": round(time.monotonic() - began, 1), "configs": names})
+                            "elapsed_s": round(time.monotonic() - began, 1), "configs": names,
+                            "device_name": results["environment"].get("device_name"),
+                            "git_revision": results["environment"].get("git_revision")})
     save_results(folder, results, args.model, args.small_model)
     print(f"results: {folder / RESULTS_JSON}, {folder / RESULTS_MD} ({time.monotonic() - began:.0f} s)")
     for target in results["targets"]:

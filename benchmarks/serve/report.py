@@ -103,8 +103,13 @@ def render_markdown(results: Dict[str, Any]) -> str:
         "",
         "Commands:",
         "",
-        *[f"- `{run['command']}` ({run['started']}, {run['elapsed_s']:.0f} s)" for run in results.get("runs", [])],
+        *[f"- `{run['command']}` ({run['started']}, {run['elapsed_s']:.0f} s, `{run.get('device_name')}`, git "
+          f"`{str(run.get('git_revision'))[:12]}`)" for run in results.get("runs", [])],
         "",
+        *(["**These results come from more than one device or revision (see the commands above): compare only "
+           "numbers taken on the same one.**", ""]
+          if len({(run.get("device_name"), run.get("git_revision")) for run in results.get("runs", [])}) > 1
+          else []),
         "Method: Poisson arrivals at each offered rate from several client processes (open loop), latency from each "
         "request's scheduled send time to its last response byte on the client's clock, merged in an HDR histogram; "
         "requests scheduled in the warm-up are not counted. *achieved* is successful responses per second received "

@@ -48,6 +48,16 @@ class ServerConfig:
     startup_timeout_s: float = 600.0
 
 
+def raise_open_files_limit() -> None:
+    """Soft limit on open files up to the hard one: an overloaded point opens thousands of connections, and the
+    common default soft limit (1,024) would fail them with errors that belong to neither side."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -73,7 +83,7 @@ class ServerProcess:
         self.started = time.monotonic()
         # Own process group: stop() reaches the server's worker processes too.
         self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+                                        env=env, start_new_session=True, preexec_fn=raise_open_files_limit)
         self.ready_after_s: Optional[float] = None
 
     def wait_ready(self) -> float:
@@ -106,10 +116,8 @@ class ServerProcess:
     def stop(self, timeout_s: float = 30.0) -> Optional[int]:
         """SIGTERM the server's process group, wait, SIGKILL what is left; the server's exit status."""
         if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            # The server alone gets SIGTERM: it answers what it accepted and stops its own workers.
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -176,7 +184,7 @@ def build_configs(names: Sequence[str], model: str, small_model: str, precision:
                         f"{precision}, batch {infinity_batch}",
             [python, "-m", "infinity_emb.cli", "v2", "--model-id", str(infinity_model_dir), "--served-model-name",
              "clip", "--engine", "torch", "--device", device, "--dtype", _infinity_dtype(precision),
-             "--batch-size", str(infinity_batch), "--no-model-warmup", "--host", "127.0.0.1", "--port", "{port}"],
+             "--batch-size", str(infinity_batch), "--no-model-warmup", "--log-level", "warning", "--host", "127.0.0.1", "--port", "{port}"],
             ("image-uri", "caption", "captions64"), model, embeddings_path="/embeddings", image_path=None,
             ready_path="/health", models_path="/models", image_json_extra={"modality": "image"},
             env={"DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
