@@ -20,7 +20,6 @@ import base64
 import datetime
 import hashlib
 import json
-import logging
 import os
 import shlex
 import subprocess
@@ -44,10 +43,9 @@ from benchmarks.serve.servers import (  # noqa: E402
 from benchmarks.serve.workloads import WORKLOAD_NAMES, build_workloads, request_captions, request_jpegs  # noqa: E402
 from benchmarks.serve.wrk_check import find_wrk, run_wrk  # noqa: E402
 
-log = logging.getLogger("bench_serve")
 DEFAULT_CONFIGS = "encoder,clip_flash,clip_flash-small-gpu,stock-inputs,operator,infinity"
 # Where each workload's rising rates start: the image curves start at the 50 req/s latency target's rate.
-DEFAULT_START_RPS = {"image-raw": 50.0, "image-uri": 50.0, "caption": 200.0, "captions64": 25.0, "mix": 100.0}
+DEFAULT_START_RPS = {"image-raw": 50.0, "image-uri": 100.0, "caption": 500.0, "captions64": 100.0, "mix": 200.0}
 RESULTS_JSON, RESULTS_MD = "serve_bench.json", "serve_bench.md"
 
 
@@ -77,8 +75,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     curve.add_argument("--max-error-fraction", type=float, default=0.001)
     curve.add_argument("--rates", default="", help="comma-separated rates run as listed (instead of rising)")
     curve.add_argument("--start-rps", default="", help="per workload, e.g. caption=500,captions64=50")
-    curve.add_argument("--factor", type=float, default=2.0, help="rate growth per step")
-    curve.add_argument("--refine", type=int, default=2, help="bisection steps after the first missed point")
+    curve.add_argument("--factor", type=float, default=4.0, help="rate growth per step")
+    curve.add_argument("--refine", type=int, default=3, help="bisection steps after the first missed point "
+                                                             "(4x steps and 3 bisections: within 19%%)")
+    curve.add_argument("--min-requests", type=int, default=300,
+                       help="a point lasts at least this many requests (low rates run longer than --duration)")
     curve.add_argument("--max-rps", type=float, default=100_000.0, help="highest rate offered")
     other = parser.add_argument_group("other")
     other.add_argument("--photos", type=Path, help="photo folder (photo-set); default scikit-image's samples")
@@ -177,7 +178,7 @@ def curve_plan(args: argparse.Namespace, workload: str) -> CurvePlan:
         starts[name.strip()] = float(value)
     rates = [float(rate) for rate in args.rates.split(",") if rate.strip()] or None
     return CurvePlan(start_rps=starts.get(workload, 50.0), factor=args.factor, max_rps=args.max_rps,
-                     refine_steps=args.refine, rates=rates, p99_target_ms=args.p99_ms,
+                     refine_steps=args.refine, min_requests=args.min_requests, rates=rates, p99_target_ms=args.p99_ms,
                      max_error_fraction=args.max_error_fraction)
 
 
@@ -261,7 +262,6 @@ def _distinct_kinds(workload: Workload) -> List[Request]:
 # ----- main --------------------------------------------------------------------------------------------------
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     started, began = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     names = [name.strip() for name in args.configs.split(",") if name.strip()]
     folder, logs = args.results, args.results / "logs"

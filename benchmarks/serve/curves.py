@@ -7,26 +7,27 @@ result is the highest achieved rate among the points that meet it.
 """
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .load_generator import LoadSettings, PointResult, Workload, run_point
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class CurvePlan:
     """Which rates to offer. ``rates`` (if given) are run as listed, in order; otherwise rates start at
-    ``start_rps`` and grow by ``factor`` until a point misses the target or passes ``max_rps``, then
-    ``refine_steps`` geometric bisections between the last point that met it and the first that did not."""
+    ``start_rps`` and grow by ``factor`` until a point misses the target or passes ``max_rps`` (when the first
+    point misses, they shrink by ``factor`` instead, at most ``max_down_steps`` times, until one meets it),
+    then ``refine_steps`` geometric bisections between the highest rate that met it and the lowest that did
+    not. Each point lasts long enough for ``min_requests`` measured requests (p99 needs a few hundred)."""
 
     start_rps: float = 50.0
-    factor: float = 2.0
+    factor: float = 4.0
     max_rps: float = 200_000.0
-    refine_steps: int = 2
+    refine_steps: int = 3
+    max_down_steps: int = 6
+    min_requests: int = 300
     rates: Optional[Sequence[float]] = None
     p99_target_ms: float = 100.0
     max_error_fraction: float = 0.001
@@ -84,7 +85,8 @@ def run_curve(server: str, base_url: str, workload: Workload, plan: CurvePlan, s
     curve = Curve(server=server, workload=workload, plan=plan)
 
     def run(rate: float) -> bool:
-        point = run_point(base_url, workload, rate, settings, seed=len(curve.points))
+        duration = max(settings.duration_s, plan.min_requests / rate)
+        point = run_point(base_url, workload, rate, replace(settings, duration_s=duration), seed=len(curve.points))
         curve.points.append(point)
         if on_point:
             on_point(curve, point)
@@ -106,8 +108,15 @@ def run_curve(server: str, base_url: str, workload: Workload, plan: CurvePlan, s
     if first_missed is None:
         curve.note = f"met the target at every rate up to {plan.max_rps:g}/s (the plan's ceiling)"
         return curve
+    rate = first_missed / plan.factor
+    for _ in range(plan.max_down_steps if last_met is None else 0):
+        if run(rate):
+            last_met = rate
+            break
+        first_missed = rate
+        rate /= plan.factor
     if last_met is None:
-        curve.note = f"missed the target at the first rate ({plan.start_rps:g}/s)"
+        curve.note = f"missed the target at every rate down to {first_missed:g}/s"
         return curve
     for _ in range(plan.refine_steps):
         middle = math.sqrt(last_met * first_missed)

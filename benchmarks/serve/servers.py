@@ -178,14 +178,14 @@ def build_configs(names: Sequence[str], model: str, small_model: str, precision:
             "operator", f"FastAPI + OpenCLIP preprocess + stock model, one request at a time, {model} {precision}",
             [python, str(REPO_ROOT / "benchmarks/serve/baseline_server.py"), "--model", model, "--precision",
              precision, "--device", device, "--port", "{port}"],
-            ("image-raw", "caption", "captions64"), model),
+            ("image-raw", "caption"), model),
         "infinity": lambda: ServerConfig(
             "infinity", f"infinity-emb (torch engine), random-init Hugging Face CLIP shaped as {model}, "
                         f"{precision}, batch {infinity_batch}",
             [python, "-m", "infinity_emb.cli", "v2", "--model-id", str(infinity_model_dir), "--served-model-name",
              "clip", "--engine", "torch", "--device", device, "--dtype", _infinity_dtype(precision),
              "--batch-size", str(infinity_batch), "--no-model-warmup", "--log-level", "warning", "--host", "127.0.0.1", "--port", "{port}"],
-            ("image-uri", "caption", "captions64"), model, embeddings_path="/embeddings", image_path=None,
+            ("image-uri", "caption"), model, embeddings_path="/embeddings", image_path=None,
             ready_path="/health", models_path="/models", image_json_extra={"modality": "image"},
             env={"DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
                  **({"PYTHONPATH": str(infinity_site)} if infinity_site else {})}),

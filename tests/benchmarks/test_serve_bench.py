@@ -22,7 +22,7 @@ from benchmarks.serve.report import check_targets
 from benchmarks.serve.workloads import build_workloads
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SETTINGS = LoadSettings(processes=2, duration_s=2.0, warmup_s=0.3)
+SETTINGS = LoadSettings(processes=2, duration_s=1.5, warmup_s=0.3)
 
 
 @contextmanager
@@ -80,7 +80,8 @@ def test_rising_rates_stop_past_the_target_and_report_the_best_point():
     # Serial 5 ms requests: at most 200 req/s. Rates double from 10 until p99 passes 100 ms, then bisect.
     with stub_server("--delay-ms", "5", "--serial") as url:
         curve = run_curve("stub", url, caption_workload(),
-                          CurvePlan(start_rps=10.0, factor=2.0, refine_steps=1, max_rps=5000.0), SETTINGS)
+                          CurvePlan(start_rps=10.0, factor=2.0, refine_steps=1, max_rps=5000.0, min_requests=0),
+                          SETTINGS)
     offered = [point.offered_rps for point in curve.points]
     first_missed = next(index for index, point in enumerate(curve.points) if not curve.meets(point))
     assert offered[:first_missed + 1] == [10.0 * 2 ** k for k in range(first_missed + 1)]
@@ -94,11 +95,24 @@ def test_rising_rates_stop_past_the_target_and_report_the_best_point():
     assert summary["throughput_at_target"]["offered_rps"] == round(best.offered_rps, 2)
 
 
+def test_a_first_rate_past_capacity_searches_down():
+    # Serial 20 ms requests: at most 50 req/s. Starting at 200 req/s, rates shrink 4x until one meets p99.
+    with stub_server("--delay-ms", "20", "--serial") as url:
+        curve = run_curve("stub", url, caption_workload(),
+                          CurvePlan(start_rps=200.0, factor=4.0, refine_steps=1, min_requests=0), SETTINGS)
+    offered = [point.offered_rps for point in curve.points]
+    assert offered[:2] == [200.0, 50.0] and not curve.meets(curve.points[0])
+    best = curve.best
+    assert best is not None and best.offered_rps < 50.0
+    assert offered[2] == 12.5 and curve.meets(curve.points[2])  # 50/s is the capacity: it queues without bound
+    assert len(offered) == 4 and abs(offered[3] - 25.0) < 1e-9  # one bisection between 12.5 (met) and 50
+
+
 def test_driver_writes_results_against_the_stub(tmp_path):
     results = tmp_path / "results"
     status = bench_serve.main([
         "--configs", "stub", "--device", "cpu", "--workloads", "caption,image-raw,captions64", "--rates", "20,40",
-        "--duration", "1", "--warmup", "0.3", "--processes", "2", "--stub-workers", "1", "--no-wrk",
+        "--duration", "1", "--warmup", "0.3", "--min-requests", "0", "--processes", "2", "--stub-workers", "1", "--no-wrk",
         "--results", str(results)])
     assert status == 0
     record = json.loads((results / "serve_bench.json").read_text())
@@ -146,7 +160,7 @@ def test_driver_against_the_operator_baseline_with_a_real_model(tmp_path):
     results = tmp_path / "results"
     status = bench_serve.main([
         "--configs", "operator", "--device", "cpu", "--precision", "fp32", "--model", "ViT-B-32",
-        "--workloads", "caption,image-raw", "--rates", "2", "--duration", "1.5", "--warmup", "0.3",
+        "--workloads", "caption,image-raw", "--rates", "2", "--duration", "1.5", "--warmup", "0.3", "--min-requests", "0",
         "--processes", "1", "--no-wrk", "--timeout", "60", "--results", str(results)])
     assert status == 0
     operator = json.loads((results / "serve_bench.json").read_text())["configs"]["operator"]
