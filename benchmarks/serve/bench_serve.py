@@ -234,8 +234,10 @@ def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes
                 except Exception as error:
                     record["wrk"] = {"error": str(error)}
     except Exception as error:
-        record["error"] = f"{type(error).__name__}: {error}"
-        print(f"[{config.name}] error: {record['error']}", flush=True)
+        message = f"{type(error).__name__}: {error}"
+        record["error"] = message.splitlines()[0]
+        record["log_tail"] = server.log_tail()
+        print(f"[{config.name}] error: {message}", flush=True)
     finally:
         record["exit_status"] = server.stop()
     return record

@@ -144,11 +144,14 @@ def render_markdown(results: Dict[str, Any]) -> str:
         if config.get("skipped"):
             lines += [f"Not run: {config['skipped']}", ""]
             continue
-        lines.append(f"Command: `{config.get('command')}`. Ready after {config.get('ready_after_s', 0):.1f} s; "
-                     f"exit status after SIGTERM: {config.get('exit_status')}.")
+        ready = (f"Ready after {config['ready_after_s']:.1f} s" if config.get("ready_after_s") is not None
+                 else "Never ready")
+        lines += [f"Command: `{config.get('command')}`. {ready}; exit status after SIGTERM: "
+                  f"{config.get('exit_status')}.", ""]
         if config.get("error"):
-            lines.append(f"Error: {config['error']}")
-        lines.append("")
+            lines += [f"Error: {config['error']}", ""]
+            if config.get("log_tail"):
+                lines += ["Last lines of its log:", "", "```", config["log_tail"], "```", ""]
         for workload, curve in (config.get("curves") or {}).items():
             best = curve.get("throughput_at_target")
             summary = (f"**{best['requests_per_s']:,.1f} req/s ({best['items_per_s']:,.1f} items/s)** at p99 <= "
