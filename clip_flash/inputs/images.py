@@ -58,7 +58,7 @@ class ImagePreprocessor:
         decode: ``"cpu"`` (exact: libjpeg-turbo, Pillow's own pixels) or ``"gpu"``: nvJPEG decodes
             the JPEGs, which is faster and NOT exact (nvJPEG repeats chroma samples where libjpeg-turbo
             interpolates: up to tens of levels apart; see ``gpu_chroma``;
-            ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
+            ``benchmarks/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
         workers: CPU workers decoding (default: the cores this process may use; with ``decode="gpu"``, which
             only reads files and headers on the CPU, at most ``GPU_DECODE_READERS``).
         executor: ``"auto"`` (default: ``"process"`` where decoded pixels, or with ``decode="gpu"`` the

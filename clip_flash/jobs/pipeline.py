@@ -18,18 +18,15 @@ handed to the writer as soon as its last batch lands.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import queue
-import sys
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -101,15 +98,9 @@ class PipelineStats:
 
 
 MAIN_THREAD_STEPS = ("waiting for inputs", "launching", "waiting for the device", "handing to the writer")
-# Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoding workers, then waits;
-# with decode="gpu" each also runs its batch's hardware JPEG decode). More did not help on the H200 host:
-# --decode gpu ran 12,944-13,018 img/s with 2, 12,599-12,807 with 4, 12,850 with 6 (results/README.md).
+# Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoder, then waits; with
+# decode="gpu" each also runs its batch's hardware JPEG decode). Two keep the GPU fed; more measured no faster.
 DEFAULT_DECODE_THREADS = 2
-# Seconds; when set, the interpreter's GIL switch interval during a run (restored after). Every torch call of the
-# main thread's launches releases the GIL, and taking it back waits for the holder's interval (5 ms by default)
-# when a decoding thread runs Python meanwhile. An experiment: at b401b8f, 0.2 ms made bench_clip.py's exact
-# path 7% faster and its fast path 44% (results/h100/gil_switch_interval_b401b8f/); not measured on the job.
-SWITCH_INTERVAL_ENV = "CLIP_FLASH_GIL_SWITCH_INTERVAL"
 
 
 def finish_features(features: torch.Tensor, normalize: bool, out_dtype: np.dtype) -> torch.Tensor:
@@ -323,8 +314,7 @@ class EmbeddingPipeline:
     def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
             progress: Any = None) -> PipelineStats:
         """Embed every shard and ``commit`` each finished one (from a writer thread, in shard order)."""
-        with _switch_interval(os.environ.get(SWITCH_INTERVAL_ENV, "").strip()):
-            return self._run(shards, commit, progress)
+        return self._run(shards, commit, progress)
 
     def _run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None], progress: Any) -> PipelineStats:
         stats = PipelineStats()
@@ -429,24 +419,3 @@ class EmbeddingPipeline:
             raise writer_error[0]
         stats.seconds = time.perf_counter() - started
         return stats
-
-
-@contextlib.contextmanager
-def _switch_interval(setting: str) -> Iterator[None]:
-    """``sys.setswitchinterval(float(setting))`` inside, the interpreter's own outside; nothing when empty."""
-    if not setting:
-        yield
-        return
-    try:
-        interval = float(setting)
-        if interval <= 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"{SWITCH_INTERVAL_ENV}={setting!r}: expected seconds, a positive number") from None
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(interval)
-    logger.info("GIL switch interval %.6f s for this run (%s; %.6f s before)", interval, SWITCH_INTERVAL_ENV, before)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)

@@ -108,7 +108,6 @@ print(sorted(transform(__import__("PIL.Image").Image.new("RGBA", (40, 30))).shap
 def test_the_transform_and_torchvision_load_together_in_a_fresh_worker(vit_b32_preprocess):
     """Both at once, as a worker meets a PNG and an RGBA image: they load one after the other (two threads
     importing torchvision at once failed halfway through its circular imports on the GPU host)."""
-    import os
     import pickle
     import subprocess
     import sys

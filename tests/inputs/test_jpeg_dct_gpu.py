@@ -16,7 +16,6 @@ from clip_flash.inputs import jpeg_dct
 from clip_flash.ops._extension import load_extension
 from photo_corpus import assert_same_as_reference, skimage_photo
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture
@@ -58,7 +57,7 @@ def _crops(count: int, seed: int):
     return cases
 
 
-@cuda
+@pytest.mark.gpu
 def test_photos_decode_to_pillows_pixels(route_on, photo_files):
     """Every JPEG of the photo corpus the route takes (4:2:0, 4:2:2, 4:4:4, progressive, grayscale, qualities
     50-100, sizes 61-1024) decodes to Pillow's pixels; it declines only the RGB-coded and CMYK ones."""
@@ -74,7 +73,7 @@ def test_photos_decode_to_pillows_pixels(route_on, photo_files):
             assert np.array_equal(pixels.cpu().numpy(), expected), path.name
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_crops_decode_to_pillows_pixels(route_on, seed):
     """Crops of any size, down to 1x1, every subsampling and quality: Pillow's pixels wherever the route takes
@@ -92,7 +91,7 @@ def test_random_crops_decode_to_pillows_pixels(route_on, seed):
     assert taken >= 90
 
 
-@cuda
+@pytest.mark.gpu
 def test_benchmark_photos_decode_to_pillows_pixels(route_on):
     """The benchmark's web photos (when the folder is there): all taken, all Pillow's pixels."""
     from photo_corpus import _photo_folder
@@ -113,7 +112,7 @@ def _prepare(preprocess, items, executor):
         return prep(items)
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_preprocessor_rows_are_the_reference_with_the_route(route_on, vit_b32_preprocess, photo_files, executor):
     """With the route on (the default), the exact path's rows are ``preprocess(Image.open(p))``, and the route
@@ -125,7 +124,7 @@ def test_preprocessor_rows_are_the_reference_with_the_route(route_on, vit_b32_pr
     assert_same_as_reference(prepared, vit_b32_preprocess, items)
 
 
-@cuda
+@pytest.mark.gpu
 def test_rows_same_with_route_on_and_off(monkeypatch, vit_b32_preprocess, photo_files, tmp_path):
     """The switch changes the route, not a bit of the output, bad files included (each reported as before)."""
     good = [path for path in photo_files if str(path).endswith(".jpg")][:12]
@@ -147,7 +146,7 @@ def test_rows_same_with_route_on_and_off(monkeypatch, vit_b32_preprocess, photo_
     assert_same_as_reference(on, vit_b32_preprocess, items)
 
 
-@cuda
+@pytest.mark.gpu
 def test_route_off_where_the_library_cannot_open(route_on, monkeypatch):
     """A libjpeg that does not open turns the route off (None), it does not fail the preprocessor."""
     jpeg_dct._checked_reader.cache_clear()
@@ -158,7 +157,7 @@ def test_route_off_where_the_library_cannot_open(route_on, monkeypatch):
         jpeg_dct._checked_reader.cache_clear()
 
 
-@cuda
+@pytest.mark.gpu
 def test_reader_reports_rather_than_raises(route_on):
     """Bad bytes come back as a reason from libjpeg (no exception, no crash), and the kernel call refuses bad
     arguments with a reason."""
