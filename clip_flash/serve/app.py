@@ -89,12 +89,14 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
     background at startup (``/ready`` says when they are ready); False when the caller loaded them already.
     ``on_load_failure(message)``: called when loading fails (the CLI stops the server with an error)."""
     holder: Dict[str, Any] = {}
-    metrics = ServeMetrics(lambda tower: holder["pool"].queue_depth(tower))
+    remote = pool is not None and hasattr(pool, "connect")
+    metrics = pool.metrics if remote else ServeMetrics(lambda tower: holder["pool"].queue_depth(tower))
     pool = pool or EnginePool(config, metrics)
-    for engine in pool.engines:
+    for engine in getattr(pool, "engines", ()):
         engine.metrics = engine.metrics or metrics
     holder["pool"] = pool
     state = ServerState(config, pool, metrics)
+    per_engine_queue = -(-config.max_queue // len(config.device_names()))  # a request goes whole to one engine
 
     def unauthorized(request: Request) -> Optional[Response]:
         if state.bearer is None:
@@ -141,7 +143,9 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         denied = unauthorized(request)
         if denied is not None:
             return denied
-        return Response(metrics.render(), 200, media_type=CONTENT_TYPE)
+        # With --workers N the engine process holds the one registry every frontend reports to.
+        body = await pool.engine_metrics() if remote else metrics.render()
+        return Response(body, 200, media_type=CONTENT_TYPE)
 
     async def embed(request: Request, route: str, started: float, inputs: List[Union[Input, ItemError]],
                     encoding_format: str, normalize: bool) -> Response:
@@ -156,10 +160,10 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
                 job.settle(index, entry)
             else:
                 (images if entry[0] == IMAGE else texts).append(Item(job, index, entry[1]))
-        if len(images) + len(texts) > config.max_queue:
+        if len(images) + len(texts) > per_engine_queue:  # could never be admitted: not a 429 to retry
             return refuse(route, started, RequestError(
                 413, f"{len(images) + len(texts)} inputs in one request; this server queues at most "
-                     f"{config.max_queue} (--max-queue)", param="input"))
+                     f"{per_engine_queue} for one engine (--max-queue)", param="input"))
         engine = None
         if images or texts:
             try:
@@ -185,6 +189,11 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
                 return refuse(route, started, RequestError(
                     503, f"not answered within {config.request_timeout:g} s (--request-timeout); its queued "
                          f"inputs were dropped", kind="server_error", code="timeout", headers={"Retry-After": "1"}))
+        if job.refusal is not None:  # an engine in another process refused the items
+            busy = isinstance(job.refusal, ServerBusy)
+            return refuse(route, started, RequestError(429 if busy else 503, str(job.refusal),
+                                                       kind="rate_limit_error" if busy else "server_error",
+                                                       headers={"Retry-After": "1"}))
         answering = time.perf_counter()
         status, body = embeddings_response(state.model_id, job.results, encoding_format, normalize)
         done = time.perf_counter()
@@ -258,6 +267,11 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if hasattr(pool, "connect"):  # engines in another process (--workers N)
+            await pool.connect()
+            yield
+            await pool.disconnect()
+            return
         if load:
             thread = threading.Thread(target=_load_then_report, args=(pool, on_load_failure), daemon=True,
                                       name="clip_flash-load")

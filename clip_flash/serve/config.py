@@ -23,7 +23,8 @@ class ServeConfig:
         max_batch: largest image batch (and a CUDA-graph bucket); a batch closes at it or at ``max_wait_ms``.
         max_text_batch: largest caption batch (captions are cheap; graphs are captured up to it).
         max_wait_ms: how long the first item of a batch waits for others.
-        max_queue: items waiting in all towers together; a request that would pass it gets 429.
+        max_queue: items waiting in all towers together (split evenly between engines); a request that would
+            pass it gets 429.
         request_timeout: seconds from arrival; past it the request gets 503 and its items are dropped.
         max_request_bytes: a larger body gets 413.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``.

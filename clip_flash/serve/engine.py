@@ -58,7 +58,18 @@ class Engine:
                          exc_info=not isinstance(error, ModelLoadError))
 
     def _load(self) -> None:
+        import contextlib
+
         import torch
+
+        device = torch.device(self.device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        # This thread's current device is the engine's (--devices 0,1 loads each engine on its own thread).
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            self._load_on(device)
+
+    def _load_on(self, device) -> None:
 
         from clip_flash.models import load_model, parse_model_spec
 
@@ -67,9 +78,6 @@ class Engine:
 
         config = self.config
         started = time.perf_counter()
-        device = torch.device(self.device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
         precision = config.precision or ("fp16" if device.type == "cuda" else "fp32")
         spec = parse_model_spec(config.model)
         loaded = load_model(spec, device, precision)

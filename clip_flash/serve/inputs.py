@@ -59,7 +59,7 @@ class StockImageInputs:
 
     def __init__(self, preprocess: Any, device: torch.device, dtype: torch.dtype, output_size: Tuple[int, int]):
         self.preprocess = preprocess
-        self.device = device
+        self.target = device
         self.dtype = dtype
         self.output_size = output_size
 
@@ -79,7 +79,7 @@ class StockImageInputs:
         positions, rows, failures = host
         if not rows:
             return [], failures
-        batch = torch.stack(rows).to(self.device, self.dtype, non_blocking=True)
+        batch = torch.stack(rows).to(self.target, self.dtype, non_blocking=True)
         return [(positions, batch)], failures
 
     def close(self) -> None:

@@ -56,7 +56,7 @@ Result = Union[Embedded, ItemError]
 class EmbeddingJob:
     """One request waiting on the engine. ``future`` completes (on ``loop``) once every item has a result."""
 
-    __slots__ = ("loop", "future", "results", "pending", "deadline", "abandoned", "arrival")
+    __slots__ = ("loop", "future", "results", "pending", "deadline", "abandoned", "arrival", "refusal")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int, deadline: float) -> None:
         self.loop = loop
@@ -66,6 +66,13 @@ class EmbeddingJob:
         self.deadline = deadline  # time.monotonic() past which its items are not computed
         self.abandoned = False  # the client went away or the deadline passed: drop what is still queued
         self.arrival = time.monotonic()
+        self.refusal: Optional[Exception] = None  # ServerBusy/NotReady from an engine in another process
+
+    def refuse(self, error: Exception) -> None:
+        """The engine would not take the items (on the loop's thread)."""
+        self.refusal = error
+        if not self.future.done():
+            self.future.set_result(None)
 
     def expired(self, now: float) -> bool:
         return self.abandoned or now > self.deadline

@@ -7,7 +7,7 @@ queued, each batch preparing and encoding, and each request being answered.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -24,6 +24,7 @@ class ServeMetrics:
     """Counters, gauges and histograms of one server; ``render()`` is the /metrics body."""
 
     def __init__(self, queue_depth: Callable[[str], int]) -> None:
+        """``queue_depth(tower)``: read at each scrape (no cost per request)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("clip_flash_requests", "HTTP requests answered, by route and status code",
@@ -31,39 +32,46 @@ class ServeMetrics:
         self.items = Counter("clip_flash_items", "Inputs answered, by tower and outcome (ok, error)",
                              ["tower", "outcome"], registry=r)
         self.dropped_items = Counter("clip_flash_items_dropped", "Queued inputs dropped before compute because "
-                                     "their client went away or their deadline passed", ["tower"], registry=r)
-        depth = Gauge("clip_flash_queue_depth", "Inputs waiting in the queue, per tower", ["tower"], registry=r)
+                                     "their client went away or their deadline passed", ["tower"],
+                                     registry=r)
+        depth = Gauge("clip_flash_queue_depth", "Inputs waiting in the queue, per tower", ["tower"],
+                      registry=r)
         for tower in TOWERS:
             depth.labels(tower).set_function(lambda tower=tower: queue_depth(tower))
         self.batch_size = Histogram("clip_flash_batch_size", "Inputs per batch, per tower", ["tower"],
                                     buckets=BATCH_BUCKETS, registry=r)
-        self.queue_seconds = Histogram("clip_flash_queue_seconds", "Seconds an input waited in the queue",
-                                       ["tower"], buckets=SECONDS_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("clip_flash_queue_seconds", "Seconds a request's inputs waited in the "
+                                       "queue (one observation per request and tower)", ["tower"],
+                                       buckets=SECONDS_BUCKETS, registry=r)
         self.prepare_seconds = Histogram("clip_flash_prepare_seconds", "Seconds preparing a batch's inputs "
                                          "(decoding, resampling, tokenizing)", ["tower"], buckets=SECONDS_BUCKETS,
                                          registry=r)
         self.encode_seconds = Histogram("clip_flash_encode_seconds", "Seconds from a prepared batch to its "
-                                        "embeddings on the host", ["tower"], buckets=SECONDS_BUCKETS, registry=r)
+                                        "embeddings on the host", ["tower"], buckets=SECONDS_BUCKETS,
+                                        registry=r)
         self.answer_seconds = Histogram("clip_flash_answer_seconds", "Seconds from a request's last result to its "
                                         "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
         self.request_seconds = Histogram("clip_flash_request_seconds", "Seconds from a request's arrival to its "
                                          "response body", ["route"], buckets=SECONDS_BUCKETS, registry=r)
-        self._request_children: Dict[Tuple[str, int], Counter] = {}
+        self._request_children: Dict[Tuple[str, int], Tuple[Any, Any, Any]] = {}
         self._tower = {tower: (self.batch_size.labels(tower), self.queue_seconds.labels(tower),
                                self.prepare_seconds.labels(tower), self.encode_seconds.labels(tower),
                                self.dropped_items.labels(tower), self.items.labels(tower, "ok"),
                                self.items.labels(tower, "error")) for tower in TOWERS}
 
     # -- from the HTTP side ----------------------------------------------------------------------------------------
-    def answered(self, route: str, status: int, seconds: float = None, answer_seconds: float = None) -> None:
-        child = self._request_children.get((route, status))
-        if child is None:
-            child = self._request_children[(route, status)] = self.requests.labels(route, str(status))
-        child.inc()
+    def answered(self, route: str, status: int, seconds: Optional[float] = None,
+                 answer_seconds: Optional[float] = None) -> None:
+        children = self._request_children.get((route, status))
+        if children is None:  # labels() costs a lock and a dict lookup: once per (route, status)
+            children = self._request_children[(route, status)] = (
+                self.requests.labels(route, str(status)), self.request_seconds.labels(route),
+                self.answer_seconds.labels(route))
+        children[0].inc()
         if seconds is not None:
-            self.request_seconds.labels(route).observe(seconds)
+            children[1].observe(seconds)
         if answer_seconds is not None:
-            self.answer_seconds.labels(route).observe(answer_seconds)
+            children[2].observe(answer_seconds)
 
     def outcomes(self, tower: str, ok: int, errors: int) -> None:
         children = self._tower[tower]
@@ -91,6 +99,37 @@ class ServeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def apply(self, relayed: "RelayedMetrics.Observations") -> None:
+        """Add a frontend's observations (``RelayedMetrics.take()``) to these metrics."""
+        answered, outcomes = relayed
+        for route, status, seconds, answer_seconds in answered:
+            self.answered(route, status, seconds, answer_seconds)
+        for tower, ok, errors in outcomes:
+            self.outcomes(tower, ok, errors)
+
+
+class RelayedMetrics:
+    """A frontend's half of the metrics with ``--workers N``: it records what the routes observe and hands it to
+    the engine process (``take``), whose one registry /metrics shows, so counts cover every frontend."""
+
+    Observations = Tuple[List[Tuple[str, int, Optional[float], Optional[float]]], List[Tuple[str, int, int]]]
+
+    def __init__(self) -> None:
+        self._answered: List[Tuple[str, int, Optional[float], Optional[float]]] = []
+        self._outcomes: List[Tuple[str, int, int]] = []
+
+    def answered(self, route: str, status: int, seconds: Optional[float] = None,
+                 answer_seconds: Optional[float] = None) -> None:
+        self._answered.append((route, status, seconds, answer_seconds))
+
+    def outcomes(self, tower: str, ok: int, errors: int) -> None:
+        self._outcomes.append((tower, ok, errors))
+
+    def take(self) -> "RelayedMetrics.Observations":
+        taken = (self._answered, self._outcomes)
+        self._answered, self._outcomes = [], []
+        return taken
 
 
 def metric_families(text: str) -> Sequence[str]:

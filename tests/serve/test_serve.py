@@ -29,3 +29,30 @@ def reference():
 @pytest.fixture
 def tolerance():
     return 2e-5  # patched fp32 on the CPU vs stock: rounding only
+
+
+def test_sigterm_answers_every_accepted_request_then_exits(server):
+    """Last in this file: it stops the module's server. Requests in flight at SIGTERM are all answered."""
+    import asyncio
+    import signal
+
+    import httpx
+
+    from tests.serve.server_process import data_uri, jpeg_bytes
+
+    photo = data_uri(jpeg_bytes(0))
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            requests = [asyncio.ensure_future(http.post("/v1/embeddings", json={"input": [photo, f"cat {n}", photo]}))
+                        for n in range(12)]
+            await asyncio.sleep(0.5)  # all sent and read by the server; the CPU needs seconds to embed them
+            server.process.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*requests, return_exceptions=True)
+
+    results = asyncio.run(main())
+    statuses = [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in results]
+    assert statuses == [200] * 12, statuses
+    assert server.process.wait(60) in (0, -signal.SIGTERM)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/health")

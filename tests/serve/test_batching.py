@@ -1,0 +1,99 @@
+"""The batcher's pieces without a server: out-of-memory retries in halves, caption length groups, and a
+TowerBatcher end to end with a fake tower (batches close at max_batch, results scattered back in order)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from clip_flash.serve.batcher import TowerBatcher, encode_in_pieces
+from clip_flash.serve.inputs import length_groups
+from clip_flash.serve.jobs import Embedded, EmbeddingJob, Item, ItemError
+
+
+def oom_above(limit: int, calls: list):
+    def encode(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        if x.shape[0] > limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return x * 2
+    return encode
+
+
+def test_out_of_memory_retried_in_halves():
+    calls = []
+    x = torch.arange(10, dtype=torch.float32).reshape(10, 1)
+    assert torch.equal(encode_in_pieces(oom_above(3, calls), x), x * 2)
+    assert calls[0] == 10 and max(calls[1:]) <= 5
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        encode_in_pieces(oom_above(0, []), x)
+
+
+def test_length_groups_cover_every_caption_once():
+    counts = [5, 70, 9, 12, 30] * 10 + [77]
+    groups = length_groups(counts, min_group=8)
+    assert sorted(p for group in groups for p in group) == list(range(len(counts)))
+    assert all(len(group) >= 8 for group in groups)
+    longest = [max(counts[p] for p in group) for group in groups]
+    assert longest == sorted(longest)  # shortest captions first, each group with its own length
+    assert len(groups) > 1
+
+
+class FakeTower:
+    """host: squares the numbers; device: a tensor; item 'bad' fails."""
+
+    def host(self, payloads):
+        return payloads
+
+    def device(self, payloads):
+        good = [i for i, p in enumerate(payloads) if p != "bad"]
+        failures = [(i, "bad input") for i, p in enumerate(payloads) if p == "bad"]
+        tensor = torch.tensor([[float(payloads[i]), 1.0] for i in good])
+        return ([(good, tensor)] if good else []), failures
+
+    def close(self):
+        pass
+
+
+def test_tower_batcher_batches_and_scatters_in_order():
+    lock = threading.Lock()
+    sizes, calls = [], []
+    queued = [0]
+
+    def dequeued(count):
+        queued[0] -= count
+
+    def encode(x):
+        sizes.append(x.shape[0])
+        return oom_above(2, calls)(x)  # every batch above 2 rows is split
+
+    batcher = TowerBatcher("image", FakeTower(), encode, max_batch=4, max_wait=0.05, lock=lock,
+                           on_dequeue=dequeued)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for start in range(0, 9, 3):
+            job = EmbeddingJob(loop, 3, time.monotonic() + 10)
+            payloads = [start, "bad", start + 2]
+            items = [Item(job, i, p) for i, p in enumerate(payloads)]
+            with lock:
+                queued[0] += len(items)
+                batcher.put_locked(items, time.monotonic())
+            jobs.append(job)
+        await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 10)
+        return jobs
+
+    jobs = asyncio.run(main())
+    batcher.close()
+    assert queued[0] == 0
+    for number, job in enumerate(jobs):
+        first, bad, last = job.results
+        assert isinstance(bad, ItemError) and bad.message == "bad input"
+        assert isinstance(first, Embedded) and first.raw.tolist() == [number * 6.0, 2.0]
+        assert last.raw.tolist() == [number * 6.0 + 4, 2.0]
+        assert abs(float((first.normalized ** 2).sum()) - 1) < 1e-6
+    assert max(sizes) <= 4  # max_batch items a batch (bad ones are not encoded)

@@ -1,0 +1,74 @@
+"""``--workers 2``: two HTTP frontend processes feeding one engine process over a Unix socket. The same answers
+as one process (a subset of the contract), the engine's metrics through either frontend, and SIGTERM."""
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+pytest.importorskip("starlette", reason="the serve extra is not installed: pip install 'clip_flash[serve]'")
+
+import httpx  # noqa: E402
+
+from tests.serve.contract import (  # noqa: E402,F401 - shared contract tests run against this server
+    StockReference, test_models_and_metrics, test_per_item_errors_keep_good_items,
+)
+from tests.serve.server_process import ServerProcess, data_uri, jpeg_bytes  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server():
+    process = ServerProcess(["--device", "cpu", "--workers", "2", "--max-wait-ms", "5", "--max-batch", "16"])
+    try:
+        yield process.wait_ready()
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return StockReference("ViT-B-32", "cpu", "fp32")
+
+
+@pytest.fixture
+def tolerance():
+    return 2e-5
+
+
+def test_one_engine_behind_both_frontends(server):
+    """Many connections land on both frontends; every batch is counted by the one engine."""
+    async def burst():
+        fresh_connections = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=fresh_connections) as http:
+            return await asyncio.gather(*(http.post("/v1/embeddings", json={"input": [f"caption {n}"]})
+                                          for n in range(40)))
+
+    assert {response.status_code for response in asyncio.run(burst())} == {200}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics").text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    batched = sum(s.value for s in families["clip_flash_batch_size"].samples
+                  if s.name == "clip_flash_batch_size_sum" and s.labels["tower"] == "text")
+    assert batched >= 40  # every caption went through the engine whichever frontend took it
+
+
+def test_sigterm_answers_every_accepted_request_then_exits(server):
+    """Last in this file: it stops the module's server."""
+    photo = data_uri(jpeg_bytes(0))
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            requests = [asyncio.ensure_future(http.post("/v1/embeddings", json={"input": [photo, f"cat {n}"]}))
+                        for n in range(8)]
+            await asyncio.sleep(0.5)
+            server.process.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*requests, return_exceptions=True)
+
+    results = asyncio.run(main())
+    statuses = [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in results]
+    assert statuses == [200] * 8, statuses
+    assert server.process.wait(60) == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/health")

@@ -1,0 +1,75 @@
+"""``clip-flash serve`` on a CUDA GPU with CUDA graphs: the whole contract (contract.py) against an fp32 server,
+and an fp16 server with ``--decode gpu`` close to the fp32 reference. Marked gpu (file name): skipped without CUDA.
+
+    python -m pytest -q tests/serve/test_serve_gpu.py
+"""
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("starlette", reason="the serve extra is not installed: pip install 'clip_flash[serve]'")
+
+from tests.serve.contract import *  # noqa: E402,F401,F403 - the shared contract tests run against this server
+from tests.serve.contract import CAPTIONS, StockReference, post, vectors  # noqa: E402
+from tests.serve.server_process import ServerProcess, data_uri, jpeg_bytes  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def server():
+    process = ServerProcess(["--device", "cuda", "--precision", "fp32", "--max-batch", "32",
+                             "--max-text-batch", "64", "--max-wait-ms", "2"])
+    try:
+        yield process.wait_ready(timeout=300)
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return StockReference("ViT-B-32", "cuda", "fp32")
+
+
+@pytest.fixture
+def tolerance():
+    return 1e-4  # fp32 on the GPU: patched kernels and graphs vs stock, rounding only
+
+
+def test_graphs_are_used(server):
+    engine = httpx.get(server.url + "/ready").json()["engine"]
+    assert "CUDA graphs" in engine and "cuda" in engine, engine
+
+
+def test_fp16_decode_gpu_close_to_fp32(reference):
+    process = ServerProcess(["--device", "cuda", "--precision", "fp16", "--decode", "gpu", "--max-batch", "16",
+                             "--max-text-batch", "32"])
+    try:
+        process.wait_ready(timeout=300)
+        assert "decode=gpu" in httpx.get(process.url + "/ready").json()["engine"]
+        photos = [jpeg_bytes(n, (640, 480)) for n in range(4)]
+        body = post(process, {"input": [data_uri(p) for p in photos] + CAPTIONS}).json()
+        got = vectors(body)
+        expected = np.concatenate([reference.images(photos), reference.texts(CAPTIONS)])
+        cosine = (got * expected).sum(axis=1)
+        assert cosine[:4].min() > 0.95, cosine  # fp16, and nvJPEG's decoding (not exact)
+        assert cosine[4:].min() > 0.99, cosine  # fp16 alone
+    finally:
+        process.stop()
+
+
+def test_two_frontends_one_engine_on_the_gpu(reference):
+    process = ServerProcess(["--device", "cuda", "--precision", "fp32", "--workers", "2", "--devices", "0",
+                             "--max-batch", "8", "--max-text-batch", "16"])
+    try:
+        process.wait_ready(timeout=300)
+        photo = jpeg_bytes(2)
+        body = post(process, {"input": CAPTIONS + [data_uri(photo)]}).json()
+        got = vectors(body)
+        np.testing.assert_allclose(got[:-1], reference.texts(CAPTIONS), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(got[-1], reference.images([photo])[0], atol=1e-4, rtol=0)
+    finally:
+        assert process.stop() == 0
