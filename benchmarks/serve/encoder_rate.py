@@ -42,7 +42,7 @@ def measure(model_spec: str, device: torch.device, precision: str, image_batch: 
             repeats: int) -> Dict[str, object]:
     """Images/s and captions/s of the stock and the patched encoder at the given batch sizes."""
     import clip_flash
-    from clip_flash.benchmark.captions import web_captions
+    from benchmarks.harness.captions import web_captions
     from clip_flash.models import load_model, parse_model_spec
 
     loaded = load_model(parse_model_spec(model_spec), device, precision)
@@ -77,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--environment-only", action="store_true", help="write the environment record only")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
-    from clip_flash.benchmark.results import environment_record
+    from clip_flash.environment import environment_record
 
     device = torch.device(args.device)
     record = environment_record(device, "python -m benchmarks.serve.encoder_rate " + shlex.join(sys.argv[1:]))

@@ -83,7 +83,7 @@ def request_jpegs(photo_dir: Optional[Path], count: int = 8) -> List[bytes]:
 
 def request_captions(count: int, seed: int = 0) -> List[str]:
     """Alt-text-like captions (the benchmark harness's ``web_captions``: 10-60 tokens, some non-ASCII)."""
-    from clip_flash.benchmark.captions import web_captions
+    from benchmarks.harness.captions import web_captions
 
     return web_captions(count, seed)
 
