@@ -55,8 +55,10 @@ def write_folder(model: str, out: Path, dtype: str = "float16") -> None:
                      "num_hidden_layers": text.get("layers", 12), "num_attention_heads": text.get("heads", 8),
                      "max_position_embeddings": text.get("context_length", 77),
                      "vocab_size": text.get("vocab_size", 49408), "hidden_act": "gelu"},
-        vision_config={"hidden_size": vision_width, "intermediate_size": int(vision_width * vision.get("mlp_ratio", 4.0)),
-                       "num_hidden_layers": vision["layers"], "num_attention_heads": vision_width // vision.get("head_width", 64),
+        vision_config={"hidden_size": vision_width,
+                       "intermediate_size": int(vision_width * vision.get("mlp_ratio", 4.0)),
+                       "num_hidden_layers": vision["layers"],
+                       "num_attention_heads": vision_width // vision.get("head_width", 64),
                        "image_size": image_size, "patch_size": vision["patch_size"], "hidden_act": "gelu"},
     )
     torch.manual_seed(0)

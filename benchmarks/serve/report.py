@@ -47,7 +47,8 @@ def check_targets(results: Dict[str, Any], model: str, small_model: str) -> List
     targets.append(_target(
         f"{model}, one JPEG a request (raw bytes), throughput at p99 <= 100 ms",
         f">= {IMAGE_SHARE_OF_ENCODER:.0%} of the encoder-alone batch rate"
-        + (f" ({encoder_rate:,.0f} img/s -> {IMAGE_SHARE_OF_ENCODER * encoder_rate:,.0f} req/s)" if encoder_rate else ""),
+        + (f" ({encoder_rate:,.0f} img/s -> {IMAGE_SHARE_OF_ENCODER * encoder_rate:,.0f} req/s)"
+           if encoder_rate else ""),
         image, IMAGE_SHARE_OF_ENCODER * encoder_rate if encoder_rate else None, "req/s",
         "needs the clip_flash and encoder configurations"))
     curve = _curve(results, "clip_flash", "image-raw")
@@ -129,12 +130,14 @@ def render_markdown(results: Dict[str, Any]) -> str:
         lines.append("")
     if results.get("encoder"):
         lines += ["## Encoder alone (same host, separate process)", "",
-                  "| model | precision | stock img/s | patched img/s | stock captions/s | patched captions/s | batches |",
+                  "| model | precision | stock img/s | patched img/s | stock captions/s | patched captions/s "
+                  "| batches |",
                   "|---|---|---|---|---|---|---|"]
         for model, record in results["encoder"].items():
             rates = record["encoder"]
             lines.append(
-                f"| {model} {rates.get('weights') or ''} | {rates['precision']} | {rates['stock']['images_per_s']:,.0f} | "
+                f"| {model} {rates.get('weights') or ''} | {rates['precision']} | "
+                f"{rates['stock']['images_per_s']:,.0f} | "
                 f"{rates['patched']['images_per_s']:,.0f} | {rates['stock']['captions_per_s']:,.0f} | "
                 f"{rates['patched']['captions_per_s']:,.0f} | {rates['image_batch']} images, {rates['text_batch']} "
                 f"captions ({rates['timing']}) |")
@@ -158,7 +161,8 @@ def render_markdown(results: Dict[str, Any]) -> str:
                        f"{curve['p99_target_ms']:g} ms" if best else "no point met the target")
             lines += [f"### {workload}: {curve['workload_description']}", "", summary
                       + (f"; {curve['note']}" if curve.get("note") else ""), "",
-                      "| offered req/s | arrived req/s | achieved req/s | items/s | p50 ms | p90 ms | p99 ms | p99.9 ms "
+                      "| offered req/s | arrived req/s | achieved req/s | items/s | p50 ms | p90 ms | p99 ms "
+                      "| p99.9 ms "
                       "| errors | lag p99 ms | meets |",
                       "|---|---|---|---|---|---|---|---|---|---|---|"]
             for point in curve["points"]:

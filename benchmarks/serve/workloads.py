@@ -94,8 +94,9 @@ def _json_request(path: str, model: str, inputs: Sequence[str], extra: Optional[
     return json.dumps(body).encode()
 
 
-def build_workloads(model: str, jpegs: Sequence[bytes], captions: Sequence[str], embeddings_path: str = "/v1/embeddings",
-                    image_path: Optional[str] = "/v1/embeddings/image", names: Sequence[str] = WORKLOAD_NAMES,
+def build_workloads(model: str, jpegs: Sequence[bytes], captions: Sequence[str],
+                    embeddings_path: str = "/v1/embeddings", image_path: Optional[str] = "/v1/embeddings/image",
+                    names: Sequence[str] = WORKLOAD_NAMES,
                     json_extra: Optional[Dict[str, object]] = None, seed: int = 0) -> Dict[str, Workload]:
     """The workloads a server can take: ``image-raw`` only where it has a raw-image route (``image_path``)."""
     rng = random.Random(seed)

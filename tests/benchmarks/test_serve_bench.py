@@ -112,7 +112,8 @@ def test_driver_writes_results_against_the_stub(tmp_path):
     results = tmp_path / "results"
     status = bench_serve.main([
         "--configs", "stub", "--device", "cpu", "--workloads", "caption,image-raw,captions64", "--rates", "20,40",
-        "--duration", "1", "--warmup", "0.3", "--min-requests", "0", "--processes", "2", "--stub-workers", "1", "--no-wrk",
+        "--duration", "1", "--warmup", "0.3", "--min-requests", "0", "--processes", "2", "--stub-workers", "1",
+        "--no-wrk",
         "--results", str(results)])
     assert status == 0
     record = json.loads((results / "serve_bench.json").read_text())
@@ -160,7 +161,8 @@ def test_driver_against_the_operator_baseline_with_a_real_model(tmp_path):
     results = tmp_path / "results"
     status = bench_serve.main([
         "--configs", "operator", "--device", "cpu", "--precision", "fp32", "--model", "ViT-B-32",
-        "--workloads", "caption,image-raw", "--rates", "2", "--duration", "1.5", "--warmup", "0.3", "--min-requests", "0",
+        "--workloads", "caption,image-raw", "--rates", "2", "--duration", "1.5", "--warmup", "0.3",
+        "--min-requests", "0",
         "--processes", "1", "--no-wrk", "--timeout", "60", "--results", str(results)])
     assert status == 0
     operator = json.loads((results / "serve_bench.json").read_text())["configs"]["operator"]
