@@ -61,6 +61,17 @@ class Curve:
                 return point
         return None
 
+    def generator_warning(self) -> str:
+        """A note when a point missed with the generator itself late by half the target or more: the client
+        processes, not the server, may have been the limit there."""
+        late = [point for point in self.points if not self.meets(point) and point.send_lag.get_total_count()
+                and point.send_lag.get_value_at_percentile(99) / 1000.0 >= self.plan.p99_target_ms / 2]
+        if not late:
+            return ""
+        rates = ", ".join(f"{point.offered_rps:,.0f}/s (lag p99 "
+                          f"{point.send_lag.get_value_at_percentile(99) / 1000:,.0f} ms)" for point in late)
+        return f"the generator sent late at {rates}: there the limit may be the client processes, not the server"
+
     def to_dict(self) -> Dict[str, object]:
         best = self.best
         return {
@@ -75,7 +86,7 @@ class Curve:
                 "items_per_s": round(best.achieved_items_per_s, 2),
                 "offered_rps": round(best.offered_rps, 2),
             },
-            "note": self.note,
+            "note": "; ".join(filter(None, [self.note, self.generator_warning()])),
         }
 
 

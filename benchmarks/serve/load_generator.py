@@ -83,8 +83,6 @@ class PointResult:
     scheduled: int = 0  # requests scheduled in the measured window
     ok: int = 0
     ok_items: int = 0
-    delivered: int = 0  # successful responses that arrived inside the window (whenever scheduled)
-    delivered_items: int = 0
     errors: Dict[str, int] = field(default_factory=dict)  # HTTP status or failure kind -> count
     window_s: float = 0.0
     drain_s: float = 0.0  # from the window's end until its last request was answered
@@ -104,12 +102,13 @@ class PointResult:
 
     @property
     def achieved_rps(self) -> float:
-        """Successful responses per second received during the window: what the server delivered."""
-        return self.delivered / self.window_s if self.window_s else 0.0
+        """The window's successful requests per second, over the window plus the time its backlog took to be
+        answered (``drain_s``): the arrival rate when the server keeps up, its capacity when it does not."""
+        return self.ok / (self.window_s + self.drain_s) if self.window_s else 0.0
 
     @property
     def achieved_items_per_s(self) -> float:
-        return self.delivered_items / self.window_s if self.window_s else 0.0
+        return self.ok_items / (self.window_s + self.drain_s) if self.window_s else 0.0
 
     def latency_ms(self, percentile: float) -> Optional[float]:
         if self.latency.get_total_count() == 0:
@@ -164,12 +163,9 @@ class _Tally:
 
     def summary(self) -> Dict[str, object]:
         latency, send_lag, errors = new_histogram(), new_histogram(), Counter()
-        scheduled = ok = ok_items = delivered = delivered_items = 0
+        scheduled = ok = ok_items = 0
         last_done = 0.0
         for when, sent, done, outcome, items in self.outcomes:
-            if outcome == "200" and self.window_start <= done < self.window_end:
-                delivered += 1
-                delivered_items += items
             if when < self.window_start:
                 continue
             scheduled += 1
@@ -182,8 +178,8 @@ class _Tally:
             else:
                 errors[outcome] += 1
         return {"latency": latency.encode(), "send_lag": send_lag.encode(), "errors": dict(errors),
-                "scheduled": scheduled, "ok": ok, "ok_items": ok_items, "delivered": delivered,
-                "delivered_items": delivered_items, "last_done": last_done, "sent": len(self.outcomes)}
+                "scheduled": scheduled, "ok": ok, "ok_items": ok_items, "last_done": last_done,
+                "sent": len(self.outcomes)}
 
 
 async def _run_client(base_url: str, workload: Workload, arrivals: List[float], window_start: float,
@@ -321,8 +317,6 @@ def run_point(base_url: str, workload: Workload, rate: float, settings: LoadSett
         point.ok += message["ok"]
         point.ok_items += message["ok_items"]
         point.sent += message["sent"]
-        point.delivered += message["delivered"]
-        point.delivered_items += message["delivered_items"]
         last_done = max(last_done, message["last_done"])
     for worker in workers:
         worker.join(timeout=10)

@@ -113,8 +113,10 @@ def render_markdown(results: Dict[str, Any]) -> str:
           else []),
         "Method: Poisson arrivals at each offered rate from several client processes (open loop), latency from each "
         "request's scheduled send time to its last response byte on the client's clock, merged in an HDR histogram; "
-        "requests scheduled in the warm-up are not counted. *achieved* is successful responses per second received "
-        "during the measured window. A point meets the target when p99 <= "
+        "requests scheduled in the warm-up are not counted. *arrived*: requests scheduled in the measured window per "
+        "second (Poisson, so near the offer); *achieved*: those answered successfully, per second of the window "
+        "plus the time its backlog took (the arrival rate when the server keeps up, its capacity when it does not). "
+        "A point meets the target when p99 <= "
         f"{results.get('settings', {}).get('p99_target_ms', 100):g} ms and at most "
         f"{results.get('settings', {}).get('max_error_fraction', 0.001):.1%} of its requests failed. "
         "*lag p99*: how late the generator itself sent (already inside the latencies; large values mean the "
