@@ -1,9 +1,12 @@
 """Serve bench: open-loop latency/throughput curves of the clip_flash server and its baselines, one command.
 
-    python benchmarks/serve/bench_serve.py --results benchmarks/results/serve_h100     # the H100 run (~8 min)
-    python benchmarks/serve/bench_serve.py --configs stub --results /tmp/ceiling       # the generator's ceiling
+    python benchmarks/serve/bench_serve.py --results DIR                       # ViT-L-14 + ViT-B-32 --decode gpu
+    python benchmarks/serve/bench_serve.py --configs baselines --results DIR   # the baselines, same DIR
+    python benchmarks/serve/bench_serve.py --configs stub --results /tmp/ceiling  # the generator's ceiling
     python benchmarks/serve/bench_serve.py --device cpu --precision fp32 --model ViT-B-32 --configs operator \\
-        --workloads caption --rates 2,4 --duration 2 --results /tmp/smoke                # a CPU smoke run
+        --workloads caption --rates 2,4 --duration 2 --min-requests 0 --results /tmp/smoke   # a CPU smoke run
+
+On the H100 host (16 cores) each of the first two takes about 6 minutes (README.md: the steps there).
 
 For each configuration (``--configs``, see ``servers.py``) it starts the server as its own process on a free
 loopback port, waits for its readiness route, checks one request of each workload (status 200, one embedding
@@ -43,7 +46,9 @@ from benchmarks.serve.servers import (  # noqa: E402
 from benchmarks.serve.workloads import WORKLOAD_NAMES, build_workloads, request_captions, request_jpegs  # noqa: E402
 from benchmarks.serve.wrk_check import find_wrk, run_wrk  # noqa: E402
 
-DEFAULT_CONFIGS = "encoder,clip_flash,clip_flash-small-gpu,stock-inputs,operator,infinity"
+# Groups sized to fit one command each on the H100 host (about 6 minutes each; one command may run 10).
+CONFIG_GROUPS = {"main": "encoder,clip_flash,clip_flash-small-gpu", "baselines": "operator,stock-inputs,infinity,stub"}
+DEFAULT_CONFIGS = "main"
 # Where each workload's rising rates start: the image curves start at the 50 req/s latency target's rate.
 DEFAULT_START_RPS = {"image-raw": 50.0, "image-uri": 100.0, "caption": 500.0, "captions64": 100.0, "mix": 200.0}
 RESULTS_JSON, RESULTS_MD = "serve_bench.json", "serve_bench.md"
@@ -55,7 +60,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, required=True, help="folder for serve_bench.json/.md and logs")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
                         help="comma-separated: encoder, clip_flash, clip_flash-small-gpu, clip_flash-2gpu, "
-                             f"stock-inputs, operator, infinity, stub (default {DEFAULT_CONFIGS})")
+                             "stock-inputs, operator, infinity, stub, or a group: "
+                             + "; ".join(f"{group} = {members}" for group, members in CONFIG_GROUPS.items())
+                             + f" (default {DEFAULT_CONFIGS})")
     parser.add_argument("--model", default="ViT-L-14", help="main model spec (NAME, NAME::TAG, NAME::/path)")
     parser.add_argument("--small-model", default="ViT-B-32", help="model of clip_flash-small-gpu")
     parser.add_argument("--precision", default="fp16", choices=("fp16", "bf16", "fp32"))
@@ -265,7 +272,8 @@ def _distinct_kinds(workload: Workload) -> List[Request]:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     started, began = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
-    names = [name.strip() for name in args.configs.split(",") if name.strip()]
+    names = [name.strip() for group in args.configs.split(",") for name in CONFIG_GROUPS.get(group.strip(), group)
+             .split(",") if name.strip()]
     folder, logs = args.results, args.results / "logs"
     results = load_results(folder)
     results["settings"] = {"p99_target_ms": args.p99_ms, "max_error_fraction": args.max_error_fraction,
