@@ -77,18 +77,18 @@ def test_errors_are_counted_by_status_and_fail_the_point():
 
 
 def test_rising_rates_stop_past_the_target_and_report_the_best_point():
-    # Serial 5 ms requests: at most 200 req/s. Rates double from 10 until p99 passes 100 ms, then bisect.
+    # Serial 5 ms requests: at most 200 req/s. Rates grow 4x from 12.5 until p99 passes 100 ms, then bisect.
     with stub_server("--delay-ms", "5", "--serial") as url:
         curve = run_curve("stub", url, caption_workload(),
-                          CurvePlan(start_rps=10.0, factor=2.0, refine_steps=1, max_rps=5000.0, min_requests=0),
+                          CurvePlan(start_rps=12.5, factor=4.0, refine_steps=1, max_rps=5000.0, min_requests=0),
                           SETTINGS)
     offered = [point.offered_rps for point in curve.points]
     first_missed = next(index for index, point in enumerate(curve.points) if not curve.meets(point))
-    assert offered[:first_missed + 1] == [10.0 * 2 ** k for k in range(first_missed + 1)]
-    assert offered[first_missed] <= 640.0  # it stopped once past the server's capacity
+    assert first_missed >= 1 and offered[:first_missed + 1] == [12.5 * 4 ** k for k in range(first_missed + 1)]
+    assert offered[first_missed] <= 800.0  # it stopped once past the server's capacity
     assert curve.points[first_missed].latency_ms(99) > 100.0
     assert len(offered) == first_missed + 2  # one bisection step, between the last met and the first missed
-    assert offered[first_missed] / 2 < offered[-1] < offered[first_missed]
+    assert abs(offered[-1] - offered[first_missed] / 2) < 1e-9  # sqrt(x/4 * x) = x/2
     best = curve.best
     assert best is not None and curve.meets(best) and best.achieved_rps < 205.0
     summary = curve.to_dict()
