@@ -12,36 +12,32 @@ and resamples on the device; see :mod:`clip_flash.inputs.image_decoding` for the
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .decode_pool import EXECUTORS, DecodePool, default_workers
 from .image_batches import DecodedImages, PackedPixels, PreparedImages
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
-from .jpeg_dct import plan_dct_batch, route_reader
-from .background_load import DeferredTransform
 from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error
-from ..ops._extension import load_extension
-from ..ops.image_resample import plan_batch
 from .image_resize import ExactResize
-from .pixel_arena import ArenaPool, arenas_supported
+from .native_batch import NativeBatch, python_decode, default_workers
+from .native_decode import NativeBatchDecoder, ScanMode
 
 logger = logging.getLogger(__name__)
 
-ARENAS_AHEAD = 4  # arenas start() makes for the first batches: those decoding and those queued behind them
-# decode="gpu": the CPU step only reads files and scans headers, which a few workers keep up with. Where they
-# are threads (until the processes are up, or where there are none), more of them only compete for the GIL with
-# the thread that launches the model (measured on 16 cores: 4 threads 5,123 img/s for ViT-B-32, 16 threads 4,066).
-GPU_DECODE_READERS = 4
+# Python threads decoding what Pillow prepares its own way (or everything, without the native decoder): beside
+# the thread that launches the model, more of them only compete for the GIL (measured on 16 cores with
+# decode="gpu": 4 threads 5,123 img/s for ViT-B-32, 16 threads 4,066).
+PYTHON_DECODE_THREADS = 4
+EXECUTORS = ("auto", "native", "thread")
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
 DECODERS = ("cpu", "gpu")
 
@@ -59,21 +55,21 @@ class ImagePreprocessor:
             the JPEGs, which is faster and NOT exact (nvJPEG repeats chroma samples where libjpeg-turbo
             interpolates: up to tens of levels apart; see ``gpu_chroma``;
             ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
-        workers: CPU workers decoding (default: the cores this process may use; with ``decode="gpu"``, which
-            only reads files and headers on the CPU, at most ``GPU_DECODE_READERS``).
-        executor: ``"auto"`` (default: ``"process"`` where decoded pixels, or with ``decode="gpu"`` the
-            JPEG bytes, go to the GPU through shared arenas, i.e. a CUDA device on Linux; ``"thread"``
-            otherwise), ``"thread"`` (the
-            decoders release the GIL, but Pillow's header parsing and the bookkeeping do not: a cap on
-            many cores) or ``"process"`` (no GIL cap; workers are forked from a fork server that imported
-            the decoding modules once, or spawned where there is none; a script using them needs the usual
-            ``if __name__ == "__main__":`` guard).
-        start: start the workers now, in the background (see :meth:`start`); False: on first use.
+        workers: native decoding threads (default: the cores this process may use).
+        executor: ``"auto"`` (default: the native batch decoder where the extension is built, else Python
+            threads), ``"native"`` (required: raises where it cannot run) or ``"thread"`` (Python threads with
+            Pillow and torchvision's CPU decoders: the same rows, capped by the GIL).
+        start: make the decoder now (see :meth:`start`); False: on first use.
         resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
             (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
         gpu_chroma: with ``decode="gpu"``: ``"libjpeg"`` recovers the chroma from nvJPEG's output and
             upsamples and converts it the libjpeg-turbo way (closer to Pillow, still not exact);
             ``"nvjpeg"`` keeps nvJPEG's own (repeated) chroma.
+        dct_route: on a GPU with the kernel's resize, JPEGs are only entropy-decoded on the CPU and the GPU
+            finishes their decode (the same pixels; see :mod:`.jpeg_dct`). False: decoded whole on the CPU.
+        nvjpeg_hardware: with ``decode="gpu"``, nvJPEG's hardware decoder writes baseline colour JPEGs straight
+            into the resize kernel's layout (see :mod:`.nvjpeg_packed`). False: torchvision's decode only.
+        nvjpeg_decoders: hardware decodes running at once, from different threads (1 to 8).
 
     Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
     and resampled by clip_flash's Pillow-exact resize on the device. Inputs Pillow treats specially
@@ -85,6 +81,10 @@ class ImagePreprocessor:
     Pillow's limit) never raise: they are listed in ``failures`` with the reason, as Pillow gave it.
     Memory: a call holds its inputs' decoded pixels once (3 bytes per pixel), so pass batches.
 
+    Lifetimes: the rows returned are the caller's; host buffers a batch used come from torch's page-locked
+    allocator, which reuses one only after the copies that read it are done, so dropping the preparer (or
+    its decoded batches) at any point is safe.
+
     ``prep(items)`` equals ``prep.prepare(prep.decode(items))``; :meth:`decode` is CPU work and
     thread-safe, so a pipeline can decode the next batch while the device works on this one.
     """
@@ -92,7 +92,8 @@ class ImagePreprocessor:
     def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
                  dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
                  executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg",
-                 start: bool = True) -> None:
+                 start: bool = True, dct_route: bool = True, nvjpeg_hardware: bool = True,
+                 nvjpeg_decoders: int = 2) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -104,69 +105,74 @@ class ImagePreprocessor:
             raise ValueError("decode='gpu' (nvJPEG) needs a CUDA device")
         if gpu_chroma not in CHROMA:
             raise ValueError(f"gpu_chroma must be one of {CHROMA}, got {gpu_chroma!r}")
-        self.gpu_chroma = gpu_chroma
-        if executor not in EXECUTORS + ("auto",):
-            raise ValueError(f"executor must be 'auto' or one of {EXECUTORS}, got {executor!r}")
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        if not 1 <= nvjpeg_decoders <= 8:
+            raise ValueError(f"nvjpeg_decoders must be from 1 to 8, got {nvjpeg_decoders}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        self.gpu_chroma = gpu_chroma
+        self.nvjpeg_hardware = nvjpeg_hardware
+        self.nvjpeg_decoders = nvjpeg_decoders
         self.preprocess = preprocess
         self.dtype = dtype
         self.decoder = decode
         self.resize = ExactResize(preprocess, self.device, dtype, resize)  # refuses unsupported transforms
         agreement = decoder_agreement()
         self.decoder_agreement = agreement
-        # The exact path's GPU JPEG route needs the arenas (coefficients travel in them) and the kernel's layout.
-        dct_route = decode == "cpu" and self.resize.packs and arenas_supported()
-        # Deferred: worker processes unpickle OpenCLIP's transform (importing OpenCLIP) only if they need it, in
-        # the background, handing the images that need it back to this process meanwhile.
-        self.options = DecodeOptions(DeferredTransform(preprocess), use_torchvision_jpeg=agreement.jpeg,
+        self.options = DecodeOptions(preprocess, use_torchvision_jpeg=agreement.jpeg,
                                      use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu",
-                                     spec=self.resize.spec,
-                                     dct_reader=route_reader(load_extension()) if dct_route else None)
+                                     spec=self.resize.spec)
         self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False,
                                           spec=self.resize.spec)
-        self.workers = workers or (min(GPU_DECODE_READERS, default_workers()) if decode == "gpu" else default_workers())
-        if executor == "auto":
-            # Processes decode straight into the kernel's arenas (or put the JPEG bytes there): no GIL held in
-            # this process, where the model's launches need it, and no copy here.
-            executor = "process" if self.resize.packs and arenas_supported() else "thread"
+        self.workers = workers or default_workers()
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if decode == "gpu":
+            self.scan_mode = ScanMode.ENCODED
+        elif dct_route and self.resize.packs:
+            self.scan_mode = ScanMode.COEFFICIENTS
+        else:
+            self.scan_mode = ScanMode.PIXELS
+        self._native: Optional[NativeBatchDecoder] = None
+        self._native_decided = executor == "thread"
         self.executor = executor
-        self.pool = DecodePool(self.options, self.workers, executor)
-        self._arenas: Optional[ArenaPool] = None
-        self._arena_lock = threading.Lock()
-        self._reserver: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._threads: Optional[ThreadPoolExecutor] = None
+        if executor == "native" and self._native_decoder() is None:
+            raise RuntimeError("executor='native' asked for, but the native batch decoder cannot run here "
+                               "(clip_flash._C is not built, or Pillow's libjpeg does not open; see the log)")
         if start:
             self.start()
 
-    def start(self, batch_size: Optional[int] = None, arenas: int = ARENAS_AHEAD, wait: bool = False) -> None:
-        """Start what the first batches need, in the background, so that it overlaps other work (a model
-        loading): the decoding workers (processes forked or spawned, each warmed up by one decode) and, given
-        ``batch_size`` on the arena route (a GPU), ``arenas`` page-locked pixel arenas for batches that size.
-        Idempotent; calls made meanwhile wait only for what they use. ``wait``: return when all is ready."""
-        self.pool.start(wait=wait)
-        if batch_size and arenas > 0 and self.resize.packs and arenas_supported():
-            reserver = threading.Thread(target=self._reserve_arenas, args=(batch_size, arenas), daemon=True,
-                                        name="clip_flash-arenas")
-            with self._arena_lock:
-                self._reserver = reserver
-            reserver.start()
-            if wait:
-                reserver.join()
+    def start(self, batch_size: Optional[int] = None, wait: bool = False) -> None:
+        """Make the decoder now (its native threads, Pillow's libjpeg opened) rather than on the first call; in
+        a background thread unless ``wait``. Idempotent. ``batch_size`` is accepted for callers that size
+        things ahead; nothing here depends on it."""
+        del batch_size
+        if wait:
+            self._native_decoder()
+            return
+        threading.Thread(target=self._native_decoder, daemon=True, name="clip_flash-decoder-start").start()
 
-    def _arena_pool(self) -> ArenaPool:
-        with self._arena_lock:
-            if self._arenas is None:
-                self._arenas = ArenaPool(pin=self.device.type == "cuda")
-            return self._arenas
+    def _native_decoder(self) -> Optional[NativeBatchDecoder]:
+        with self._lock:
+            if not self._native_decided:
+                self._native = NativeBatchDecoder.create(self.workers)
+                self._native_decided = True
+            return self._native
 
-    def _reserve_arenas(self, batch_size: int, count: int) -> None:
-        # Page-locked for this device's context.
-        on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
-        try:
-            with on_device:
-                self._arena_pool().reserve(batch_size, count)
-        except Exception as error:  # noqa: BLE001 - the first batch makes its arena itself, and reports
-            logger.debug("pixel arenas not made ahead: %s", describe_error(error))
+    def _python_threads(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max(1, min(PYTHON_DECODE_THREADS, self.workers)),
+                                                   thread_name_prefix="clip_flash-decode")
+            return self._threads
+
+    @property
+    def native(self) -> bool:
+        """Whether batches decode in the native decoder (else in Python threads)."""
+        return self._native_decoder() is not None
 
     @property
     def output_size(self) -> Tuple[int, int]:
@@ -175,7 +181,8 @@ class ImagePreprocessor:
 
     # ----- the two steps ------------------------------------------------------------------
     def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
-        """The CPU step: read and decode every input (in the worker pool). Never raises for a bad input.
+        """The CPU step: read and decode every input (one native call for the batch's files and bytes; Python
+        threads for what Pillow prepares its own way). Never raises for a bad input.
 
         With ``decode="gpu"`` it reads the JPEGs and their headers and, where nvJPEG's hardware decoder runs
         (see :mod:`.nvjpeg_packed`), decodes the baseline colour ones straight into the resize kernel's
@@ -183,99 +190,35 @@ class ImagePreprocessor:
         torchvision's nvJPEG decode on whatever is left."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
-        decoded = self._cpu_step(list(items))
-        if self.decoder == "gpu" and self.resize.packs:
-            decoded.on_gpu = decode_into_layout(decoded.items, self.device, self.resize.spec, self.gpu_chroma)
+        items = list(items)
+        native = self._native_decoder()
+        if native is not None:
+            batch = NativeBatch(native, self.scan_mode, self.resize, self.options, self._python_threads())
+            decoded = batch.decode(items)
+        else:
+            decoded = self._decode_in_threads(items)
+        for item in decoded.items:
+            for note in item.notes:
+                logger.debug("input %d: %s", item.index, note)
+        if self.decoder == "gpu" and self.resize.packs and self.nvjpeg_hardware:
+            decoded.on_gpu = decode_into_layout(decoded.items, self.device, self.resize.spec, self.gpu_chroma,
+                                                self.nvjpeg_decoders)
         return decoded
 
-    def _cpu_step(self, items: List[ImageInput]) -> DecodedImages:
-        if self.resize.packs and items and arenas_supported():
-            return self._decode_into_arena(items)
-        decoded = self.pool.decode(items)
+    def _decode_in_threads(self, items: List[ImageInput]) -> DecodedImages:
+        """Without the native decoder: Python threads with Pillow (and torchvision's CPU decoders, which
+        release the GIL); the pixels then go into one page-locked buffer laid out for the kernel."""
+        decoded = python_decode(list(enumerate(items)), self.options, self._python_threads())
         failures = [(item.index, item.reason) for item in decoded if not item.ok]
         good = [item for item in decoded if item.ok]
-        self._log_notes(good)
         packed = None
-        # Pixels on the CPU go into the kernel's buffer; a tensor passed in on the GPU is packed there later.
         pixel_items = [item for item in good if item.pixels is not None and item.pixels.device.type == "cpu"]
         if self.resize.packs and pixel_items:
-            # One page-locked buffer for the whole batch, filled by the pool's threads: the device step
-            # is then one upload and one kernel launch.
-            plan, buffer, slots = self.resize.pack_on_host([item.pixels for item in pixel_items],
-                                                           self.pool.copy_many)
+            plan, buffer, slots = self.resize.pack_on_host([item.pixels for item in pixel_items])
             for item, slot in zip(pixel_items, slots):
                 item.pixels = slot
             packed = PackedPixels(plan, buffer, [item.index for item in pixel_items])
         return DecodedImages(len(items), good, failures, packed)
-
-    def _decode_into_arena(self, items: List[ImageInput]) -> DecodedImages:
-        """The kernel's route: workers write pixels straight into a reused page-locked arena, each task
-        into its own region; the plan (meta rows, tap tables) is made here from the sizes alone. On the fast
-        path they write the JPEG bytes there instead (nvJPEG reads them from it)."""
-        arenas = self._arena_pool()
-        lease, bytes_per_image = arenas.lease(len(items))
-        regions = self.pool.decode_into(items, lease, bytes_per_image)
-        packed_items: List[DecodedItem] = []
-        shapes: List[Tuple[int, int, int]] = []
-        runs: List[Tuple[int, int, int]] = []  # (host_start, nbytes, first image of the run)
-        dct_items: List[DecodedItem] = []
-        dct_runs: List[Tuple[torch.Tensor, List[int]]] = []  # host coefficients, each image's offset in them
-        for region in regions:
-            if region.items:
-                arenas.observe(region.needed / len(region.items))
-            if self.decoder == "gpu":
-                for item, offset, size in zip(region.items, region.offsets, region.sizes):
-                    if offset >= 0:
-                        item.encoded = lease.tensor[region.start + offset:region.start + offset + size]
-                continue
-            first = len(shapes)
-            in_arena: List[Tuple[DecodedItem, int, int]] = []
-            for item, offset, size in zip(region.items, region.offsets, region.sizes):
-                if item.dct_layout and item.ok:
-                    if offset >= 0:
-                        in_arena.append((item, region.start + offset, size))
-                    elif item.coefficients is not None:  # did not fit: it came back on its own
-                        dct_items.append(item)
-                        dct_runs.append((item.coefficients, [0]))
-                        item.coefficients = None
-                    continue
-                if offset < 0:
-                    continue
-                shape = (int(item.image_size[0]), int(item.image_size[1]), int(item.channels))
-                start = region.start + offset
-                item.pixels = lease.tensor[start:start + shape[0] * shape[1] * shape[2]].view(shape)
-                shapes.append(shape)
-                packed_items.append(item)
-            if region.used:
-                runs.append((region.start + region.pixels_from, region.used, first))
-            if in_arena:  # the region's coefficients, back to back: one copy
-                begin, end = in_arena[0][1], in_arena[-1][1] + in_arena[-1][2]
-                dct_items.extend(item for item, _, _ in in_arena)
-                dct_runs.append((lease.tensor[begin:end], [at - begin for _, at, _ in in_arena]))
-        decoded = sorted((item for region in regions for item in region.items), key=lambda item: item.index)
-        failures = [(item.index, item.reason) for item in decoded if not item.ok]
-        good = [item for item in decoded if item.ok]
-        self._log_notes(good)
-        packed = None
-        if packed_items or dct_items:
-            pixel_count = len(shapes)
-            shapes += [(int(item.image_size[0]), int(item.image_size[1]), int(item.channels)) for item in dct_items]
-            plan = plan_batch(shapes, self.resize.spec)
-            segments = [(host_start, size, plan.pixels_at + int(plan.meta[first, 0]))
-                        for host_start, size, first in runs]
-            dct = None
-            if dct_items:
-                dct = plan_dct_batch([item.dct_layout for item in dct_items], dct_runs)
-                dct.place(plan.meta[pixel_count:, 0])
-            packed = PackedPixels(plan, lease.tensor, [item.index for item in packed_items + dct_items], segments,
-                                  lease, dct)
-        return DecodedImages(len(items), good, failures, packed, lease=lease)
-
-    @staticmethod
-    def _log_notes(items: List[DecodedItem]) -> None:
-        for item in items:
-            for note in item.notes:
-                logger.debug("input %d: %s", item.index, note)
 
     def prepare(self, decoded: DecodedImages) -> PreparedImages:
         """The device step: resample the decoded pixels exactly and assemble the batch in input order.
@@ -288,7 +231,7 @@ class ImagePreprocessor:
         1.0-1.5 s beside a busy Python thread, 13.5 ms alone; ViT-B-32 end to end 4,492 img/s with it ahead,
         5,123 here)."""
         failures = list(decoded.failures)
-        route_of = {item.index: item.route for item in decoded.items}
+        route_of = {item.index: str(item.route) for item in decoded.items}
         pixel_items = [item for item in decoded.items if item.pixels is not None]
         jpeg_items = [item for item in decoded.items if item.encoded is not None]
         prepared_items = [item for item in decoded.items if item.prepared is not None]
@@ -296,10 +239,13 @@ class ImagePreprocessor:
         if decoded.packed is not None:
             packed = decoded.packed
             fill = packed.dct.decode if packed.dct is not None else None
-            groups.append((packed.indices, self.resize.run_packed(packed.plan, packed.buffer, packed.segments, fill)))
-            if packed.lease is not None:
-                packed.lease.record_upload()  # the arena is reused once these copies are done
-            in_buffer = set(packed.indices)
+            rows = self.resize.run_packed(packed.plan, packed.buffer, packed.segments, fill)
+            indices = packed.indices
+            if packed.keep is not None:  # images the native decoder handed to Pillow after all: not these rows
+                rows = rows.index_select(0, _index_tensor(packed.keep, rows.device))
+                indices = [indices[position] for position in packed.keep]
+            groups.append((indices, rows))
+            in_buffer = set(indices)
             pixel_items = [item for item in pixel_items if item.index not in in_buffer]
         device_pixels = [item.pixels for item in pixel_items]
         if decoded.on_gpu is not None:
@@ -323,7 +269,7 @@ class ImagePreprocessor:
                 # nvJPEG could not: the exact CPU decode decides (and may still fail, like Pillow).
                 logger.debug("input %d: nvJPEG refused (%s); decoding on the CPU", item.index, reason)
                 fallback = decode_item(item.index, bytes(item.encoded.numpy()), self._cpu_options)
-                route_of[item.index] = fallback.route
+                route_of[item.index] = str(fallback.route)
                 if not fallback.ok:
                     failures.append((item.index, fallback.reason))
                 elif fallback.prepared is not None:
@@ -336,8 +282,6 @@ class ImagePreprocessor:
         if prepared_items:
             stacked = torch.stack([item.prepared for item in prepared_items])
             groups.append(([item.index for item in prepared_items], stacked.to(self.device, self.dtype)))
-        if self.decoder == "gpu" and decoded.lease is not None:
-            decoded.lease.record_upload()  # the JPEG bytes there are read by what is queued up to here
         failures.sort()
         pixels, indices = self._assemble([group for group in groups if group[0]])
         routes: Dict[str, int] = {}
@@ -397,16 +341,12 @@ class ImagePreprocessor:
         return out, indices
 
     def close(self) -> None:
-        """Stop the decoding workers and free the arenas (a later call, or :meth:`start`, starts them again)."""
-        self.pool.close()
-        with self._arena_lock:
-            reserver, self._reserver = self._reserver, None
-        if reserver is not None:
-            reserver.join()
-        with self._arena_lock:
-            arenas, self._arenas = self._arenas, None
-        if arenas is not None:
-            arenas.close()
+        """Let the decoder's threads go (a later call makes them again)."""
+        with self._lock:
+            threads, self._threads = self._threads, None
+            self._native, self._native_decided = None, self.executor == "thread"
+        if threads is not None:
+            threads.shutdown(wait=True)
 
     def __enter__(self) -> "ImagePreprocessor":
         return self

@@ -74,13 +74,10 @@ class TokenizingPool:
 
     def _executor_here(self) -> ProcessPoolExecutor:
         if self._executor is None or self._owner_pid != os.getpid():  # a forked copy never uses its parent's
-            # The decoding workers' fork server (spawn where there is none): workers forked from a clean
-            # server that has imported torch and clip_flash's input modules once, not from this (threaded)
-            # process. The server does not import OpenCLIP (the decoding workers never need it): each tokenizing
-            # worker imports it when it unpickles the tokenizer below.
-            from .worker_processes import process_context
-
-            context = process_context()
+            # Never plain fork: this process may hold a CUDA context and threads. Each worker imports OpenCLIP
+            # when it unpickles the tokenizer below.
+            method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+            context = multiprocessing.get_context(method)
             self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
                                                  initargs=(self.openclip_tokenizer,))
             self._owner_pid = os.getpid()

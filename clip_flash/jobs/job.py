@@ -36,7 +36,7 @@ DEFAULT_IMAGE_BATCH = 256
 DEFAULT_TEXT_BATCH = 4096
 OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
-EXECUTORS = ("auto", "thread", "process")
+EXECUTORS = ("auto", "native", "thread")  # ImagePreprocessor's
 DECODES = ("cpu", "gpu")
 SETTINGS_VERSION = 1
 
@@ -124,13 +124,12 @@ def _caption_file(input: Union[str, Path]) -> bool:
 
 
 def decoding_workers(runner: Any) -> Dict[str, Any]:
-    """How the run's images were decoded: the executor chosen, how its processes started, their start time."""
+    """How the run's images were decoded: the executor asked for, the workers, and whether natively."""
     preparer = getattr(runner, "image_preparer", None)
-    pool = getattr(preparer, "pool", None)
-    if pool is None:
+    if preparer is None or not hasattr(preparer, "executor"):
         return {}
-    return {"decode_executor": pool.executor, "decode_workers": pool.workers,
-            "decode_start_method": pool.start_method, "decode_workers_ready_s": pool.start_seconds}
+    return {"decode_executor": preparer.executor, "decode_workers": preparer.workers,
+            "decode_native": preparer.native}
 
 
 def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32", *,
@@ -159,12 +158,10 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             (folders and caption files; a WebDataset tar is one shard).
         normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
         captions: None reads captions when the input has them; False ignores them. caption_column: for CSV/parquet.
-        workers: decoding workers (default: the cores this process may use, 4 readers with ``decode="gpu"``;
-            stock: DataLoader workers = cores - 1).
-        executor: ``auto`` (processes where decoding feeds the GPU through shared arenas, the exact path's
-            pixels or the fast path's JPEG bytes, i.e. a CUDA device; threads otherwise), ``thread`` or
-            ``process`` decoding workers (processes are not capped by the GIL; they fork from a fork server
-            started while the model loads; a script using them needs the ``if __name__ == "__main__":`` guard).
+        workers: native decoding threads (default: the cores this process may use; stock: DataLoader
+            workers = cores - 1).
+        executor: ``auto`` (the native batch decoder where the extension is built, else Python threads),
+            ``native`` or ``thread`` (see :class:`~clip_flash.inputs.images.ImagePreprocessor`).
         cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
             kernels, so the same rows; it frees the main thread from launching them); False runs them eager.
         decode_threads: batches prepared at once ahead of the GPU (default ``DEFAULT_DECODE_THREADS``, 2).
@@ -183,11 +180,6 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     if decode_threads is not None and decode_threads < 1:
         raise ValueError(f"decode_threads must be at least 1, got {decode_threads}")
     device = resolve_device(device)
-    if pipeline == "clip_flash" and (executor == "process" or (
-            executor == "auto" and device.type == "cuda")) and not _caption_file(input):
-        from clip_flash.inputs.worker_processes import prestart
-
-        prestart()  # the fork server imports the decoding modules while the job plans and the model loads
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
                    decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
                    caption_column=caption_column, repeat=repeat)

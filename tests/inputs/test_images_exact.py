@@ -86,11 +86,12 @@ def test_dtype_is_the_reference_cast(vit_b32_preprocess, photo_files):
         assert_same_as_reference(prepared, vit_b32_preprocess, paths, dtype=dtype)
 
 
-def test_process_pool_gives_the_same_rows(vit_b32_preprocess, photo_files):
-    """executor="process": decoded in spawned workers, handed back through shared memory."""
+@pytest.mark.parametrize("executor", ["auto", "thread"])
+def test_executors_give_the_same_rows(vit_b32_preprocess, photo_files, executor):
+    """The native decoder (where built) and Python threads: the reference's rows, the same failures."""
     paths = photo_files[:10] + ["/nonexistent/file.jpg"]
-    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=1,
-                                      executor="process") as prep:
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2,
+                                      executor=executor) as prep:
         prepared = prep(paths + [Image.open(photo_files[0])])
     assert_same_as_reference(prepared, vit_b32_preprocess, paths + [Image.open(photo_files[0])])
     assert prepared.failures[0][0] == 10 and "FileNotFoundError" in prepared.failures[0][1]
