@@ -5,7 +5,7 @@
 
 Each step is timed on its own with the device synchronized before and after (median of ``--repeats``
 after two warm-up calls): the CPU step (files read, headers scanned), torchvision's batched nvJPEG decode
-alone, the hardware route (where it runs, unless ``CLIP_FLASH_NVJPEG_HW=0``; decode straight into the resize
+alone, the hardware route (where it runs, unless ``nvjpeg_hardware=False``; decode straight into the resize
 kernel's layout, with each chroma), torchvision's decode as the fast path runs it, the libjpeg-style chroma
 step on its pixels, and ``prepare`` after ``decode`` (the resize kernel, and for what ``decode`` left to
 torchvision: nvJPEG, chroma step, packing) with each ``gpu_chroma``. The exact path's device step is given beside it.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -93,7 +92,6 @@ def main(argv=None) -> int:
     decoders = {"torchvision": decode}
     extension = load_extension()
     if extension is not None and hasattr(extension, "nvjpeg_hw_decode"):
-        os.environ.pop(nvjpeg_packed.HARDWARE_SWITCH, None)  # the route is what is probed, even if turned off
         headers = [scan_jpeg_header(data.numpy().tobytes()) for data in encoded]
         slots, end = [], 0
         for header in headers:
