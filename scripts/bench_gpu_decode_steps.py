@@ -30,7 +30,7 @@ import clip_flash  # noqa: E402
 from clip_flash.benchmark import results  # noqa: E402
 from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
 from clip_flash.benchmark.workloads import image_files  # noqa: E402
-from clip_flash.inputs import gpu_jpeg, nvjpeg_packed  # noqa: E402
+from clip_flash.inputs.image import gpu_jpeg, nvjpeg_packed  # noqa: E402
 
 
 def timed_ms(step: Callable[[], object], repeats: int) -> float:

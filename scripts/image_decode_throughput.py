@@ -11,7 +11,7 @@ read + decode, nothing else) and Pillow's ``open`` + ``convert("RGB")`` in a thr
 threads, over the same batches: the gap to them is ImagePreprocessor's own overhead.
 
 ``--jpeg-route on off`` measures each configuration with the exact path's GPU JPEG route (the CPU only
-entropy-decodes, see ``clip_flash/inputs/jpeg_dct.py``; ``dct_route=True``) and without it (whole decodes on the
+entropy-decodes, see ``clip_flash/inputs/image/jpeg_dct.py``; ``dct_route=True``) and without it (whole decodes on the
 CPU), alternated
 ``--rounds`` times. With the route, ``decode`` is the CPU's share only; compare the files -> device column.
 """
@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
 from clip_flash.benchmark import results  # noqa: E402
-from clip_flash.inputs.native_decode import ScanMode  # noqa: E402
+from clip_flash.inputs.image.native_decode import ScanMode  # noqa: E402
 
 IN_FLIGHT = 2
 

@@ -27,9 +27,9 @@ import torch  # noqa: E402
 
 from clip_flash.benchmark.results import environment_record  # noqa: E402
 from clip_flash.benchmark.workloads import image_files  # noqa: E402
-from clip_flash.inputs import nvjpeg_packed  # noqa: E402
-from clip_flash.inputs.images import ImagePreprocessor  # noqa: E402
-from clip_flash.inputs.transform_spec import ImageTransformSpec  # noqa: E402
+from clip_flash.inputs.image import nvjpeg_packed  # noqa: E402
+from clip_flash.inputs.image.preprocessor import ImagePreprocessor  # noqa: E402
+from clip_flash.inputs.image.transform_spec import ImageTransformSpec  # noqa: E402
 from open_clip.transform import image_transform  # noqa: E402
 
 

@@ -29,10 +29,10 @@ import torch  # noqa: E402
 
 from clip_flash.benchmark.results import environment_record  # noqa: E402
 from clip_flash.benchmark.workloads import image_files  # noqa: E402
-from clip_flash.inputs import nvjpeg_packed  # noqa: E402
-from clip_flash.inputs.image_decoding import DecodedItem  # noqa: E402
-from clip_flash.inputs.jpeg_header import scan_jpeg_header  # noqa: E402
-from clip_flash.inputs.transform_spec import ImageTransformSpec  # noqa: E402
+from clip_flash.inputs.image import nvjpeg_packed  # noqa: E402
+from clip_flash.inputs.image.image_decoding import DecodedItem  # noqa: E402
+from clip_flash.inputs.image.jpeg_header import scan_jpeg_header  # noqa: E402
+from clip_flash.inputs.image.transform_spec import ImageTransformSpec  # noqa: E402
 from clip_flash.ops._extension import load_extension  # noqa: E402
 
 

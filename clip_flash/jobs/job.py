@@ -89,8 +89,8 @@ def _progress(total: Optional[int], enabled: bool):
 def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
                  executor: str = "thread") -> Tuple[Any, Any]:
     """clip_flash's image preparer and tokenizer for this model (None for what the source lacks)."""
-    from clip_flash.inputs.images import ImagePreprocessor
-    from clip_flash.inputs.tokenizer import get_tokenizer
+    from clip_flash.inputs.image.preprocessor import ImagePreprocessor
+    from clip_flash.inputs.text.tokenizer import get_tokenizer
 
     preparer = tokenizer = None
     if source.has_images:
@@ -161,7 +161,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         workers: native decoding threads (default: the cores this process may use; stock: DataLoader
             workers = cores - 1).
         executor: ``auto`` (the native batch decoder where the extension is built, else Python threads),
-            ``native`` or ``thread`` (see :class:`~clip_flash.inputs.images.ImagePreprocessor`).
+            ``native`` or ``thread`` (see :class:`~clip_flash.inputs.image.preprocessor.ImagePreprocessor`).
         cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
             kernels, so the same rows; it frees the main thread from launching them); False runs them eager.
         decode_threads: batches prepared at once ahead of the GPU (default ``DEFAULT_DECODE_THREADS``, 2).

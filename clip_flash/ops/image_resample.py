@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from clip_flash.ops._extension import load_extension
-from clip_flash.inputs.pillow_resample import (
+from clip_flash.inputs.image.pillow_resample import (
     check_image, needs_premultiply, preprocess_batch_cpu, require_pillow_agreement, to_model_input,
 )
-from clip_flash.inputs.resample_plan import AxisTable, plan_image
-from clip_flash.inputs.transform_spec import ImageTransformSpec
+from clip_flash.inputs.image.resample_plan import AxisTable, plan_image
+from clip_flash.inputs.image.transform_spec import ImageTransformSpec
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 import clip_flash
-from clip_flash.inputs.decoder_check import decoder_agreement
+from clip_flash.inputs.image.decoder_check import decoder_agreement
 from photo_corpus import assert_same_as_reference
 
 
@@ -114,7 +114,7 @@ def test_refuses_transforms_it_cannot_reproduce(vit_b32_preprocess):
     """A transform that is not OpenCLIP's eval shape is refused with a clear error, not approximated."""
     from torchvision import transforms
 
-    from clip_flash.inputs.transform_spec import UnsupportedTransformError
+    from clip_flash.inputs.image.transform_spec import UnsupportedTransformError
 
     training = open_clip.image_transform(224, is_train=True)
     nearest = transforms.Compose([transforms.Resize(224, interpolation=transforms.InterpolationMode.NEAREST),
@@ -127,8 +127,8 @@ def test_refuses_transforms_it_cannot_reproduce(vit_b32_preprocess):
 def test_a_pillow_that_computes_otherwise_means_pillow_resizes(vit_b32_preprocess, photo_files, monkeypatch, caplog):
     """If the installed Pillow's arithmetic ever differs from what the kernel models, 'auto' lets Pillow
     itself resize (still exact, with a warning) and an explicit 'torch'/'kernel' is refused."""
-    from clip_flash.inputs import image_resize
-    from clip_flash.inputs.pillow_resample import PillowMismatchError
+    from clip_flash.inputs.image import image_resize
+    from clip_flash.inputs.image.pillow_resample import PillowMismatchError
 
     monkeypatch.setattr(image_resize, "pillow_mismatch", lambda: "Pillow 99 resizes differently")
     with caplog.at_level(logging.WARNING, logger="clip_flash.inputs"):

@@ -1,4 +1,4 @@
-"""The exact path's GPU JPEG route (:mod:`clip_flash.inputs.jpeg_dct`): from the coefficients libjpeg-turbo
+"""The exact path's GPU JPEG route (:mod:`clip_flash.inputs.image.jpeg_dct`): from the coefficients libjpeg-turbo
 entropy-decodes, the GPU gives Pillow's pixels bit for bit; the preprocessor's rows are the same with the route
 on or off, and what it declines or cannot read goes where it went before."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 import clip_flash
-from clip_flash.inputs import jpeg_dct
+from clip_flash.inputs.image import jpeg_dct
 from clip_flash.ops._extension import load_extension
 from photo_corpus import assert_same_as_reference, skimage_photo
 
@@ -142,7 +142,7 @@ def test_rows_same_with_route_on_and_off(vit_b32_preprocess, photo_files, tmp_pa
 @cuda
 def test_route_off_where_the_library_cannot_open(monkeypatch):
     """A libjpeg that does not open leaves no native decoder (None): Python threads decode, nothing fails."""
-    from clip_flash.inputs import native_decode
+    from clip_flash.inputs.image import native_decode
 
     monkeypatch.setattr(native_decode, "jpeg_library", lambda: "/nonexistent/libjpeg.so.62")
     assert native_decode.NativeBatchDecoder.create(threads=2) is None
@@ -152,7 +152,7 @@ def test_route_off_where_the_library_cannot_open(monkeypatch):
 def test_reader_reports_rather_than_raises():
     """Bad bytes are left to Pillow with a note (no exception, no crash), and the kernel call refuses bad
     arguments with a reason."""
-    from clip_flash.inputs.native_decode import KIND, DecodeKind, NativeBatchDecoder, ScanMode
+    from clip_flash.inputs.image.native_decode import KIND, DecodeKind, NativeBatchDecoder, ScanMode
 
     native = NativeBatchDecoder.create(threads=2)
     scanned = native.scan([b"", b"\xff\xd8\xff", b"plain text, not a JPEG"], ScanMode.COEFFICIENTS)

@@ -1,4 +1,4 @@
-"""The hardware route (:mod:`clip_flash.inputs.nvjpeg_packed`): nvJPEG's hardware decoder writes torchvision's
+"""The hardware route (:mod:`clip_flash.inputs.image.nvjpeg_packed`): nvJPEG's hardware decoder writes torchvision's
 pixels straight into the resize kernel's layout, the chroma step runs in place there, and the fast path's
 output is the same with the route on or off."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import clip_flash
-from clip_flash.inputs import nvjpeg_packed
-from clip_flash.inputs.jpeg_chroma import refine_nearest_chroma
+from clip_flash.inputs.image import nvjpeg_packed
+from clip_flash.inputs.image.jpeg_chroma import refine_nearest_chroma
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # GPUs with hardware JPEG decoders (A100, H100/H200): there the route must run.

@@ -8,7 +8,7 @@ import json
 import pytest
 
 import clip_flash
-import clip_flash.inputs.native_decode
+import clip_flash.inputs.image.native_decode
 from .job_helpers import MODEL, read_output, write_photos
 
 
@@ -32,7 +32,7 @@ def test_summary_and_record_give_setup_first_batch_and_every_rate(tmp_path, chec
     assert options["executor"] == executor
     assert options["decode_executor"] == executor
     assert options["decode_workers"] >= 1
-    assert options["decode_native"] is (executor == "auto" and clip_flash.inputs.native_decode.NativeBatchDecoder
+    assert options["decode_native"] is (executor == "auto" and clip_flash.inputs.image.native_decode.NativeBatchDecoder
                                         .create(1) is not None)
     assert options["image_cuda_graphs"] is False  # graphs are a CUDA device's
     assert options["decode_threads"] == 2  # the default

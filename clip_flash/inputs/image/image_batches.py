@@ -1,6 +1,6 @@
-"""What :class:`~clip_flash.inputs.images.ImagePreprocessor`'s two steps hand on: the CPU step's decoded batch
-(:class:`DecodedImages`, with its pixels laid out for the resize kernel: :class:`PackedPixels`) and the
-model-ready batch (:class:`PreparedImages`)."""
+"""What :class:`~clip_flash.inputs.image.preprocessor.ImagePreprocessor`'s two steps hand on: the CPU step's
+decoded batch (:class:`DecodedImages`, with its pixels laid out for the resize kernel: :class:`PackedPixels`) and
+the model-ready batch (:class:`PreparedImages`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..ops.image_resample import plan_batch
+from ...ops.image_resample import plan_batch
 from .image_batches import DecodedImages, PackedPixels
 from .image_decoding import DecodedItem, DecodeOptions, Route, decode_item, describe_error
 from .image_resize import ExactResize

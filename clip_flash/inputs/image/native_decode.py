@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..ops._extension import load_extension
+from ...ops._extension import load_extension
 from .jpeg_dct import jpeg_library
 
 logger = logging.getLogger(__name__)

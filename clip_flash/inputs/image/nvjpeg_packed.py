@@ -36,8 +36,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..ops._extension import load_extension
-from ..ops.image_resample import BatchPlan, plan_batch
+from ...ops._extension import load_extension
+from ...ops.image_resample import BatchPlan, plan_batch
 from .image_decoding import DecodedItem, describe_error
 from .jpeg_chroma import SUBSAMPLING
 from .resample_plan import plan_image

@@ -76,8 +76,8 @@ class DctBatch:
         """Queue the kernels on the current stream; the pixels land at their offsets in ``pixels`` (the packed
         layout's pixel area, on the device). The coefficients go up on the packed batches' upload stream, as
         the pixels do, so that on a GPU still running the previous batch's encoder the copy overlaps it."""
-        from ..ops._extension import load_extension
-        from ..ops.image_resample import upload_stream
+        from ...ops._extension import load_extension
+        from ...ops.image_resample import upload_stream
 
         device = pixels.device
         caller = torch.cuda.current_stream(device)
