@@ -66,7 +66,10 @@ def main() -> None:
             clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16, executor="thread") as exact:
         decoded = fast.decode(batch)
         jpegs = [item for item in decoded.items if item.encoded is not None]
-        steps["CPU step: read files, scan headers (threads)"] = timed_ms(lambda: fast._cpu_step(batch), args.repeats)
+        with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16, decode="gpu",
+                                          nvjpeg_hardware=False) as reader:
+            steps["CPU step: read files, scan headers (native)"] = timed_ms(lambda: reader.decode(batch),
+                                                                           args.repeats)
         steps["nvJPEG batched decode (torchvision)"] = timed_ms(
             lambda: gpu_jpeg._nvjpeg([item.encoded for item in jpegs], device), args.repeats)
         if nvjpeg_packed.hardware_decoder_usable():

@@ -195,7 +195,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                                  workers, executor, cuda_graphs, decode_threads)
             start = getattr(runner, "start", None)
             if start is not None:
-                start()  # workers and first arenas, in the background while the run begins
+                start()  # the image decoder, in the background while the run begins
             setup_seconds = time.perf_counter() - setup_started
             known = [shard.size for shard in job.todo]
             total = sum(known) if all(size is not None for size in known) else None

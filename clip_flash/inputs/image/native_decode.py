@@ -109,10 +109,7 @@ class NativeBatchDecoder:
         """Read every input (paths and bytes) and scan its header, in the pool."""
         from PIL import Image
 
-        sources = [os.fspath(item) if isinstance(item, (str, os.PathLike)) else
-                   item if isinstance(item, bytes) else bytes(item) for item in items]
-        if any(isinstance(source, bytes) is False and not isinstance(source, str) for source in sources):
-            raise TypeError("paths must be str (bytes paths are not supported)")
+        sources = [_native_source(item) for item in items]
         limit = Image.MAX_IMAGE_PIXELS
         handle = self._native().scan(sources, int(mode), int(limit) if limit else 0)
         return ScannedBatch(handle, handle.info().numpy(), handle.layouts().numpy(), handle.notes())
@@ -129,3 +126,18 @@ class NativeBatchDecoder:
 
 
 _FORKED_COPIES: List[Any] = []
+
+
+def _native_source(item: Any) -> Any:
+    """A path as UTF-8 text, or encoded bytes. A path that is not text, or not valid UTF-8 (undecodable bytes in
+    a file name), goes as empty bytes: the native scan leaves it to Pillow, which opens the original."""
+    if isinstance(item, (str, os.PathLike)):
+        path = os.fspath(item)
+        if isinstance(path, str):
+            try:
+                path.encode("utf-8")
+                return path
+            except UnicodeEncodeError:
+                pass
+        return b""
+    return item if isinstance(item, bytes) else bytes(item)
