@@ -89,7 +89,8 @@ def test_what_it_decodes_whole_is_pillows_pixels():
         if pixels is None:  # left to Pillow: it decides (and the Python side reports its reason)
             continue
         assert mode in ("RGB", "L"), (position, mode)
-        assert np.array_equal(pixels, expected), f"input {position}: max diff {np.abs(pixels - expected.astype(int)).max()}"
+        difference = np.abs(pixels.astype(int) - expected.astype(int)).max()
+        assert np.array_equal(pixels, expected), f"input {position}: max diff {difference}"
 
 
 def test_left_to_pillow_with_a_reason():
