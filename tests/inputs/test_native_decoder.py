@@ -135,3 +135,43 @@ def test_calls_from_several_threads_at_once():
     for number, got in enumerate(results):
         for want, have in zip(alone[number:] + alone[:number], got):
             assert (want is None and have is None) or np.array_equal(want, have)
+
+
+def test_coefficient_route_bookkeeping_on_the_cpu(vit_b32_preprocess, photo_files, monkeypatch, tmp_path):
+    """The exact path's GPU layout, its kernels stood in for on the CPU (the resize by the kernel's emulation,
+    the JPEG kernels by Pillow's pixels written where the coefficients' table says): whole decodes, coefficient
+    images, Pillow's images beside them in one layout, and images the decoder gives up on mid-batch (left to
+    Pillow, their rows dropped from the layout) all come out as ``preprocess(Image.open(p))``."""
+    import clip_flash
+    import clip_flash.ops.image_resample as image_resample_module
+    from clip_flash.inputs.image import jpeg_dct
+    from photo_corpus import assert_same_as_reference
+    from test_image_resample_packing import EmulatedExtension
+
+    monkeypatch.setattr(image_resample_module, "load_extension", lambda: EmulatedExtension(4096))
+    jpegs = [path for path in photo_files if path.suffix == ".jpg"][:20]
+    whole = jpegs[0].read_bytes()
+    truncated = tmp_path / "truncated.jpg"
+    truncated.write_bytes(whole[: len(whole) * 2 // 3])  # the scan takes it; libjpeg warns while decoding
+    items = jpegs[:8] + [truncated] + [path for path in photo_files if path.suffix == ".png"][:3] + jpegs[8:]
+    scanned = NATIVE.scan([str(item) for item in items], ScanMode.COEFFICIENTS)
+    by_table_row = [items[position] for position in range(len(items))
+                    if scanned.info[position, KIND] == DecodeKind.COEFFICIENTS]
+    assert len(by_table_row) >= 12
+
+    def fill(batch, pixels):  # Pillow's pixels where the kernels would write theirs
+        for row, item in enumerate(by_table_row):
+            _, expected = _pillow(item.read_bytes())
+            start = int(batch.table[row, 1])
+            if expected is not None:
+                pixels[start:start + expected.size].copy_(torch.from_numpy(expected.reshape(-1).copy()))
+
+    monkeypatch.setattr(jpeg_dct.DctBatch, "decode", fill)
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2) as prep:
+        prep.resize.implementation = "kernel"  # as on a GPU with the extension built
+        prep.scan_mode = ScanMode.COEFFICIENTS
+        decoded = prep.decode(items)
+        assert decoded.packed is not None and decoded.packed.dct is not None and decoded.packed.keep is not None
+        prepared = prep.prepare(decoded)
+    assert prepared.routes["jpeg-dct"] >= 12, prepared.routes
+    assert_same_as_reference(prepared, vit_b32_preprocess, items)
