@@ -35,6 +35,10 @@ void TaskPool::drain(const std::function<void(size_t)>& task, size_t count) {
 
 void TaskPool::run(size_t count, const std::function<void(size_t)>& task) {
   if (count == 0) return;
+  if (count == 1 || workers_.empty()) {  // a single request: no thread woken (each costs a context switch)
+    for (size_t i = 0; i < count; ++i) task(i);
+    return;
+  }
   std::lock_guard<std::mutex> call(calls_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
