@@ -22,7 +22,7 @@ from typing import List, Optional, Tuple
 
 from setuptools import setup
 
-BUILD_SWITCH = "CLIP_FLASH_BUILD_EXT"
+BUILD_SWITCH = "CLIP_FLASH_BUILD_EXT"  # documented with the others in clip_flash/envs.py
 EXTENSION_NAME = "clip_flash._C"
 # Sources and flags are shared with the build on first use (clip_flash/ops/jit_build.py); read as a file so
 # the build never imports the package.

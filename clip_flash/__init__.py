@@ -33,13 +33,13 @@ __all__ = sorted(_PUBLIC_API) + ["available_backends", "__version__"]
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name is imported by __getattr__
-    from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError
-    from .graphs import GraphedEncoder
-    from .inputs.image.preprocessor import ImagePreprocessor, PreparedImages
-    from .inputs.text.tokenizer import get_tokenizer
-    from .jobs import embed
-    from .patching.patching import is_patched, patch, patch_report, patched, unpatch
-    from .patching.report import PatchReport, SiteReport
+    from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError  # noqa: F401
+    from .graphs import GraphedEncoder  # noqa: F401
+    from .inputs.image.preprocessor import ImagePreprocessor, PreparedImages  # noqa: F401
+    from .inputs.text.tokenizer import get_tokenizer  # noqa: F401
+    from .jobs import embed  # noqa: F401
+    from .patching.patching import is_patched, patch, patch_report, patched, unpatch  # noqa: F401
+    from .patching.report import PatchReport, SiteReport  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

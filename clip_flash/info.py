@@ -5,7 +5,7 @@ import importlib
 import json
 import platform
 import sys
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 
 def _version(module_name: str) -> Optional[str]:
@@ -28,7 +28,7 @@ def _attention_table() -> Dict[str, object]:
         note = f"no CUDA device (tables are per GPU; {len(known)} known)"
     else:
         note = (f"none of the {len(known)} known tables is for {gpu[0]} (sm_{gpu[1][0]}{gpu[1][1]}), so auto "
-                "takes the first backend that serves a site; make one with python scripts/measure_attention.py")
+                "takes the first backend that serves a site; make one with clip-flash measure-attention")
     return {"path": None, "gpu": None, "entries": 0, "note": note}
 
 
@@ -67,9 +67,10 @@ def environment() -> Dict[str, object]:
     return info
 
 
-def main() -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``clip-flash info [--json]`` (also ``python -m clip_flash.info``)."""
     info = environment()
-    if "--json" in sys.argv[1:]:
+    if "--json" in (sys.argv[1:] if argv is None else argv):
         print(json.dumps(info, indent=2))
         return 0
     backends = info.pop("backends")

@@ -26,11 +26,23 @@ def build_model():
     return _build
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run tests marked slow (long differential runs; the GPU run includes them)")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` (registered in pyproject.toml; select them with ``-m gpu``) skip without CUDA."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    """One ``gpu`` marker (``pytest -m gpu`` selects every GPU test): set here on every test of a ``*_gpu.py`` file,
+    by hand elsewhere; GPU tests skip without CUDA. ``slow`` tests run only with ``--run-slow`` (or ``-m slow``)."""
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if item.path.name.endswith("_gpu.py"):
+            item.add_marker(pytest.mark.gpu)
+    markexpr = config.getoption("-m") or ""
+    run_slow = config.getoption("--run-slow") or "slow" in markexpr
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_slow = None if run_slow else pytest.mark.skip(reason="slow: run with --run-slow (the GPU run does)")
+    for item in items:
+        if skip_gpu is not None and "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+        if skip_slow is not None and "slow" in item.keywords:
+            item.add_marker(skip_slow)

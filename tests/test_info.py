@@ -44,7 +44,7 @@ def test_cpu_machine_lists_only_what_runs_here(monkeypatch, capsys):
         assert status["available"] is False and "needs a CUDA GPU" in status["reason"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_gpu_machine_says_where_the_kernels_came_from(monkeypatch, capsys):
     record = json.loads(_run(monkeypatch, capsys, "--json"))
     if record["fused_ops"].startswith("CUDA kernels"):

@@ -20,7 +20,7 @@ def _usage_example() -> str:
 
 def _gain_table_rows():
     head = README[: README.index("## Use")]
-    return [line for line in head.splitlines() if line.startswith("| ") and "](results/" in line]
+    return [line for line in head.splitlines() if line.startswith("| ") and "](benchmarks/results/" in line]
 
 
 def test_usage_example_runs_as_written(tmp_path):
@@ -38,7 +38,7 @@ def test_gain_table_numbers_are_in_their_results_files():
     rows = _gain_table_rows()
     assert len(rows) >= 3, "the gains table (text batch, image batch, single request) is missing"
     for row in rows:
-        link = re.search(r"\]\((results/[^)]+)\)", row).group(1)
+        link = re.search(r"\]\((benchmarks/results/[^)]+)\)", row).group(1)
         source = (REPO_ROOT / link).read_text(encoding="utf-8").replace(",", "")
         cells = row.replace(",", "").strip("|").split("|")
         unit = re.search(r"[\d.]+ (ms|img/s|captions/s)", cells[1]).group(1)
@@ -53,7 +53,7 @@ def test_gain_table_numbers_are_in_their_results_files():
 
 
 def test_plot_shown_is_committed():
-    image = re.search(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", README)
+    image = re.search(r"!\[[^\]]*\]\((benchmarks/results/[^)]+\.png)\)", README)
     assert image and (REPO_ROOT / image.group(1)).is_file()
 
 
@@ -62,3 +62,42 @@ def test_cpu_torch_line_pins_what_ci_installs():
     line = next(line for line in README.splitlines() if "download.pytorch.org/whl/cpu" in line)
     assert f"torch=={pins['torch']}" in line and f"torchvision=={pins['torchvision']}" in line
     assert "--index-url" in line
+
+
+def test_environment_table_is_the_one_in_envs():
+    from clip_flash import envs
+
+    assert envs.markdown_table() in README
+    undocumented = set(re.findall(r"\bCLIP_FLASH_[A-Z_]+\b", README)) - set(envs.VARIABLES)
+    assert not undocumented, f"README names variables clip_flash/envs.py does not declare: {sorted(undocumented)}"
+
+
+def test_library_reads_only_declared_environment_variables():
+    """Every ``CLIP_FLASH_*`` name in the package's code is declared in clip_flash/envs.py."""
+    from clip_flash import envs
+
+    named = set()
+    for path in (REPO_ROOT / "clip_flash").rglob("*.py"):
+        named |= set(re.findall(r"\bCLIP_FLASH_[A-Z_]+\b", path.read_text(encoding="utf-8")))
+    assert named <= set(envs.VARIABLES), sorted(named - set(envs.VARIABLES))
+
+
+def test_try_it_command_embeds_the_sample_photos(tmp_path):
+    """The README's first command, after its install: ``clip-flash embed`` on the shipped examples/photos."""
+    line = next(line.strip() for line in README.splitlines() if "&& clip-flash embed" in line)
+    args = line.split("&& clip-flash embed", 1)[1].split()
+    args[args.index("--out") + 1] = str(tmp_path / "out")
+    done = subprocess.run([sys.executable, "-m", "clip_flash.cli", "embed", *args], capture_output=True, text=True,
+                          timeout=600, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    photos = sorted(path.stem for path in (REPO_ROOT / "examples" / "photos").glob("*.jpg"))
+    assert f"items: {len(photos)} ({len(photos)} embedded, 0 failed" in done.stdout
+    assert "RANDOM-INIT" in done.stderr  # the default model says its embeddings are meaningless for search
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    embeddings = np.load(tmp_path / "out" / "img_emb" / "img_emb_0.npy")
+    metadata = pq.read_table(tmp_path / "out" / "metadata" / "metadata_0.parquet").to_pydict()
+    assert embeddings.shape == (len(photos), 512)
+    assert sorted(Path(path).stem for path in metadata["image_path"]) == photos
+    assert sum(1 for caption in metadata["caption"] if caption) == 3  # three photos have a caption beside them

@@ -1,6 +1,6 @@
 """Measured attention tables: their schema, parsing, and where they come from.
 
-A *table* (JSON, written on the GPU by ``scripts/measure_attention.py``) records, for attention shapes of real
+A *table* (JSON, written on the GPU by ``clip-flash measure-attention``) records, for attention shapes of real
 OpenCLIP models, the milliseconds each backend took and which won::
 
     {"gpu": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "torch": "2.11.0+cu130", "cuda": "13.0",
@@ -29,11 +29,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .. import envs
+
 logger = logging.getLogger(__name__)
 
-TABLE_ENV = "CLIP_FLASH_ATTENTION_TABLE"
+TABLE_ENV = envs.ATTENTION_TABLE.name
 SHIPPED_TABLE_DIR = Path(__file__).resolve().parent / "attention_tables"
-MEASURE_HINT = ("measure one on this GPU with `python scripts/measure_attention.py` and ship it in "
+MEASURE_HINT = ("measure one on this GPU with `clip-flash measure-attention` and ship it in "
                 "clip_flash/backends/attention_tables/, set CLIP_FLASH_ATTENTION_TABLE=/path.json, or call "
                 "clip_flash.backends.load_attention_table(path)")
 

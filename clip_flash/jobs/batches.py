@@ -1,7 +1,7 @@
 """A job's inputs as batches of columns: one Python object per batch, not one per input.
 
 The pipeline's reader cuts every shard into batches of ``batch_size`` usable inputs. Image shards come
-as :class:`~clip_flash.jobs.sources.Item` objects, whose cost is nothing beside an image's decoding. A
+as :class:`~clip_flash.jobs.items.Item` objects, whose cost is nothing beside an image's decoding. A
 caption costs a few microseconds to embed, and all of the job's threads share one GIL: an object per
 caption, made and read again in Python, held the GIL as long as the device step's launches needed it
 (262,144 ``Item`` objects took 1.0 s). So a caption file's shard hands its rows over as lists.
@@ -9,23 +9,69 @@ caption, made and read again in Python, held the GIL as long as the device step'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 Failure = Tuple[str, str]  # (the input's name in the failures file, why it was not embedded)
 
 
-class RowNames(Sequence):
-    """``file:row`` names of caption rows, made only when one is asked for (a failure's name)."""
+class RowIds(Sequence):
+    """The ids of caption rows, made only when one is asked for: the input's own ``id`` column where it has
+    one, else ``file:N`` (N counts from 1: the line of a ``.txt``, the data row of a CSV or parquet file)."""
 
-    def __init__(self, location: str, rows: Sequence[int]) -> None:
+    def __init__(self, location: str, rows: Sequence[int], ids: Optional[Sequence[str]] = None) -> None:
         self.location = location
-        self.rows = rows
+        self.rows = rows                        # 0-based rows of the file
+        self.ids = ids
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, index: int) -> str:  # type: ignore[override] - rows are named one at a time
-        return f"{self.location}:{self.rows[index]}"
+        row = self.rows[index]
+        return self.ids[row] if self.ids is not None else f"{self.location}:{row + 1}"
+
+
+    def to_arrow(self) -> Any:
+        """The ids as a pyarrow string array, made in bulk (by the writer thread, off the device loop)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if isinstance(self.rows, range):
+            rows = np.arange(self.rows.start, self.rows.stop, self.rows.step, dtype=np.int64)
+        else:
+            rows = np.asarray(self.rows, dtype=np.int64)
+        if self.ids is not None:
+            return pa.array([self.ids[row] for row in rows.tolist()], type=pa.string())
+        return pc.binary_join_element_wise(f"{self.location}:", pc.cast(pa.array(rows + 1), pa.string()), "")
+
+
+class LazyColumn:
+    """A metadata column kept as its batches' :class:`RowIds` until the shard is written: a text job's ids cost
+    the device loop nothing (1M ``file:N`` strings made one by one took over a second of its time)."""
+
+    def __init__(self) -> None:
+        self.parts: List[RowIds] = []
+
+    def extend(self, part: RowIds) -> None:
+        self.parts.append(part)
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+    def __iter__(self) -> Iterator[str]:
+        for part in self.parts:
+            yield from part
+
+    def to_arrow(self) -> Any:
+        import pyarrow as pa
+
+        if not self.parts:
+            return pa.array([], type=pa.string())
+        return pa.concat_arrays([part.to_arrow() for part in self.parts])
+
+
+EMPTY_CAPTION = "empty caption"
 
 
 @dataclass
@@ -42,7 +88,7 @@ class ItemBatch:
 
     @classmethod
     def from_items(cls, items: Sequence[Any]) -> "ItemBatch":
-        """The columns of :class:`~clip_flash.jobs.sources.Item` objects."""
+        """The columns of :class:`~clip_flash.jobs.items.Item` objects."""
         return cls(paths=[item.path for item in items], images=[item.image for item in items],
                    captions=[item.caption for item in items], keys=[item.key for item in items])
 
@@ -74,19 +120,24 @@ def batches_from_items(items: Iterable[Any], batch_size: int) -> Iterator[Tuple[
         yield (ItemBatch.from_items(batch) if batch else None), failures
 
 
-def caption_batches(location: str, start: int, captions: List[Optional[str]], batch_size: int
+def caption_batches(location: str, start: int, captions: List[Optional[str]], batch_size: int,
+                    ids: Optional[Sequence[str]] = None, reasons: Optional[Dict[int, str]] = None
                     ) -> Iterator[Tuple[Optional[ItemBatch], List[Failure]]]:
     """A caption shard (rows ``start``, ``start + 1``, ... of ``location``) in batches: lists sliced from the
-    shard's captions; a null caption is a failure named ``file:row``."""
+    shard's captions; a ``None`` caption is a failure named by its row id, for ``reasons[row]`` (default: an
+    empty caption)."""
+    reasons = reasons or {}
     for first in range(0, len(captions), batch_size):
         chunk = captions[first:first + batch_size]
         rows: Sequence[int] = range(start + first, start + first + len(chunk))
         failures: List[Failure] = []
-        if None in chunk:  # rare (null cells of a CSV or parquet column): drop those rows
-            failures = [(f"{location}:{row}", "empty (null) caption") for row, text in zip(rows, chunk) if text is None]
+        if None in chunk:  # rare (blank lines, null cells): drop those rows
+            names = RowIds(location, rows, ids)
+            failures = [(names[position], reasons.get(row, EMPTY_CAPTION))
+                        for position, (row, text) in enumerate(zip(rows, chunk)) if text is None]
             rows = [row for row, text in zip(rows, chunk) if text is not None]
             chunk = [text for text in chunk if text is not None]
-        yield (ItemBatch(RowNames(location, rows), captions=chunk) if chunk else None), failures
+        yield (ItemBatch(RowIds(location, rows, ids), captions=chunk) if chunk else None), failures
 
 
 def shard_batches(shard: Any, batch_size: int) -> Iterator[Tuple[Optional[ItemBatch], List[Failure]]]:

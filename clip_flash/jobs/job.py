@@ -4,9 +4,10 @@
     summary = clip_flash.embed("photos/", "out/", model="ViT-L-14::laion2b_s32b_b82k")
     print(summary.format())
 
-The job plans its shards, checks the output folder (refusing one made with other settings), skips the
-shards an earlier run finished, loads and patches the model, runs the pipeline, and writes
-``failures.parquet`` and a JSON record of the run. ``scripts/embed.py`` is its command line.
+The job plans its shards, checks the output folder (refusing one whose finished shards were made with other
+settings or from inputs that changed since), skips the shards an earlier run finished, loads and patches the
+model, records its settings, runs the pipeline, and writes ``failures.parquet`` and a JSON record of the run.
+:mod:`clip_flash.jobs.cli` is its command line.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, PipelineStats
 from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
 from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
+from .weights_identity import checkpoint_sha256
 from .writer import OutputFolder
 
 logger = logging.getLogger(__name__)
@@ -34,11 +36,28 @@ DEFAULT_IMAGE_BATCH = 256
 # A text batch's launches cost the host about as much at 1,024 captions as at 4,096 (the tower skips padding,
 # so its GPU time follows the tokens): larger batches spread that host time over more captions.
 DEFAULT_TEXT_BATCH = 4096
+# A CPU embeds a few images (or a few hundred captions) per second: smaller batches let the progress bar move
+# every few seconds instead of once a minute.
+CPU_IMAGE_BATCH = 32
+CPU_TEXT_BATCH = 256
+
+
+def default_batch_size(has_images: bool, device_type: str) -> int:
+    """The batch a job uses when none is given: 256 images / 4,096 captions on a GPU, 32 / 256 on a CPU."""
+    if device_type == "cuda":
+        return DEFAULT_IMAGE_BATCH if has_images else DEFAULT_TEXT_BATCH
+    return CPU_IMAGE_BATCH if has_images else CPU_TEXT_BATCH
+
+
 OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
 EXECUTORS = ("auto", "native", "thread")  # ImagePreprocessor's
 DECODES = ("cpu", "gpu")
-SETTINGS_VERSION = 1
+SETTINGS_VERSION = 2
+CHECKPOINT_DIGESTS_FILE = "checkpoint_sha256.json"  # in the output's state folder: see weights_identity
+RANDOM_INIT_WARNING = (
+    "%s has RANDOM-INIT weights (no pretrained tag or checkpoint given): these embeddings are meaningless for "
+    "search. For real embeddings pass --model %s::TAG (OpenCLIP's pretrained tags) or --model %s::/path/to/ckpt.")
 
 
 def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
@@ -48,14 +67,16 @@ def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
 
 
 def job_settings(source: Source, plan: List[Shard], model: str, precision: str,
-                 patch: bool, pipeline: str, decode: str, normalize: bool, out_dtype: str) -> Dict[str, Any]:
-    """Everything the embeddings depend on; a resumed job must match it exactly."""
-    from clip_flash.models.model_spec import parse_model_spec
+                 patch: bool, pipeline: str, decode: str, normalize: bool, out_dtype: str,
+                 digest_cache: Optional[Path] = None) -> Dict[str, Any]:
+    """Everything the embeddings depend on; a resumed job must match it exactly. A checkpoint is identified by
+    the SHA-256 of its bytes (cached in ``digest_cache`` by path, size and modification time)."""
+    from clip_flash.models import parse_model_spec
 
     spec = parse_model_spec(model)
     weights: Dict[str, Any] = {"kind": spec.kind, "weights": spec.weights}
     if spec.kind == "checkpoint" and os.path.isfile(spec.weights):
-        weights["checkpoint_bytes"] = os.path.getsize(spec.weights)
+        weights["sha256"] = checkpoint_sha256(spec.weights, digest_cache)
     return {
         "settings_version": SETTINGS_VERSION,
         "model": spec.name,
@@ -73,7 +94,7 @@ def job_settings(source: Source, plan: List[Shard], model: str, precision: str,
 
 def shards_to_do(plan: List[Shard], output: OutputFolder) -> List[Shard]:
     """The shards no earlier run finished; clears whatever those left behind."""
-    todo = [shard for shard in plan if not output.finished(shard.index, shard.fingerprint)]
+    todo = [shard for shard in plan if not output.finished(shard.index, shard.fingerprint, shard.inputs)]
     for shard in todo:
         output.clear(shard.index)
     return todo
@@ -82,7 +103,8 @@ def shards_to_do(plan: List[Shard], output: OutputFolder) -> List[Shard]:
 def _progress(total: Optional[int], enabled: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="item", dynamic_ncols=True, file=sys.stderr,
+    # miniters=1: any batch may redraw the bar (tqdm otherwise adapts how many items it waits for between redraws)
+    return tqdm(total=total, unit="item", dynamic_ncols=True, file=sys.stderr, miniters=1,
                 disable=not enabled, desc="embedding", smoothing=0.1)
 
 
@@ -136,16 +158,19 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
           device: Union[str, torch.device, None] = None, precision: Optional[str] = None, patch: bool = True,
           pipeline: str = "clip_flash", decode: str = "cpu", batch_size: Optional[int] = None,
           shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
-          captions: Optional[bool] = None, caption_column: Optional[str] = None, workers: Optional[int] = None,
-          executor: str = "auto", cuda_graphs: bool = True, decode_threads: Optional[int] = None, repeat: int = 1,
-          progress: bool = True, command: Optional[str] = None) -> JobSummary:
+          captions: Optional[bool] = None, caption_column: Optional[str] = None, require_captions: bool = False,
+          workers: Optional[int] = None, executor: str = "auto", cuda_graphs: bool = True,
+          decode_threads: Optional[int] = None, repeat: int = 1, progress: bool = True,
+          command: Optional[str] = None) -> JobSummary:
     """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
 
     Args:
         input: a folder of images (recursive; ``x.txt`` beside ``x.jpg`` is its caption), WebDataset tar
             file(s) (a folder of them, or ``shards/{00000..00099}.tar``), or a ``.txt``/``.csv``/``.tsv``/
-            ``.parquet`` file of captions (a text-only job).
-        out: the output folder (created; an earlier run's folder is resumed, one with other settings refused).
+            ``.parquet`` file of captions (a text-only job: a blank caption or a null is a failure, ``empty
+            caption``; rows keep the input's ``id`` column, or ``file:N``).
+        out: the output folder (created; an earlier run's folder is resumed; one whose finished shards were made
+            with other settings, other weights or from inputs that changed since is refused).
         model: ``NAME`` (random init, labelled so), ``NAME::TAG`` (OpenCLIP pretrained tag) or
             ``NAME::/path/to/checkpoint``.
         device: default CUDA when available, else CPU. precision: ``fp16``/``bf16``/``fp32``; default fp16
@@ -154,10 +179,12 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         pipeline: ``clip_flash`` (threaded decode + device preparation, fast tokenizer) or ``stock``
             (OpenCLIP's PIL preprocess in a DataLoader and its tokenizer: the baseline speed figure).
         decode: ``cpu`` (exact: Pillow's pixels) or ``gpu`` (nvJPEG; faster, not bit-exact).
-        batch_size: default 256 for image jobs, 4096 for text-only. shard_size: inputs per output shard
-            (folders and caption files; a WebDataset tar is one shard).
+        batch_size: default 256 for image jobs, 4096 for text-only (32 and 256 on a CPU).
+        shard_size: inputs per output shard (folders and caption files; a WebDataset tar is one shard).
         normalize: L2-normalise the embeddings (clip-retrieval does). out_dtype: ``float16`` or ``float32``.
-        captions: None reads captions when the input has them; False ignores them. caption_column: for CSV/parquet.
+        captions: None reads captions where they exist (an image or sample without one gets an empty caption);
+            False ignores them. caption_column: for CSV/parquet. require_captions: an image or sample without a
+            caption is a failure (pairs only).
         workers: native decoding threads (default: the cores this process may use; stock: DataLoader
             workers = cores - 1).
         executor: ``auto`` (the native batch decoder where the extension is built, else Python threads),
@@ -172,7 +199,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         A :class:`~clip_flash.jobs.record.JobSummary` (``.format()`` for the printed summary).
 
     Raises:
-        SourceError, OutputError (including SettingsMismatchError), ModelLoadError: with one clear message.
+        SourceError, OutputError (including SettingsMismatchError, InputChangedError), ModelLoadError: with one
+        clear message. The settings are recorded in ``out`` only once the model has loaded.
     """
     setup_started = time.perf_counter()
     if executor not in EXECUTORS:
@@ -182,13 +210,14 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     device = resolve_device(device)
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
                    decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
-                   caption_column=caption_column, repeat=repeat)
+                   caption_column=caption_column, repeat=repeat, require_captions=require_captions)
     try:
-        batch_size = batch_size or (DEFAULT_IMAGE_BATCH if job.source.has_images else DEFAULT_TEXT_BATCH)
+        batch_size = batch_size or default_batch_size(job.source.has_images, device.type)
         stats = PipelineStats()
         setup_seconds = None
         if job.todo:  # nothing left to embed: no model to load
             loaded = load_job_model(job, device)
+            job.output.record_settings(job.settings)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
@@ -234,9 +263,11 @@ class PlannedJob:
 
 def plan_job(input: Union[str, Path], out: Union[str, Path], model: str, *, device_type: str,
              precision: Optional[str], patch: bool, pipeline: str, decode: str, shard_size: int, normalize: bool,
-             out_dtype: str, captions: Optional[bool], caption_column: Optional[str], repeat: int) -> PlannedJob:
-    """Check the options, plan the shards, open (or refuse) the output folder, find the shards left."""
-    from clip_flash.models.model_spec import parse_model_spec
+             out_dtype: str, captions: Optional[bool], caption_column: Optional[str], repeat: int,
+             require_captions: bool = False) -> PlannedJob:
+    """Check the options, plan the shards, lock (or refuse) the output folder, find the shards left. The
+    settings are recorded by the caller once the model has loaded (:meth:`OutputFolder.record_settings`)."""
+    from clip_flash.models import parse_model_spec
 
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
@@ -248,16 +279,22 @@ def plan_job(input: Union[str, Path], out: Union[str, Path], model: str, *, devi
         raise ValueError("pipeline='stock' is the unpatched baseline: pass patch=False with it")
     precision = precision or ("fp16" if device_type == "cuda" else "fp32")
     spec = parse_model_spec(model)
-    source = open_source(input, shard_size, captions, caption_column, repeat)
+    source = open_source(input, shard_size, captions, caption_column, repeat, require_captions)
     plan = source.shards()
-    settings = job_settings(source, plan, model, precision, patch, pipeline, decode, normalize, out_dtype)
     output = OutputFolder(Path(out), len(plan))
-    output.open(settings)
+    output.acquire()
     try:
+        settings = job_settings(source, plan, model, precision, patch, pipeline, decode, normalize, out_dtype,
+                                digest_cache=output.state / CHECKPOINT_DIGESTS_FILE)
+        output.check(settings)
         todo = shards_to_do(plan, output)
     except BaseException:
         output.close()
         raise
+    for note in source.notes:
+        logger.warning("%s", note)
+    if spec.kind == "random":
+        logger.warning(RANDOM_INIT_WARNING, spec.name, spec.name, spec.name)
     logger.info("%d of %d shards to embed into %s", len(todo), len(plan), out)
     return PlannedJob(source, plan, todo, settings, output, spec, precision, patch, decode)
 
@@ -266,7 +303,7 @@ def load_job_model(job: PlannedJob, device: torch.device) -> Any:
     """The job's model on ``device`` in its precision, patched unless the job is stock."""
     from clip_flash.models import model_spec
 
-    loaded = model_spec.load_model(job.spec, device, job.precision)
+    loaded = model_spec.load_model(job.spec, device, job.precision)  # via the module: tests share loaded models
     if job.patch:
         import clip_flash
 

@@ -18,24 +18,21 @@ handed to the writer as soon as its last batch lands.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import queue
-import sys
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batches import ItemBatch, shard_batches
+from .batches import ItemBatch, LazyColumn, RowIds, shard_batches
 from .sources import Shard
 from .writer import ShardResult
 
@@ -101,15 +98,9 @@ class PipelineStats:
 
 
 MAIN_THREAD_STEPS = ("waiting for inputs", "launching", "waiting for the device", "handing to the writer")
-# Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoding workers, then waits;
-# with decode="gpu" each also runs its batch's hardware JPEG decode). More did not help on the H200 host:
-# --decode gpu ran 12,944-13,018 img/s with 2, 12,599-12,807 with 4, 12,850 with 6 (results/README.md).
+# Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoder, then waits; with
+# decode="gpu" each also runs its batch's hardware JPEG decode). Two keep the GPU fed; more measured no faster.
 DEFAULT_DECODE_THREADS = 2
-# Seconds; when set, the interpreter's GIL switch interval during a run (restored after). Every torch call of the
-# main thread's launches releases the GIL, and taking it back waits for the holder's interval (5 ms by default)
-# when a decoding thread runs Python meanwhile. An experiment: at b401b8f, 0.2 ms made bench_clip.py's exact
-# path 7% faster and its fast path 44% (results/h100/gil_switch_interval_b401b8f/); not measured on the job.
-SWITCH_INTERVAL_ENV = "CLIP_FLASH_GIL_SWITCH_INTERVAL"
 
 
 def finish_features(features: torch.Tensor, normalize: bool, out_dtype: np.dtype) -> torch.Tensor:
@@ -144,9 +135,11 @@ class EmbeddingPipeline:
         self.out_dtype = np.dtype(out_dtype)
         self.decode_threads = decode_threads
         self.prefetch_batches = prefetch_batches
-        self.batches_in_flight = max(1, batches_in_flight)
-        self.wds_key_column = wds_key_column
         self.cuda = self.device.type == "cuda"
+        # On a CPU a batch's embeddings exist when its launch returns: collected at once, so the progress bar
+        # and the shard hand-over follow every batch (waiting for 2 more held a 3-batch job's bar at 0).
+        self.batches_in_flight = max(1, batches_in_flight) if self.cuda else 0
+        self.wds_key_column = wds_key_column
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         # A patched text tower takes the pinned host ids itself and reads their lengths there: no device sync
         # per batch, so the next batch queues while the device still encodes this one.
@@ -285,7 +278,8 @@ class EmbeddingPipeline:
                 shard.text.append(launched.host_text.numpy().copy() if self.cuda else launched.host_text.numpy())
             columns = self._metadata_columns(launched.items)
             for name, values in columns.items():
-                shard.metadata.setdefault(name, []).extend(values)
+                default = LazyColumn() if isinstance(values, RowIds) else []
+                shard.metadata.setdefault(name, default).extend(values)
         if progress is not None:
             progress.update(len(launched.items) + len(launched.failures))
 
@@ -295,6 +289,8 @@ class EmbeddingPipeline:
             columns["image_path"] = items.paths
         if self.tokenizer is not None:
             columns["caption"] = items.captions
+            if self.image_preparer is None:  # a text-only job: each row's id in its input file
+                columns["id"] = items.paths
         if self.wds_key_column:
             columns["key"] = items.keys
         return columns
@@ -308,7 +304,7 @@ class EmbeddingPipeline:
         return ShardResult(index=shard.shard.index, fingerprint=shard.shard.fingerprint,
                            image_embeddings=stack(shard.image, self.image_preparer is not None),
                            text_embeddings=stack(shard.text, self.tokenizer is not None),
-                           metadata=shard.metadata, failures=shard.failures)
+                           metadata=shard.metadata, failures=shard.failures, inputs=shard.shard.inputs)
 
     def close(self) -> None:
         """Stop the image preparer's decoding workers; free the image graph's memory."""
@@ -322,8 +318,7 @@ class EmbeddingPipeline:
     def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
             progress: Any = None) -> PipelineStats:
         """Embed every shard and ``commit`` each finished one (from a writer thread, in shard order)."""
-        with _switch_interval(os.environ.get(SWITCH_INTERVAL_ENV, "").strip()):
-            return self._run(shards, commit, progress)
+        return self._run(shards, commit, progress)
 
     def _run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None], progress: Any) -> PipelineStats:
         stats = PipelineStats()
@@ -428,24 +423,3 @@ class EmbeddingPipeline:
             raise writer_error[0]
         stats.seconds = time.perf_counter() - started
         return stats
-
-
-@contextlib.contextmanager
-def _switch_interval(setting: str) -> Iterator[None]:
-    """``sys.setswitchinterval(float(setting))`` inside, the interpreter's own outside; nothing when empty."""
-    if not setting:
-        yield
-        return
-    try:
-        interval = float(setting)
-        if interval <= 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"{SWITCH_INTERVAL_ENV}={setting!r}: expected seconds, a positive number") from None
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(interval)
-    logger.info("GIL switch interval %.6f s for this run (%s; %.6f s before)", interval, SWITCH_INTERVAL_ENV, before)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)

@@ -48,11 +48,10 @@ import numpy as np
 import torch
 
 from .job import (
-    DEFAULT_IMAGE_BATCH,
     DEFAULT_SHARD_SIZE,
-    DEFAULT_TEXT_BATCH,
     OUTPUT_DTYPES,
     build_inputs,
+    default_batch_size,
     finish_job,
     load_job_model,
     make_runner,
@@ -136,7 +135,8 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                    precision: Optional[str] = None, patch: bool = True, pipeline: str = "clip_flash",
                    decode: str = "cpu", batch_size: Optional[int] = None, shard_size: int = DEFAULT_SHARD_SIZE,
                    normalize: bool = True, out_dtype: str = "float16", captions: Optional[bool] = None,
-                   caption_column: Optional[str] = None, workers: Optional[int] = None, executor: str = "thread",
+                   caption_column: Optional[str] = None, require_captions: bool = False,
+                   workers: Optional[int] = None, executor: str = "thread",
                    cuda_graphs: bool = True, decode_threads: Optional[int] = None, repeat: int = 1,
                    progress: bool = True, command: Optional[str] = None) -> JobSummary:
     """:func:`clip_flash.embed` on a Ray cluster: same arguments, same output folder, same resume rules.
@@ -157,9 +157,10 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
     device = device or ("cuda" if gpus else "cpu")
     job = plan_job(input, out, model, device_type=torch.device(device).type, precision=precision, patch=patch,
                    pipeline=pipeline, decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype,
-                   captions=captions, caption_column=caption_column, repeat=repeat)
+                   captions=captions, caption_column=caption_column, repeat=repeat,
+                   require_captions=require_captions)
     source = job.source
-    batch_size = batch_size or (DEFAULT_IMAGE_BATCH if source.has_images else DEFAULT_TEXT_BATCH)
+    batch_size = batch_size or default_batch_size(source.has_images, torch.device(device).type)
     actors = actors or max(1, gpus)
     actor_job = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
                  "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
@@ -167,6 +168,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                  "out": str(job.output.root), "shard_count": len(job.plan),
                  "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions}}
     try:
+        job.output.record_settings(job.settings)  # the actors load the model; a bad spec failed in plan_job
         stats, peak = _run_on_actors(job.todo, actor_job, actors, progress)
         return finish_job(job, stats, device=f"ray: {actors} actor(s) on {device}", pipeline="clip_flash (ray)",
                           gpu_peak=peak, command=command, environment_device=torch.device("cpu"),

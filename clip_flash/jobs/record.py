@@ -118,7 +118,7 @@ def cpu_cores() -> int:
 def run_record(summary: JobSummary, settings: Dict[str, Any], device: torch.device, command: str,
                options: Dict[str, Any]) -> Dict[str, Any]:
     """The JSON record of a run: environment (versions, git revision, GPU, command), settings, summary."""
-    from clip_flash.benchmark.results import environment_record
+    from clip_flash.environment import environment_record
 
     return {
         "kind": "clip_flash embedding job",

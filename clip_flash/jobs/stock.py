@@ -18,7 +18,7 @@ import torch
 
 from .pipeline import PipelineStats, finish_features
 from .record import cpu_cores
-from .sources import Item, Shard, Source
+from .items import Item, Shard, Source
 from .writer import ShardResult
 
 
@@ -110,6 +110,8 @@ class StockPipeline:
                     if tokens is not None:
                         parts["text"].append(self._finish(self.model.encode_text(tokens.to(self.device))))
                         metadata.setdefault("caption", []).extend(item.caption for item in items)
+                        if pixels is None:  # a text-only job: each row's id in its input file
+                            metadata.setdefault("id", []).extend(item.path for item in items)
                     if self.wds_key_column:
                         metadata.setdefault("key", []).extend(item.key for item in items)
                 if progress is not None:
@@ -120,7 +122,7 @@ class StockPipeline:
                         index=shard.index, fingerprint=shard.fingerprint,
                         image_embeddings=np.concatenate(parts["image"]) if parts["image"] else None,
                         text_embeddings=np.concatenate(parts["text"]) if parts["text"] else None,
-                        metadata=metadata, failures=parts["failures"])
+                        metadata=metadata, failures=parts["failures"], inputs=shard.inputs)
                     commit(result)
                     stats.rows += result.rows
                     stats.failures += len(result.failures)

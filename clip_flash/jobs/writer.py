@@ -8,6 +8,7 @@
     OUT/_clip_flash/lock                 held (flock) by the job writing the folder; names its process
     OUT/_clip_flash/done/{N}.json        written last: shard N is complete (rows, fingerprint, sizes)
     OUT/_clip_flash/failures/{N}.parquet that shard's failures
+    OUT/_clip_flash/inputs/{N}.json.gz   that shard's inputs with their stamps (to name what changed)
     OUT/_clip_flash/runs/*.json          one record per run (versions, git revision, command, summary)
 
 ``{N}`` is zero-padded to the width of the last shard number (clip-retrieval's rule), so the files sort
@@ -19,6 +20,14 @@ flight are named ``*.tmp``, which those globs do not match.
 Commit protocol, per shard: each file is written under a temporary name, flushed and fsynced, then
 renamed into place; the done marker is written the same way after all of them. A shard without its
 marker is unfinished whatever else exists: a restarted job deletes its files and embeds it again.
+
+The settings are written once the job's model has loaded, and only a folder holding a finished shard
+refuses a job with other settings: a start that failed (a misspelt model, a missing checkpoint) leaves
+nothing that stands in the way of the corrected command.
+
+Names are stored as text: a file name that is not valid UTF-8 (Python gives its stray bytes as lone
+surrogates) is written with each such byte as ``\\xNN`` (:func:`stored_text`), so the job never stops on
+it; undoing the ``\\xNN`` escapes gives the name's bytes back (``os.fsencode`` of the name as Python listed it).
 """
 from __future__ import annotations
 
@@ -35,6 +44,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .file_formats import inputs_bytes, npy_bytes, parquet_bytes, stored_text
+
 logger = logging.getLogger(__name__)
 
 STATE_DIR = "_clip_flash"
@@ -50,6 +61,32 @@ class SettingsMismatchError(OutputError):
     """The output folder holds shards made with other settings: mixing them would corrupt the index."""
 
 
+class InputChangedError(OutputError):
+    """Inputs that finished shards were embedded from changed since (edited, added, removed or renamed)."""
+
+
+SHARD_FILE_PATTERNS = ("img_emb/img_emb_*.npy", "text_emb/text_emb_*.npy", "metadata/metadata_*.parquet",
+                       f"{STATE_DIR}/failures/*.parquet", f"{STATE_DIR}/inputs/*.json.gz", f"{STATE_DIR}/done/*.json")
+# Settings that follow from the input rather than from the command: a difference there means the input changed.
+INPUT_SETTINGS = ("shards",)
+MAX_LISTED = 5
+
+
+def _flatten(settings: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    flat: Dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _listed(names: Sequence[str]) -> str:
+    shown = ", ".join(stored_text(name) for name in list(names)[:MAX_LISTED])
+    return shown + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
+
+
 def shard_width(shard_count: int) -> int:
     """Digits of a shard number: clip-retrieval's ``int(log10(count)) + 1``."""
     return int(math.log10(max(shard_count, 1))) + 1
@@ -63,8 +100,9 @@ class ShardResult:
     fingerprint: str
     image_embeddings: Optional[np.ndarray]      # (rows, dim) or None for a text-only job
     text_embeddings: Optional[np.ndarray]       # (rows, dim) or None when the job has no captions
-    metadata: Dict[str, List[Any]]              # column -> values, one per row
+    metadata: Dict[str, Any]                    # column -> values (a list, or a batches.LazyColumn), one per row
     failures: List[Tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    inputs: List[Tuple[str, str]] = field(default_factory=list)    # (input, stamp): see sources.Shard.inputs
 
     @property
     def rows(self) -> int:
@@ -94,23 +132,6 @@ def _write_bytes_durably(path: Path, payload: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array))
-    return buffer.getvalue()
-
-
-def _parquet_bytes(columns: Dict[str, List[Any]]) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({name: pa.array(values, type=pa.string()) for name, values in columns.items()}), sink)
-    return sink.getvalue().to_pybytes()
-
-
 class OutputFolder:
     """One job's output folder: settings check, which shards are done, and atomic shard writes."""
 
@@ -132,6 +153,7 @@ class OutputFolder:
             "text_emb": self.root / "text_emb" / f"text_emb_{number}.npy",
             "metadata": self.root / "metadata" / f"metadata_{number}.parquet",
             "failures": self.state / "failures" / f"{number}.parquet",
+            "inputs": self.state / "inputs" / f"{number}.json.gz",
         }
 
     def marker(self, index: int) -> Path:
@@ -139,31 +161,73 @@ class OutputFolder:
 
     # ----- opening
     def open(self, settings: Dict[str, Any]) -> None:
-        """Lock the folder for this job, then record ``settings`` in it, or refuse a folder made with other
-        settings (before creating anything else in it). :meth:`close` releases the lock."""
+        """:meth:`acquire`, :meth:`check` and :meth:`record_settings` at once (a job with nothing to load)."""
+        self.acquire()
+        try:
+            self.check(settings)
+            self.record_settings(settings)
+        except BaseException:
+            self.close()
+            raise
+
+    def acquire(self) -> None:
+        """Lock the folder for this job (created if missing). :meth:`close` releases the lock."""
         if importlib.util.find_spec("pyarrow") is None:  # checked now, not after the first shard is embedded
             raise OutputError("the embedding job writes parquet files and needs pyarrow: pip install pyarrow")
+        if self.root.exists() and not self.root.is_dir():
+            raise OutputError(f"--out {self.root} is a file: the output is a folder (created when missing); "
+                              "name a folder")
         try:
             self.state.mkdir(parents=True, exist_ok=True)
             self._take_lock()
         except OSError as error:
-            raise OutputError(f"cannot use output folder {self.root}: {error}") from error
+            raise OutputError(f"cannot use output folder {self.root}: {error.strerror or error}") from error
+
+    def finished_markers(self) -> List[Path]:
+        return sorted((self.state / "done").glob("*.json"))
+
+    def check(self, settings: Dict[str, Any]) -> None:
+        """Refuse a folder whose finished shards were made with other settings. A folder without a finished
+        shard is this job's: whatever an earlier start left there (settings, partial files) is removed."""
+        existing = self.state / SETTINGS_FILE
         try:
-            existing = self.state / SETTINGS_FILE
-            if existing.exists() and json.loads(existing.read_text()) != settings:
-                raise SettingsMismatchError(self._mismatch_message(json.loads(existing.read_text()), settings))
-            source = settings.get("source", {})
-            # like clip-retrieval, only the embedding folders the job fills (an empty one stops `clip-retrieval index`)
-            folders = ["img_emb"] * bool(source.get("images", True)) + ["text_emb"] * bool(source.get("captions", True))
-            for sub in folders + ["metadata", f"{STATE_DIR}/done", f"{STATE_DIR}/failures", f"{STATE_DIR}/runs"]:
+            recorded = json.loads(existing.read_text()) if existing.exists() else None
+        except (OSError, ValueError):
+            recorded = {}
+        if recorded is None or recorded == settings:
+            return
+        if not self.finished_markers():
+            logger.info("%s holds no finished shard: starting it over with this job's settings", self.root)
+            self._start_over()
+            return
+        raise self._mismatch(recorded, settings)
+
+    def _start_over(self) -> None:
+        try:
+            for pattern in SHARD_FILE_PATTERNS:
+                for path in [*self.root.glob(pattern), *self.root.glob(pattern + ".tmp")]:
+                    path.unlink()
+            (self.state / SETTINGS_FILE).unlink(missing_ok=True)
+            for folder in ("img_emb", "text_emb"):  # an empty embedding folder stops `clip-retrieval index`
+                if (self.root / folder).is_dir() and not any((self.root / folder).iterdir()):
+                    (self.root / folder).rmdir()
+        except OSError as error:
+            raise OutputError(f"cannot clear output folder {self.root}: {error}") from error
+
+    def record_settings(self, settings: Dict[str, Any]) -> None:
+        """Create the folders the job fills and record ``settings`` (once the job is known to be able to run)."""
+        existing = self.state / SETTINGS_FILE
+        source = settings.get("source", {})
+        # like clip-retrieval, only the embedding folders the job fills (an empty one stops `clip-retrieval index`)
+        folders = ["img_emb"] * bool(source.get("images", True)) + ["text_emb"] * bool(source.get("captions", True))
+        try:
+            for sub in folders + ["metadata", f"{STATE_DIR}/done", f"{STATE_DIR}/failures", f"{STATE_DIR}/inputs",
+                                  f"{STATE_DIR}/runs"]:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
             if not existing.exists():
                 self._atomic_write(existing, (json.dumps(settings, indent=2, sort_keys=True) + "\n").encode())
-        except BaseException as error:
-            self.close()
-            if isinstance(error, OSError):
-                raise OutputError(f"cannot use output folder {self.root}: {error}") from error
-            raise
+        except OSError as error:
+            raise OutputError(f"cannot use output folder {self.root}: {error}") from error
 
     def _take_lock(self) -> None:
         """One job per folder at a time: two would embed the same unfinished shards twice over each other."""
@@ -190,18 +254,28 @@ class OutputFolder:
             self._lock.close()
             self._lock = None
 
-    def _mismatch_message(self, recorded: Dict[str, Any], wanted: Dict[str, Any]) -> str:
-        keys = sorted(set(recorded) | set(wanted))
-        lines = [f"  {key}: folder has {recorded.get(key)!r}, this job {wanted.get(key)!r}"
-                 for key in keys if recorded.get(key) != wanted.get(key)]
-        return (f"output folder {self.root} holds embeddings made with other settings; refusing to mix them:\n"
-                + "\n".join(lines) + "\n  Use another --out folder, or the same settings to resume.")
+    def _mismatch(self, recorded: Dict[str, Any], wanted: Dict[str, Any]) -> OutputError:
+        """What differs, one line per setting (``folder has X, this job Y``), and how to go on."""
+        old, new = _flatten(recorded), _flatten(wanted)
+        differing = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+        lines = [f"  {key}: folder has {old.get(key, '(not set)')!r}, this job {new.get(key, '(not set)')!r}"
+                 for key in differing]
+        start_over = (f"  To start over, delete {self.root} or pass another --out; to resume, run the command "
+                      "that made it.")
+        if all(key in INPUT_SETTINGS for key in differing):
+            return InputChangedError(
+                f"the input changed since {self.root} was started (inputs added or removed), refusing to mix:\n"
+                + "\n".join(lines) + "\n" + start_over)
+        return SettingsMismatchError(
+            f"output folder {self.root} holds embeddings made with other settings; refusing to mix them:\n"
+            + "\n".join(lines) + "\n" + start_over)
 
     # ----- state
-    def finished(self, index: int, fingerprint: str) -> bool:
+    def finished(self, index: int, fingerprint: str, inputs: Sequence[Tuple[str, str]] = ()) -> bool:
         """Whether shard ``index`` is complete with exactly these inputs.
 
-        Raises :class:`OutputError` when it was made from other inputs (the input changed between runs).
+        Raises :class:`InputChangedError` when it was made from other inputs (the input changed between runs),
+        naming them where the shard's ``inputs`` were kept.
         A marker whose files are gone or of another size is taken as unfinished (logged).
         """
         marker = self.marker(index)
@@ -213,10 +287,7 @@ class OutputFolder:
             logger.warning("shard %s: unreadable done marker (%s); embedding it again", self.name(index), error)
             return False
         if record.get("fingerprint") != fingerprint:
-            raise OutputError(
-                f"shard {self.name(index)} in {self.root} was made from other inputs than this job plans for it "
-                "(files added, removed or renamed since the first run). Embed the changed input into a new "
-                "--out folder.")
+            raise InputChangedError(self._changed_inputs_message(index, inputs))
         for role, size in record.get("sizes", {}).items():
             path = self.shard_files(index)[role]
             if not path.exists() or path.stat().st_size != size:
@@ -224,6 +295,30 @@ class OutputFolder:
                                self.name(index), path.name)
                 return False
         return True
+
+    def recorded_inputs(self, index: int) -> Optional[List[Tuple[str, str]]]:
+        import gzip
+
+        try:
+            return [tuple(pair) for pair in json.loads(gzip.decompress(self.shard_files(index)["inputs"].read_bytes()))]
+        except (OSError, ValueError):
+            return None
+
+    def _changed_inputs_message(self, index: int, inputs: Sequence[Tuple[str, str]]) -> str:
+        before = self.recorded_inputs(index)
+        lines = []
+        if before is not None and inputs:
+            old, new = dict(before), dict(inputs)
+            for label, names in (("changed (size or modification time)",
+                                  [name for name in new if name in old and old[name] != new[name]]),
+                                 ("added", [name for name in new if name not in old]),
+                                 ("removed or renamed", [name for name in old if name not in new])):
+                if names:
+                    lines.append(f"  {label}: {_listed(names)}")
+        detail = "\n".join(lines) or "  (files added, removed, renamed or edited)"
+        return (f"the input changed since shard {self.name(index)} of {self.root} was embedded; refusing to mix "
+                f"old and new rows:\n{detail}\n  Embed the changed input into a new --out folder (or delete "
+                f"{self.root} to start over).")
 
     def clear(self, index: int) -> None:
         """Remove whatever an unfinished shard left (files, temporaries, a stale marker)."""
@@ -255,13 +350,15 @@ class OutputFolder:
         payloads: Dict[str, bytes] = {}
         if result.rows:
             if result.image_embeddings is not None:
-                payloads["img_emb"] = _npy_bytes(result.image_embeddings)
+                payloads["img_emb"] = npy_bytes(result.image_embeddings)
             if result.text_embeddings is not None:
-                payloads["text_emb"] = _npy_bytes(result.text_embeddings)
-            payloads["metadata"] = _parquet_bytes(result.metadata)
+                payloads["text_emb"] = npy_bytes(result.text_embeddings)
+            payloads["metadata"] = parquet_bytes(result.metadata)
         if result.failures:
             paths, reasons = zip(*result.failures)
-            payloads["failures"] = _parquet_bytes({"path": list(paths), "reason": list(reasons)})
+            payloads["failures"] = parquet_bytes({"path": list(paths), "reason": list(reasons)})
+        if result.inputs:
+            payloads["inputs"] = inputs_bytes(result.inputs)
         try:
             self.clear(result.index)
             for role, payload in payloads.items():

@@ -4,7 +4,7 @@
 name and the tag as two arguments. Tags are accepted in either spelling (``laion2b-s32b-b82k`` or
 ``laion2b_s32b_b82k``, any case, as OpenCLIP does) and written in OpenCLIP's own: lower case, underscores.
 A bare ``NAME`` builds the architecture with random-init weights: timings do not depend on the
-weights, and every table says plainly when they are random.
+weights, but embeddings made with them mean nothing, and every table and job says plainly when they are random.
 """
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def _one_line(error: BaseException, limit: int = 300) -> str:
 
 def _alternatives(name: str) -> str:
     return (
-        f"  Either run with random-init weights (timings do not depend on the weights): --model {name}\n"
+        f"  Either run with random-init weights (for timing only: their embeddings mean nothing): --model {name}\n"
         f"  or fetch the checkpoint elsewhere and pass its path:  --model {name}::/path/to/open_clip_model.safetensors"
     )
 

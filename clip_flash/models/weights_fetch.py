@@ -18,10 +18,12 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
+from .. import envs
+
 logger = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 4.0  # one TCP connect (DNS included); a reachable host answers in well under a second
-OFFLINE_SWITCH = "HF_HUB_OFFLINE"
+OFFLINE_SWITCH = envs.HF_HUB_OFFLINE.name
 
 
 class WeightsUnreachableError(Exception):

@@ -22,10 +22,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Mapping, Optional, Tuple
 
+from .. import envs
 from .extension_spec import CXX_FLAGS, EXTENSION_SOURCES, NVCC_FLAGS, SOURCE_SUFFIXES
 
-JIT_SWITCH = "CLIP_FLASH_JIT"
-CACHE_ENV = "CLIP_FLASH_CACHE"
+JIT_SWITCH = envs.JIT.name
+CACHE_ENV = envs.CACHE.name
 FAILED_MARKER = "FAILED"
 BUILD_LOG = "build.log"
 STALE_LOCK_S = 3600.0  # a build takes minutes; a lock this old was left by a process that died building

@@ -2,7 +2,7 @@
 
 OpenCLIP's ``conv1`` cuts the image into non-overlapping patches and projects each one: exactly a matrix
 product of the (images x patches, channels x patch x patch) patch matrix with the flattened kernel. cuDNN
-runs this 3-input-channel convolution far below the GEMM rate (see ``scripts/bench_patch_embedding.py``),
+runs this 3-input-channel convolution far below the GEMM rate (see ``benchmarks/bench_patch_embedding.py``),
 so the patched ``conv1`` gathers the patches with one copy and calls cuBLAS. The result is returned as an
 (B, E, grid_h, grid_w) view of (B, grid_h, grid_w, E) memory: OpenCLIP's following reshape and permute to
 (B, grid_h * grid_w, E) are then free views instead of a transposing copy.
@@ -12,7 +12,7 @@ and the kernel are padded with zero columns to the next multiple of 8, which let
 aligned kernels; zeros add nothing to the products, so the result is the same. Padding costs three more
 launches, so it is done only from ``PAD_MIN_PATCHES`` patches on: on the H100 the padded GEMM of ViT-L/H/g-14
 was ahead from batch 64 (16384 patches) on, the unpadded one at batch 16 (4096 patches) and below
-(results/h100/patch_embedding.md has the timings).
+(benchmarks/results/h100/patch_embedding.md has the timings).
 """
 from __future__ import annotations
 

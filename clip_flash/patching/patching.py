@@ -146,11 +146,11 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
             that measures faster than cuBLAS + a separate pass (CUDA fp16/bf16 inference; timed once per
             shape, see ``clip_flash.ops.experimental.gemm_epilogue``). Off by default: on the H100 the Triton
             kernels lost to cuBLAS + the bias_act pass at every ViT MLP shape but the two largest, where they
-            broke even (results/h100/gemm_epilogue_fp16.txt), so turning it on there buys little beyond the
+            broke even (benchmarks/results/h100/gemm_epilogue_fp16.txt), so turning it on there buys little beyond the
             one-time calibration.
         patch_embedding_gemm: run a ViT's patch embedding (conv1: stride = kernel, no padding) as one GEMM
             over the patches instead of cuDNN's convolution (``clip_flash.patching.patch_embedding``; the same
-            products, faster at every measured batch on the H100: results/h100/patch_embedding.md).
+            products, faster at every measured batch on the H100: benchmarks/results/h100/patch_embedding.md).
 
     Returns:
         A ``PatchReport``: each attention site, the backend that runs there or why it stayed stock.

@@ -1,18 +1,16 @@
 """``backend="auto"`` from measured attention tables (clip_flash/backends/attention_table.py and measured.py,
-scripts/measure_attention.py).
+clip_flash/backends/measure_attention.py).
 
-CPU tests fake the GPU (``attention_table.current_gpu``) and the backends (spies registered in the backend registry) to
-check parsing, the nearest-shape choice, which table applies, dispatch and fallbacks. GPU tests (skipped without
+CPU tests fake the GPU (``attention_table.current_gpu``) and the backends (spies registered in the backend registry)
+to check parsing, the nearest-shape choice, which table applies, dispatch and fallbacks. GPU tests (skipped without
 CUDA; the flash-attn ones also without flash-attn) check flash_attn against the accuracy rule of
-tests/patching/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a table
-for this GPU says.
+tests/patching/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a
+table for this GPU says.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import List
 
@@ -299,7 +297,7 @@ def test_logs_once_which_table_or_how_to_make_one(tmp_path, fake_gpu, caplog):
     caplog.set_level(logging.INFO, logger="clip_flash.backends.attention_table")
     attention_table.active_table(), attention_table.active_table()
     none_lines = [r.getMessage() for r in caplog.records if "no measured attention table" in r.getMessage()]
-    assert len(none_lines) == 1 and "measure_attention.py" in none_lines[0] and FAKE_GPU[0] in none_lines[0]
+    assert len(none_lines) == 1 and "measure-attention" in none_lines[0] and FAKE_GPU[0] in none_lines[0]
     table = attention_table.load_attention_table(
         write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0})]))
     caplog.clear()
@@ -548,18 +546,10 @@ def test_setup_ships_the_table_folder():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# scripts/measure_attention.py (the parts that run without a GPU)
+# clip_flash/backends/measure_attention.py (the parts that run without a GPU)
 # ---------------------------------------------------------------------------------------------------------------
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("measure_attention", REPO_ROOT / "scripts" / "measure_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-measure_attention = _load_script()
+from clip_flash.backends import measure_attention  # noqa: E402
 
 
 @pytest.mark.parametrize("name, vision, text", [
@@ -615,7 +605,6 @@ def test_script_needs_cuda(capsys):
 # GPU: flash_attn at head dims 64/80/88, its packed text path, and auto following a table for this GPU
 # ---------------------------------------------------------------------------------------------------------------
 
-needs_cuda = pytest.mark.gpu
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 CAPTIONS = [f"a photo of a {c}." for c in ("cat", "small red car parked by the sea", "dog", "tench", "goldfish",
                                           "great white shark", "tiger shark swimming in very deep blue water")]
@@ -648,7 +637,7 @@ def _gpu_inputs():
     return tokens, images
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("precision", list(DTYPES))
 @pytest.mark.parametrize("head_dim", [64, 80, 88])
 def test_flash_attn_forced_within_twice_stock_error(head_dim, precision):
@@ -667,7 +656,7 @@ def test_flash_attn_forced_within_twice_stock_error(head_dim, precision):
     _assert_within_rule(f"image d{head_dim} {precision}", image, stock_image, ref_image)
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("precision", list(DTYPES))
 def test_packed_text_runs_on_flash_attn(precision, monkeypatch):
     _flash_attn_or_skip()
@@ -691,7 +680,7 @@ def test_packed_text_runs_on_flash_attn(precision, monkeypatch):
     _assert_within_rule(f"packed text {precision}", out, stock, ref)
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_auto_follows_a_measured_table_for_this_gpu(tmp_path, monkeypatch):
     """A table saying sdpa:efficient wins at batch 4 and sdpa:flash at 256: auto runs exactly those."""
     if torch.cuda.get_device_capability() < (8, 0):

@@ -25,7 +25,6 @@ from clip_flash.patching.text_fast_path import encode_pooled_text, pooled_positi
 
 LOGGER = "clip_flash.graphs.encoder"
 LENGTHS = (8, 16, 24, 32, 48, 64, 77)
-needs_cuda = pytest.mark.gpu
 
 
 def tiny_clip() -> nn.Module:
@@ -343,7 +342,7 @@ def gpu_models():
     return _gpu_models()
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("patched", [True, False], ids=["patched", "stock"])
 def test_graphs_equal_eager_on_the_bucket_shape_and_follow_the_fp16_rule(gpu_models, patched):
     reference, model = gpu_models
@@ -372,7 +371,7 @@ def test_graphs_equal_eager_on_the_bucket_shape_and_follow_the_fp16_rule(gpu_mod
             encoder.release()
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_threads_with_mixed_batches_on_both_towers_get_eager_results(gpu_models):
     _, model = gpu_models
     sizes = (1, 3, 5, 16, 17, 2, 33, 8)  # 33 is above the largest bucket: eager
@@ -419,7 +418,7 @@ def test_threads_with_mixed_batches_on_both_towers_get_eager_results(gpu_models)
         encoder.release()
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_outputs_are_copies_not_graph_buffers(gpu_models):
     _, model = gpu_models
     with torch.inference_mode(), clip_flash.patched(model):
@@ -438,7 +437,7 @@ def test_outputs_are_copies_not_graph_buffers(gpu_models):
         encoder.release()
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_changes_to_the_model_recapture_or_refuse(caplog):
     model = tiny_clip().cuda()
     clip_flash.patch(model)
@@ -478,7 +477,7 @@ def test_changes_to_the_model_recapture_or_refuse(caplog):
     assert any("model is on cpu" in r.getMessage() for r in caplog.records if r.name == LOGGER)
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_a_failed_capture_runs_eager_and_leaves_the_pool_sound(caplog):
     model = tiny_clip().cuda().half()
     clip_flash.patch(model)
@@ -513,7 +512,7 @@ def test_a_failed_capture_runs_eager_and_leaves_the_pool_sound(caplog):
         del model.encode_image
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_memory_is_bounded_and_returned(gpu_models):
     _, model = gpu_models
     pool = _token_pool(64)
@@ -553,7 +552,7 @@ def test_memory_is_bounded_and_returned(gpu_models):
         encoder.release()
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_autocast_runs_eager(gpu_models, caplog):
     reference, _ = gpu_models
     caplog.set_level(logging.INFO, logger=LOGGER)
@@ -572,7 +571,7 @@ def _fp16_rule(output, reference) -> float:
     return ((output - reference).abs().max() / reference.abs().max()).item()
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_eight_threads_mixed_batches_follow_the_fp16_rule_and_keep_earlier_results():
     """8 threads x 20 calls, batch sizes 1, 3, 5, 16, 17, 40 (40: above the largest bucket, eager), both towers,
     against the patched model's eager results on the unpadded batch (shapes differ, so the fp16 rule, not
@@ -625,7 +624,7 @@ def test_eight_threads_mixed_batches_follow_the_fp16_rule_and_keep_earlier_resul
         encoder.release()
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_recaptures_after_a_float_then_half_round_trip(caplog):
     _, model = _gpu_models()
     clip_flash.patch(model)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from clip_flash.benchmark.image_pipelines import format_image_pipelines, measure_image_pipelines
+from benchmarks.harness.image_pipelines import format_image_pipelines, measure_image_pipelines
 from photo_corpus import skimage_photo
 
 

@@ -13,7 +13,7 @@ from clip_flash.ops.image_resample import plan_batch, resample_batch, resample_p
 
 
 pytestmark = [
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.gpu,
     pytest.mark.skipif(load_extension() is None, reason="needs the compiled extension clip_flash._C"),
 ]
 

@@ -13,13 +13,12 @@ from PIL import Image
 import clip_flash
 from photo_corpus import assert_same_as_reference, skimage_photo
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # Starting a process pool with a worker per core costs seconds per preprocessor: tests about the pixels
 # use a few threads; the process pool has its own tests below.
 FEW_THREADS = {"workers": 4, "executor": "thread"}
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_photo_corpus_on_the_gpu(vit_b32_preprocess, photo_files, dtype):
     """fp32: bit-identical to preprocess(Image.open(p)); fp16/bf16: the reference cast."""
@@ -29,7 +28,7 @@ def test_photo_corpus_on_the_gpu(vit_b32_preprocess, photo_files, dtype):
     assert_same_as_reference(prepared, vit_b32_preprocess, photo_files, dtype=None if dtype == torch.float32 else dtype)
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("options", [{"resize_mode": "longest"}, {"resize_mode": "squash"},
                                      {"interpolation": "bilinear"}, {"image_size": 336}])
 def test_transform_variants_on_the_gpu(options, photo_files):
@@ -41,7 +40,7 @@ def test_transform_variants_on_the_gpu(options, photo_files):
         assert_same_as_reference(prep(photo_files), preprocess, photo_files)
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("executor", ["thread", "native"])
 def test_bad_inputs_and_sources_on_the_gpu(vit_b32_preprocess, tmp_path, executor):
     photo = skimage_photo("chelsea.png").convert("RGB")
@@ -63,7 +62,7 @@ def test_bad_inputs_and_sources_on_the_gpu(vit_b32_preprocess, tmp_path, executo
     assert_same_as_reference(in_memory, vit_b32_preprocess, [good, photo, photo])
 
 
-@cuda
+@pytest.mark.gpu
 def test_fast_path_deviation_is_measured(vit_b32_preprocess, photo_files, capsys):
     """decode='gpu' is not exact: print how far each chroma mode is; assert only loose bounds, and that
     recovering the chroma the libjpeg way brings nvJPEG closer to the exact path, not further."""
@@ -87,7 +86,7 @@ def test_fast_path_deviation_is_measured(vit_b32_preprocess, photo_files, capsys
     assert mean_levels["libjpeg"] <= mean_levels["nvjpeg"]
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("chroma", ["libjpeg", "nvjpeg"])
 def test_fast_path_is_stable_while_the_gpu_is_busy(vit_b32_preprocess, photo_files, chroma):
     """nvJPEG writes its outputs from its own stream: with earlier calls' kernels still queued (behind a
@@ -107,7 +106,7 @@ def test_fast_path_is_stable_while_the_gpu_is_busy(vit_b32_preprocess, photo_fil
                 assert torch.equal(prepared.pixels, reference.pixels)
 
 
-@cuda
+@pytest.mark.gpu
 def test_encoders_take_the_prepared_batch(build_model, vit_b32_preprocess, photo_files):
     """The patched model and GraphedEncoder take PreparedImages.pixels as they are (device, dtype, layout)."""
     model = copy.deepcopy(build_model("ViT-B-32", "fp16", "cuda"))
@@ -138,7 +137,7 @@ def test_patched_model_takes_the_cpu_batch(build_model, vit_b32_preprocess, phot
     assert torch.allclose(patched, stock, rtol=1e-4, atol=1e-5)
 
 
-@cuda
+@pytest.mark.gpu
 def test_exact_uploads_overlap_queued_work_without_touching_its_memory(vit_b32_preprocess, photo_files):
     """The exact path uploads on its own stream while the caller's stream is still busy (the encoder of the
     batch before): the upload must neither overwrite memory that queued work still reads nor be read by
@@ -162,7 +161,7 @@ def test_exact_uploads_overlap_queued_work_without_touching_its_memory(vit_b32_p
     assert_same_as_reference(reference, vit_b32_preprocess, photo_files)
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("executor", ["auto", "thread"])
 def test_batches_decoded_ahead_on_the_gpu(vit_b32_preprocess, photo_files, executor):
     """Batches decoded ahead while earlier ones upload, each batch's host memory dropped once prepared (torch's

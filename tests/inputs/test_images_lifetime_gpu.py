@@ -14,7 +14,6 @@ import torch
 import clip_flash
 from photo_corpus import reference_batch
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # Each decode's largest allowed mean |difference| to preprocess(Image.open(p)), in normalized units: the exact
 # path is bit for bit; nvJPEG's chroma (libjpeg-style refinement) documented at about 1e-4 on photos.
@@ -56,7 +55,6 @@ def _jpegs(photo_files, count=24):
     return [str(path) for path in photo_files if str(path).endswith(".jpg")][:count]
 
 
-@cuda
 @pytest.mark.parametrize("decode", ["cpu", "gpu"])
 def test_one_liner_with_the_preparer_dropped(tmp_path, photo_files, decode):
     """``ImagePreprocessor(pre, ..., decode=...)(files)``, the preparer dropped at once: the rows are the
@@ -74,7 +72,6 @@ def test_one_liner_with_the_preparer_dropped(tmp_path, photo_files, decode):
         assert done.stdout.strip().endswith("ok")
 
 
-@cuda
 @pytest.mark.parametrize("decode", ["cpu", "gpu"])
 def test_rows_in_use_while_the_preparer_is_dropped(vit_b32_preprocess, photo_files, decode):
     """A batch decoded, prepared, and the preparer and its decoded batch dropped and collected while the GPU
@@ -95,7 +92,6 @@ def test_rows_in_use_while_the_preparer_is_dropped(vit_b32_preprocess, photo_fil
     (torch.ones(8, device="cuda") * 2).sum().item()  # a pending CUDA error would surface here
 
 
-@cuda
 def test_native_decoder_threads_end_with_the_preparer(vit_b32_preprocess, photo_files):
     """Preparers made and dropped many times leave no native threads behind (each joins its own)."""
     import threading

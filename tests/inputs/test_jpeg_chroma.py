@@ -149,7 +149,7 @@ def test_a_failing_refinement_chunk_is_refused_not_raised(monkeypatch):
     assert all("out of memory" in reason for _, reason in refused)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("sampling", [2, 1])
 @pytest.mark.parametrize("size", [(480, 640), (61, 97), (1, 1), (2, 3), (375, 500)])
 def test_chroma_kernel_matches_the_tensor_ops(sampling, size):
@@ -186,7 +186,7 @@ def test_chroma_kernel_matches_the_tensor_ops(sampling, size):
     assert torch.equal(single, kernel[0])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_packed_chroma_kernel_equals_the_one_size_kernel():
     """The packed launch (images of any size and sampling anywhere in one buffer, refined in place) gives
     each image exactly what the one-size kernel gives it, and leaves the bytes between images alone."""
@@ -216,7 +216,7 @@ def test_packed_chroma_kernel_equals_the_one_size_kernel():
     assert (buffer[untouched] == 77).all()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_packed_chroma_kernel_refuses_slots_outside_the_buffer():
     """Bad arguments come back as the reason, and nothing is written (the call runs without the GIL)."""
     from clip_flash.ops._extension import load_extension

@@ -16,7 +16,6 @@ from clip_flash.inputs.image import jpeg_dct
 from clip_flash.ops._extension import load_extension
 from photo_corpus import assert_same_as_reference, skimage_photo
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _pillow_pixels(data: bytes) -> np.ndarray:
@@ -52,7 +51,7 @@ def _crops(count: int, seed: int):
     return cases
 
 
-@cuda
+@pytest.mark.gpu
 def test_photos_decode_to_pillows_pixels(photo_files):
     """Every JPEG of the photo corpus the route takes (4:2:0, 4:2:2, 4:4:4, progressive, grayscale, qualities
     50-100, sizes 61-1024) decodes to Pillow's pixels; it declines only the RGB-coded and CMYK ones."""
@@ -68,7 +67,7 @@ def test_photos_decode_to_pillows_pixels(photo_files):
             assert np.array_equal(pixels.cpu().numpy(), expected), path.name
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_crops_decode_to_pillows_pixels(seed):
     """Crops of any size, down to 1x1, every subsampling and quality: Pillow's pixels wherever the route takes
@@ -86,7 +85,7 @@ def test_random_crops_decode_to_pillows_pixels(seed):
     assert taken >= 90
 
 
-@cuda
+@pytest.mark.gpu
 def test_benchmark_photos_decode_to_pillows_pixels():
     """The benchmark's web photos (when the folder is there): all taken, all Pillow's pixels."""
     from photo_corpus import _photo_folder
@@ -107,7 +106,7 @@ def _prepare(preprocess, items, executor, dct_route=True):
         return prep(items)
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("executor", ["native"])
 def test_preprocessor_rows_are_the_reference_with_the_route(vit_b32_preprocess, photo_files, executor):
     """With the route on (the default), the exact path's rows are ``preprocess(Image.open(p))``, and the route
@@ -119,7 +118,7 @@ def test_preprocessor_rows_are_the_reference_with_the_route(vit_b32_preprocess, 
     assert_same_as_reference(prepared, vit_b32_preprocess, items)
 
 
-@cuda
+@pytest.mark.gpu
 def test_rows_same_with_route_on_and_off(vit_b32_preprocess, photo_files, tmp_path):
     """The switch changes the route, not a bit of the output, bad files included (each reported as before)."""
     good = [path for path in photo_files if str(path).endswith(".jpg")][:12]
@@ -139,7 +138,7 @@ def test_rows_same_with_route_on_and_off(vit_b32_preprocess, photo_files, tmp_pa
     assert_same_as_reference(on, vit_b32_preprocess, items)
 
 
-@cuda
+@pytest.mark.gpu
 def test_route_off_where_the_library_cannot_open(monkeypatch):
     """A libjpeg that does not open leaves no native decoder (None): Python threads decode, nothing fails."""
     from clip_flash.inputs.image import native_decode
@@ -148,7 +147,7 @@ def test_route_off_where_the_library_cannot_open(monkeypatch):
     assert native_decode.NativeBatchDecoder.create(threads=2) is None
 
 
-@cuda
+@pytest.mark.gpu
 def test_reader_reports_rather_than_raises():
     """Bad bytes are left to Pillow with a note (no exception, no crash), and the kernel call refuses bad
     arguments with a reason."""

@@ -10,7 +10,6 @@ import clip_flash
 from clip_flash.inputs.image import nvjpeg_packed
 from clip_flash.inputs.image.jpeg_chroma import refine_nearest_chroma
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # GPUs with hardware JPEG decoders (A100, H100/H200): there the route must run.
 HARDWARE_DECODER_CAPABILITIES = ((8, 0), (9, 0))
 
@@ -37,7 +36,7 @@ def _packed_or_skip(items, spec, chroma, decoders=nvjpeg_packed.HARDWARE_DECODER
     return packed
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("chroma", ["nvjpeg", "libjpeg"])
 def test_slots_hold_torchvisions_pixels(vit_b32_preprocess, photo_files, chroma):
     """Each written slot holds torchvision's hardware-decoded pixels (with ``libjpeg``, refined by the
@@ -58,7 +57,7 @@ def test_slots_hold_torchvisions_pixels(vit_b32_preprocess, photo_files, chroma)
         assert torch.equal(got, reference), f"input {item.index}: max diff {(got.int() - reference.int()).abs().max()}"
 
 
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("chroma", ["nvjpeg", "libjpeg"])
 def test_fast_path_gives_the_same_rows_with_the_route_on_or_off(monkeypatch, vit_b32_preprocess, photo_files,
                                                                  chroma):
@@ -75,7 +74,7 @@ def test_fast_path_gives_the_same_rows_with_the_route_on_or_off(monkeypatch, vit
     assert torch.equal(on.pixels, off.pixels)
 
 
-@cuda
+@pytest.mark.gpu
 def test_a_bad_file_never_costs_its_neighbours(monkeypatch, vit_b32_preprocess, photo_files):
     """Broken scan data in one JPEG (header intact): the hardware batch fails or leaves it; either way every
     neighbour comes out as with the route off, and the file is a row or a failure as there."""
@@ -94,7 +93,7 @@ def test_a_bad_file_never_costs_its_neighbours(monkeypatch, vit_b32_preprocess, 
     assert torch.equal(on.pixels[neighbours], off.pixels[neighbours])
 
 
-@cuda
+@pytest.mark.gpu
 def test_images_the_transform_cannot_resize_stay_out_of_the_layout(photo_files):
     """``longest`` mode fails on extreme aspect ratios (as OpenCLIP's own transform does): such an image is
     left out of the layout, and its neighbours still go through it."""
@@ -118,7 +117,7 @@ def test_images_the_transform_cannot_resize_stay_out_of_the_layout(photo_files):
     assert set(prepared.indices) == set(range(1, len(inputs)))
 
 
-@cuda
+@pytest.mark.gpu
 def test_a_missing_library_is_a_clear_error_not_a_crash(tmp_path):
     """The call says what it cannot do, from where the GIL is released, without crashing the process: a fresh
     one, as the library is opened once per process."""
@@ -141,7 +140,7 @@ def test_a_missing_library_is_a_clear_error_not_a_crash(tmp_path):
     assert "cannot open" in done.stdout or "built without <nvjpeg.h>" in done.stdout
 
 
-@cuda
+@pytest.mark.gpu
 def test_where_the_route_cannot_run_torchvision_decodes_everything(monkeypatch, vit_b32_preprocess,
                                                                    photo_files):
     """A GPU without a hardware decoder: the first batch learns it, says so once, and gives the same rows."""
@@ -167,7 +166,7 @@ def test_where_the_route_cannot_run_torchvision_decodes_everything(monkeypatch, 
     assert prepared.indices == reference.indices and torch.equal(prepared.pixels, reference.pixels)
 
 
-@cuda
+@pytest.mark.gpu
 def test_reading_natively_gives_the_same_rows(vit_b32_preprocess, photo_files):
     """The fast path's default where the extension is built: the native decoder reads the files and scans the
     headers (other formats' pixels beside them); the rows equal those read in Python threads."""
@@ -182,7 +181,7 @@ def test_reading_natively_gives_the_same_rows(vit_b32_preprocess, photo_files):
     assert torch.equal(native.pixels, threads.pixels)
 
 
-@cuda
+@pytest.mark.gpu
 def test_batches_decoded_from_several_threads_at_once_are_each_the_same(monkeypatch, vit_b32_preprocess,
                                                                          photo_files):
     """Threads decoding at once (each on its own stream, with its own decoder state) write what one thread
@@ -210,7 +209,7 @@ def test_batches_decoded_from_several_threads_at_once_are_each_the_same(monkeypa
                                        one.plan.pixel_slot(one.buffer, position)), f"image {position}"
 
 
-@cuda
+@pytest.mark.gpu
 def test_a_decoder_count_out_of_range_is_refused(vit_b32_preprocess, photo_files):
     items, spec = _jpeg_items(vit_b32_preprocess, photo_files)
     _packed_or_skip(items, spec, "nvjpeg")  # skips where the hardware decoder cannot run

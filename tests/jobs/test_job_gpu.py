@@ -11,7 +11,7 @@ import torch
 import clip_flash
 from .job_helpers import read_output, write_photos
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu
 
 GPU_MODEL = "ViT-B-32"
 
@@ -100,7 +100,7 @@ def test_gpu_decode_job_is_close_to_the_exact_job(tmp_path):
 
 def test_gpu_caption_job_equals_unpipelined_text_encoding(tmp_path):
     from clip_flash.models.model_spec import load_model, parse_model_spec
-    from clip_flash.benchmark.workloads import caption_prompts
+    from benchmarks.harness.workloads import caption_prompts
 
     captions = caption_prompts(3000, seed=1)
     (tmp_path / "captions.txt").write_text("\n".join(captions) + "\n")

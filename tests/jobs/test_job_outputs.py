@@ -106,29 +106,3 @@ def test_bad_options_are_refused(tmp_path, bad):
     with pytest.raises(ValueError, match=bad):
         clip_flash.embed(tmp_path / "photos", tmp_path / "out", MODEL, device="cpu", progress=False,
                          **{bad: "nonsense"})
-
-
-def test_gil_switch_interval_setting_holds_for_the_run_only(tmp_path, checkpoint, monkeypatch):
-    import sys
-
-    from clip_flash.jobs.pipeline import SWITCH_INTERVAL_ENV, EmbeddingPipeline
-
-    seen = []
-    run = EmbeddingPipeline._run
-
-    def spy(self, *args, **kwargs):
-        seen.append(sys.getswitchinterval())
-        return run(self, *args, **kwargs)
-
-    monkeypatch.setattr(EmbeddingPipeline, "_run", spy)
-    write_photos(tmp_path / "photos", count=2, captions=False)
-    before = sys.getswitchinterval()
-    monkeypatch.setenv(SWITCH_INTERVAL_ENV, "0.0007")
-    clip_flash.embed(tmp_path / "photos", tmp_path / "out", f"{MODEL}::{checkpoint}", device="cpu", progress=False)
-    assert seen == [pytest.approx(0.0007, abs=1e-6)]
-    assert sys.getswitchinterval() == before
-    monkeypatch.setenv(SWITCH_INTERVAL_ENV, "fast")
-    with pytest.raises(ValueError, match=SWITCH_INTERVAL_ENV):
-        clip_flash.embed(tmp_path / "photos", tmp_path / "out2", f"{MODEL}::{checkpoint}", device="cpu",
-                         progress=False)
-    assert sys.getswitchinterval() == before

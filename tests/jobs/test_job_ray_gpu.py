@@ -6,12 +6,11 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import clip_flash
 from .job_helpers import read_output, write_photos
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install clip_flash[ray]")
 
 GPU_MODEL = "ViT-B-32"

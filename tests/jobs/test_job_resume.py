@@ -18,6 +18,7 @@ import pytest
 
 import clip_flash
 from clip_flash.jobs import OutputError, SettingsMismatchError
+from clip_flash.jobs.writer import InputChangedError
 from clip_flash.jobs import writer as writer_module
 from .job_helpers import MODEL, read_output, write_photos
 
@@ -139,14 +140,18 @@ def test_changed_inputs_are_refused(tmp_path, checkpoint):
     paths = write_photos(tmp_path / "photos", count=4)
     out = tmp_path / "out"
     clip_flash.embed(tmp_path / "photos", out, f"{MODEL}::{checkpoint}", device="cpu", shard_size=2, progress=False)
-    paths[0].rename(paths[0].with_name("renamed" + paths[0].suffix))  # same count, other files in shard 0
-    with pytest.raises(OutputError, match="other inputs"):
+    moved = paths[0].with_name("z_renamed" + paths[0].suffix)
+    paths[0].rename(moved)  # same count, other files in shard 0
+    with pytest.raises(InputChangedError, match="the input changed since shard 0") as raised:
         clip_flash.embed(tmp_path / "photos", out, f"{MODEL}::{checkpoint}", device="cpu", shard_size=2,
                          progress=False)
+    assert f"removed or renamed: {paths[0]}" in str(raised.value)
+    moved.rename(paths[0])
     write_photos(tmp_path / "photos" / "more", count=1)  # a third shard: the plan itself changed
-    with pytest.raises(SettingsMismatchError, match="shards"):
+    with pytest.raises(InputChangedError, match="the input changed") as raised:
         clip_flash.embed(tmp_path / "photos", out, f"{MODEL}::{checkpoint}", device="cpu", shard_size=2,
                          progress=False)
+    assert "shards: folder has 2, this job 3" in str(raised.value) and "other settings" not in str(raised.value)
 
 
 def test_disk_full_stops_with_a_clear_error_and_loses_no_finished_shard(tmp_path, checkpoint, monkeypatch):

@@ -51,19 +51,34 @@ def test_folder_with_corrupt_files_embeds_the_rest_and_lists_each_failure(tmp_pa
     assert output["img_emb"].shape[0] == len(embedded)
 
 
-def test_images_without_caption_are_failures_when_captions_are_read(tmp_path, checkpoint):
-    paths = write_photos(tmp_path / "photos", count=3)
+def test_captions_are_read_where_they_exist_and_required_only_when_asked(tmp_path, checkpoint):
+    """Images without a .txt get an empty caption (not a failure); a broken image fails with its own reason;
+    ``require_captions`` keeps pairs only."""
+    paths = write_photos(tmp_path / "photos", count=4)
     paths[1].with_suffix(".txt").unlink()
-    clip_flash.embed(tmp_path / "photos", tmp_path / "out", f"{MODEL}::{checkpoint}", device="cpu", progress=False)
+    broken = tmp_path / "photos" / "broken.jpg"  # no caption either: its failure is about the image
+    broken.write_bytes(b"not a jpeg")
+    model = f"{MODEL}::{checkpoint}"
+    summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", model, device="cpu", progress=False)
     output = read_output(tmp_path / "out")
+    captions = dict(zip(output["metadata"]["image_path"], output["metadata"]["caption"]))
+    assert set(captions) == {str(path) for path in paths}
+    assert captions[str(paths[1])] == "" and captions[str(paths[0])] == paths[0].with_suffix(".txt").read_text()
+    assert [row["path"] for row in output["failures"]] == [str(broken)]
+    assert "caption" not in output["failures"][0]["reason"]
+    assert (summary.rows, summary.failures) == (4, 1)
+    assert output["img_emb"].shape[0] == output["text_emb"].shape[0] == 4
+
+    clip_flash.embed(tmp_path / "photos", tmp_path / "pairs", model, device="cpu", require_captions=True,
+                     progress=False)
+    output = read_output(tmp_path / "pairs")
     assert str(paths[1]) not in output["metadata"]["image_path"]
-    assert [row["path"] for row in output["failures"]] == [str(paths[1])]
-    assert "no caption file" in output["failures"][0]["reason"]
-    assert output["img_emb"].shape[0] == output["text_emb"].shape[0] == 2
-    # --no-captions: every image, no text
-    clip_flash.embed(tmp_path / "photos", tmp_path / "out2", f"{MODEL}::{checkpoint}", device="cpu",
-                     captions=False, progress=False)
-    assert read_output(tmp_path / "out2")["img_emb"].shape[0] == 3
+    reasons = {row["path"]: row["reason"] for row in output["failures"]}
+    assert "no caption file photo_01.txt beside the image" in reasons[str(paths[1])]
+    # --no-captions: every readable image, no text
+    clip_flash.embed(tmp_path / "photos", tmp_path / "out2", model, device="cpu", captions=False, progress=False)
+    assert read_output(tmp_path / "out2")["img_emb"].shape[0] == 4
+    assert not (tmp_path / "out2" / "text_emb").exists()
 
 
 def _write_tar(path, samples):
@@ -117,7 +132,8 @@ def test_webdataset_truncated_tar_keeps_what_was_read_and_reports_the_rest(tmp_p
 def test_text_only_job_from_caption_file(tmp_path, checkpoint, stock_model, kind):
     import open_clip
 
-    captions = ["a dog", "two cats, sleeping", "", "a \"quoted\" caption", "the last one"]
+    captions = ["a dog", "two cats, sleeping", "a \u2028 separator\x0b\x0c\x1d\x85 inside", "a \"quoted\" caption",
+                "the last one"]
     path = tmp_path / f"captions.{kind}"
     if kind == "txt":
         path.write_text("\n".join(captions) + "\n")
@@ -130,7 +146,8 @@ def test_text_only_job_from_caption_file(tmp_path, checkpoint, stock_model, kind
     assert summary.rows == 5 and summary.decode == "n/a"
     output = read_output(tmp_path / "out")
     assert output["img_emb"] is None and not (tmp_path / "out" / "img_emb").exists()
-    assert output["metadata"] == {"caption": captions}
+    ids = [str(row) for row in range(5)] if kind == "csv" else [f"{path}:{row}" for row in range(1, 6)]
+    assert output["metadata"] == {"caption": captions, "id": ids}
     model, _ = stock_model
     with torch.no_grad():
         expected = model.encode_text(open_clip.get_tokenizer(MODEL)(captions))
@@ -195,8 +212,8 @@ def test_caption_batches_match_the_items_grouped(tmp_path):
         assert flat(fast) == flat(grouped)
         assert all(batch is None or len(batch) <= batch_size for batch, _ in fast)
     rows, failures = flat(fast)
-    assert all(path == f"{source_location}:{1000 + int(text.split()[1])}" for path, text in rows)
-    assert len(rows) + len(failures) == 103 and all(reason == "empty (null) caption" for _, reason in failures)
+    assert all(path == f"{source_location}:{1001 + int(text.split()[1])}" for path, text in rows)
+    assert len(rows) + len(failures) == 103 and all(reason == "empty caption" for _, reason in failures)
 
 
 def test_text_job_with_null_captions_lists_them_and_embeds_the_rest(tmp_path, checkpoint, stock_model):
@@ -210,9 +227,9 @@ def test_text_job_with_null_captions_lists_them_and_embeds_the_rest(tmp_path, ch
     assert (summary.rows, summary.failures) == (4, 3)
     output = read_output(tmp_path / "out")
     kept = [text for text in captions if text is not None]
-    assert output["metadata"] == {"caption": kept}
+    assert output["metadata"] == {"caption": kept, "id": [f"{path.resolve()}:{row}" for row in (1, 3, 6, 7)]}
     assert [(failure["path"], failure["reason"]) for failure in output["failures"]] == [
-        (f"{path.resolve()}:{row}", "empty (null) caption") for row in (1, 3, 4)]
+        (f"{path.resolve()}:{row}", "empty caption") for row in (2, 4, 5)]
     model, _ = stock_model
     with torch.no_grad():
         expected = model.encode_text(open_clip.get_tokenizer(MODEL)(kept))

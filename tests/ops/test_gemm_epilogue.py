@@ -16,7 +16,6 @@ from clip_flash.ops import fused_ops
 from clip_flash.ops.experimental import gemm_epilogue
 from clip_flash.patching.residual_block import FlashResidualAttentionBlock
 
-needs_cuda = pytest.mark.gpu
 ACTIVATIONS = ["gelu", "gelu_tanh", "quick_gelu", "identity"]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -58,7 +57,7 @@ def test_patch_option_reaches_every_fused_block(build_model):
                        if isinstance(m, FlashResidualAttentionBlock))
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
 @pytest.mark.parametrize("precision", list(DTYPES))
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -78,7 +77,7 @@ def test_kernel_error_at_most_twice_the_unfused_path(shape, activation, precisio
     assert fused_error <= 2 * unfused_error + 1e-6, (fused_error, unfused_error)
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_three_dimensional_and_strided_inputs():
     x, weight, bias = _operands(6 * 700, 256, 128, torch.float16, "cuda")
     x3 = x.view(6, 700, 128)
@@ -96,7 +95,7 @@ def test_three_dimensional_and_strided_inputs():
         torch.testing.assert_close(tma, fused, rtol=0, atol=2e-3)  # same math, another summation order
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_dispatch_calibrates_once_per_shape_and_matches(monkeypatch):
     monkeypatch.setattr(gemm_epilogue, "_choices", {})
     x, weight, bias = _operands(gemm_epilogue.MIN_ROWS + 100, 1024, 256, torch.float16, "cuda")
@@ -112,7 +111,7 @@ def test_dispatch_calibrates_once_per_shape_and_matches(monkeypatch):
                        gemm_epilogue.cublas_linear_act(small, weight, bias, "gelu"))
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["triton_linear_act", "triton_tma_linear_act"])
 @pytest.mark.parametrize("precision", list(DTYPES))
 def test_patched_model_on_the_epilogue_kernel_keeps_the_accuracy_rule(monkeypatch, precision, kernel):

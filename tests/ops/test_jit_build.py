@@ -1,6 +1,6 @@
 """Compiling clip_flash._C on first use: when it happens, where it goes, what is said. Nothing is compiled
 here: the toolchain and the compiler are stand-ins (the real build is checked on the GPU machine with
-scripts/check_jit_build.py)."""
+benchmarks/check_jit_build.py)."""
 from __future__ import annotations
 
 import dataclasses

@@ -10,15 +10,17 @@ from tests.utils import edge_case_tokens, image_size, relative_error
 import clip_flash
 from clip_flash.patching.residual_block import FlashResidualAttentionBlock
 
+# CI builds the two that cover every kind of site (causal text, vision, cross-attention, attentional pooler); the
+# others take tens of seconds each to build on a CPU and run with --run-slow (the GPU run includes them).
 FAMILIES = [
     "ViT-B-32",            # classic CLIP
-    "ViT-B-32-quickgelu",  # QuickGELU activation
-    "RN50",                # ModifiedResNet vision (AttentionPool2d), native text
-    "convnext_base",       # timm vision tower with native text
+    pytest.param("ViT-B-32-quickgelu", marks=pytest.mark.slow),  # QuickGELU activation
+    pytest.param("RN50", marks=pytest.mark.slow),               # ModifiedResNet vision (AttentionPool2d), native text
+    pytest.param("convnext_base", marks=pytest.mark.slow),      # timm vision tower with native text
     "coca_ViT-B-32",       # CoCa: causal+pad text mask, decoder cross-attention, attentional pooler
-    "ViT-B-16-SigLIP",     # bidirectional text tower
-    "EVA02-B-16",          # timm EVA vision, native text
-    "MobileCLIP-S1",       # timm FastViT vision, bidirectional text
+    pytest.param("ViT-B-16-SigLIP", marks=pytest.mark.slow),    # bidirectional text tower
+    pytest.param("EVA02-B-16", marks=pytest.mark.slow),         # timm EVA vision, native text
+    pytest.param("MobileCLIP-S1", marks=pytest.mark.slow),      # timm FastViT vision, bidirectional text
 ]
 
 
@@ -183,6 +185,7 @@ def test_deepcopy_of_a_patched_model_is_patched_and_independent(build_model):
         assert torch.equal(clone.encode_text(tokens), stock)
 
 
+@pytest.mark.slow
 def test_backward_matches_stock(build_model):
     model = copy.deepcopy(build_model("ViT-B-32")).train()
     tokens, images = _tokens(model)[:4], _images(model, 2)

@@ -7,11 +7,10 @@ import torch.nn.functional as F
 from open_clip.transformer import LayerNorm, LayerNormFp32
 
 import clip_flash
-from clip_flash.patch import patch_embedding as patch_embedding_module
+from clip_flash.patching import patch_embedding as patch_embedding_module
 from clip_flash.patching.layer_norms import OnePassLayerNormFp32, fused_norm_class
 from clip_flash.patching.patch_embedding import PatchEmbeddingConv2d, patch_embedding, patch_embedding_blockers
 
-requires_cuda = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("height, width, patch, with_bias", [
@@ -125,7 +124,7 @@ def test_norms_without_affine_or_over_several_dims_are_not_swapped():
     assert fused_norm_class(torch.nn.GroupNorm(2, 16)) is None
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 64])
 @pytest.mark.parametrize("patch, width", [(14, 1024), (32, 768)])

@@ -3,7 +3,7 @@
 nvJPEG upsamples 4:2:0 / 4:2:2 chroma by repetition where libjpeg-turbo (Pillow's decoder) interpolates,
 so its pixels differ from Pillow's by up to tens of levels on real photos. With ``chroma="libjpeg"``
 the chroma is recovered and re-upsampled the libjpeg-turbo way (:mod:`.jpeg_chroma`), which brings it
-close (not exact). ``scripts/image_fast_path_deviation.py`` measures both against the exact path.
+close (not exact). ``benchmarks/image_fast_path_deviation.py`` measures both against the exact path.
 Whatever nvJPEG refuses, and any group whose chroma step fails, goes back to the exact CPU decode.
 
 torchvision's batched call takes the GIL back about once per image (``scripts/probe_nvjpeg_gil.py``:

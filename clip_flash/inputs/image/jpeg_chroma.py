@@ -7,7 +7,7 @@ returns only RGB, so the planes are recovered from it: within each block that sh
 sample, every pixel's RGB carries the same Cb/Cr, so their average (over unclipped pixels) gives the
 sample back to within rounding, and each pixel's Y follows. Then libjpeg-turbo's upsampling and colour
 conversion run on those planes. NOT exact (nvJPEG's IDCT and rounding differ from libjpeg-turbo's by a
-level here and there); ``scripts/image_fast_path_deviation.py`` measures how close it gets.
+level here and there); ``benchmarks/image_fast_path_deviation.py`` measures how close it gets.
 """
 from __future__ import annotations
 

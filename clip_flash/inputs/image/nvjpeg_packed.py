@@ -12,7 +12,7 @@ The decode call releases the GIL for the whole batch (measured: a 256-photo deco
 busy Python thread, 14.2 ms alone; torchvision's batched call 1,090 ms and 14.1 ms), so :meth:`decode` runs
 it on a decoding thread, ahead of the batch on the device. Each decoding thread queues its batch on a stream
 of its own, and the extension gives concurrent calls separate decoder states (up to ``HARDWARE_DECODERS``).
-Measured on an H200 (``scripts/probe_nvjpeg_concurrency.py``): one thread 16,200 photos/s, two 20,600 (the
+Measured on an H200 (``benchmarks/probe_nvjpeg_concurrency.py``): one thread 16,200 photos/s, two 20,600 (the
 second thread's host work overlaps the first's decode), with one decoder state or two alike.
 
 It takes baseline 3-component JPEGs; the rest (progressive, grayscale) and anything it leaves go to

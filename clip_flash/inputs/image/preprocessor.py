@@ -54,7 +54,7 @@ class ImagePreprocessor:
         decode: ``"cpu"`` (exact: libjpeg-turbo, Pillow's own pixels) or ``"gpu"``: nvJPEG decodes
             the JPEGs, which is faster and NOT exact (nvJPEG repeats chroma samples where libjpeg-turbo
             interpolates: up to tens of levels apart; see ``gpu_chroma``;
-            ``scripts/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
+            ``benchmarks/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
         workers: native decoding threads (default: the cores this process may use).
         executor: ``"auto"`` (default: the native batch decoder where the extension is built, else Python
             threads), ``"native"`` (required: raises where it cannot run) or ``"thread"`` (Python threads with

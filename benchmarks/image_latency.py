@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Single-request latency, as an embedding server sees it: one JPEG as bytes in, one embedding out.
+
+    python benchmarks/image_latency.py --photos .device/photos --json out.json --markdown out.md
+
+clip_flash side: ``ImagePreprocessor`` (libjpeg-turbo decode on the CPU, exact resize on the GPU) then
+``GraphedEncoder`` of the patched model (CUDA graphs). Stock side: OpenCLIP's ``preprocess(Image.open(
+BytesIO(data)))`` then the unpatched model. Each request ends with the embedding on the host. The two
+sides alternate in blocks; p50/p99 over ``--requests`` each. Also reported: each step alone (p50), and
+the cosine between the two sides' embeddings (same pixels, so only the encoder's fp16 rounding differs).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import clip_flash  # noqa: E402
+from benchmarks.harness import results  # noqa: E402
+from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
+
+BLOCK = 50  # requests per side before switching
+
+
+def request_jpeg(args: argparse.Namespace) -> bytes:
+    """The request's bytes: --image as is, else the first 640x480 JPEG of --photos, else one made from its
+    first photo (resized to 640x480, JPEG q90 4:2:0)."""
+    if args.image:
+        return args.image.read_bytes()
+    files = sorted(path for path in args.photos.iterdir() if path.suffix.lower() in (".jpg", ".jpeg"))
+    for path in files:
+        with Image.open(path) as image:
+            if image.size == (640, 480) and image.format == "JPEG" and image.mode == "RGB":
+                return path.read_bytes()
+    if not files:
+        raise SystemExit(f"error: no JPEG in {args.photos}")
+    buffer = io.BytesIO()
+    with Image.open(files[0]) as image:
+        image.convert("RGB").resize((640, 480), Image.BICUBIC).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def percentile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def timed(call: Callable[[], torch.Tensor]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="ViT-L-14", help="NAME, NAME::TAG or NAME::/path (random init if NAME)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--image", type=Path, help="the JPEG every request sends")
+    source.add_argument("--photos", type=Path, help="a folder: its first 640x480 JPEG is the request")
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("error: needs a CUDA GPU (GraphedEncoder)")
+    device = torch.device("cuda")
+    data = request_jpeg(args)
+    loaded = load_model(parse_model_spec(args.model), device, args.dtype)
+    stock_model, preprocess, dtype = loaded.model, loaded.preprocess, loaded.dtype
+    patched = copy.deepcopy(stock_model)
+    clip_flash.patch(patched)
+    encoder = clip_flash.GraphedEncoder(patched, batch_sizes=(1,))
+    encoder.capture_all(image_shape=(3, *loaded.image_size), image_dtype=dtype)
+    prep = clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype)
+
+    def stock_request() -> torch.Tensor:
+        pixels = preprocess(Image.open(io.BytesIO(data))).unsqueeze(0).to(device, dtype)
+        return stock_model.encode_image(pixels).float().cpu()
+
+    def fast_request() -> torch.Tensor:
+        prepared = prep([data])
+        return encoder.encode_image(prepared.pixels).float().cpu()
+
+    pixels = prep([data]).pixels
+    steps = {
+        "stock preprocess (PIL, CPU)": lambda: preprocess(Image.open(io.BytesIO(data))),
+        "clip_flash ImagePreprocessor (to GPU pixels)": lambda: (prep([data]).pixels, torch.cuda.synchronize()),
+        "stock encode_image": lambda: stock_model.encode_image(pixels).float().cpu(),
+        "GraphedEncoder encode_image": lambda: encoder.encode_image(pixels).float().cpu(),
+    }
+    seconds: Dict[str, List[float]] = {"stock": [], "clip_flash": []}
+    with torch.inference_mode():
+        stock_embedding, fast_embedding = stock_request(), fast_request()
+        for _ in range(args.warmup):
+            stock_request(), fast_request()
+        done = 0
+        while done < args.requests:
+            block = min(BLOCK, args.requests - done)
+            order = (("stock", stock_request), ("clip_flash", fast_request))
+            for side, call in order if (done // BLOCK) % 2 == 0 else order[::-1]:
+                seconds[side] += [timed(call) for _ in range(block)]
+            done += block
+        step_p50 = {name: statistics.median(timed(call) for _ in range(200)) * 1e3 for name, call in steps.items()}
+    cosine = torch.nn.functional.cosine_similarity(stock_embedding, fast_embedding).item()
+    rows = [{
+        "side": side,
+        "requests": len(values),
+        "p50_ms": percentile(values, 50) * 1e3,
+        "p99_ms": percentile(values, 99) * 1e3,
+        "mean_ms": statistics.fmean(values) * 1e3,
+    } for side, values in seconds.items()]
+    width, height = Image.open(io.BytesIO(data)).size
+    title = (f"Single-request latency, {loaded.spec.text} ({loaded.spec.weights_note.strip() or 'weights given'}, "
+             f"{args.dtype}): one {width}x{height} JPEG ({len(data)} bytes) as bytes -> embedding on the host, "
+             f"{args.requests} requests per side after {args.warmup} warm-up, sides alternating every {BLOCK}. "
+             f"stock: OpenCLIP preprocess + unpatched model; clip_flash: ImagePreprocessor + GraphedEncoder "
+             f"(patched, CUDA graph of batch 1). Embedding cosine stock vs clip_flash: {cosine:.6f}.")
+    lines = ["| side | requests | p50 (ms) | p99 (ms) | mean (ms) |", "|---|---|---|---|---|"]
+    lines += [f"| {row['side']} | {row['requests']} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+              f"{row['mean_ms']:.3f} |" for row in rows]
+    lines += ["", "| step alone (200 calls) | p50 (ms) |", "|---|---|"]
+    lines += [f"| {name} | {ms:.3f} |" for name, ms in step_p50.items()]
+    print(title + "\n\n" + "\n".join(lines))
+    results.write_microbenchmark(args.json, args.markdown, title, lines,
+                                 rows + [{"step": name, "p50_ms": ms} for name, ms in step_p50.items()]
+                                 + [{"embedding_cosine_stock_vs_clip_flash": cosine}])
+    prep.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
