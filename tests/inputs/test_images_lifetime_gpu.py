@@ -4,9 +4,11 @@ preparer made and dropped in one line), in fresh processes."""
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,9 +64,11 @@ def test_one_liner_with_the_preparer_dropped(tmp_path, photo_files, decode):
     script = tmp_path / "user_script.py"
     script.write_text(USER_SCRIPT)
     files = _jpegs(photo_files)
+    root = str(Path(clip_flash.__file__).resolve().parents[1])  # this checkout's clip_flash, as pytest's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     for _ in range(2):
         done = subprocess.run([sys.executable, str(script), decode, *files], capture_output=True, text=True,
-                              timeout=600)
+                              timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         lines = dict(line.split(" ", 1) for line in done.stdout.strip().splitlines() if " " in line)
         assert lines["rows"].startswith(f"{len(files)} failures 0"), done.stdout
@@ -106,6 +110,4 @@ def test_native_decoder_threads_end_with_the_preparer(vit_b32_preprocess, photo_
 
 
 def _native_threads():
-    import os
-
     return os.listdir(f"/proc/{os.getpid()}/task")
