@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     if args.cuda_graphs:
         patched_encode = clip_flash.GraphedEncoder(patched_model, batch_sizes=[args.batch]).encode_text
     openclip_tok = open_clip.get_tokenizer(args.model)
-    from clip_flash.inputs.tokenizing_pool import default_workers
+    from clip_flash.inputs.text.tokenizing_pool import default_workers
     clean_workers = default_workers() if args.clean_workers < 0 else args.clean_workers
     fast_tok = clip_flash.get_tokenizer(args.model, clean_workers=clean_workers)
     width = patched_model.encode_text(openclip_tok(["a"]).to(device)).shape[-1]

@@ -168,13 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pipeline-batches", type=positive_int, default=24, metavar="N",
                         help="timed batches per --pipeline (after its warm-up batches)")
     parser.add_argument("--pipeline-warmup", type=positive_int, default=None, metavar="N",
-                        help="untimed batches before the timed ones [default: 6 for exact/gpu (their pixel arenas "
-                             "are created and page-locked on first use), one per worker plus one for stock]")
+                        help="untimed batches before the timed ones [default: 6 for exact/gpu (their host buffers "
+                             "are page-locked on first use), one per worker plus one for stock]")
     parser.add_argument("--pipeline-workers", type=positive_int, default=None, metavar="W",
                         help="CPU workers per --pipeline [default: every core of this host]")
-    parser.add_argument("--pipeline-executor", choices=("auto", "thread", "process"), default="auto",
-                        help="ImagePreprocessor's decode pool in the exact/gpu pipelines (auto: processes "
-                             "for the exact path on a GPU, threads otherwise)")
+    parser.add_argument("--pipeline-executor", choices=("auto", "native", "thread"), default="auto",
+                        help="ImagePreprocessor's decoding in the exact/gpu pipelines (auto: the native batch "
+                             "decoder where the extension is built, Python threads otherwise)")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     parser.add_argument("--no-tables", action="store_true",
                         help="skip the per-shape tables (e.g. to run only --latency or --zero-shot-classifier)")

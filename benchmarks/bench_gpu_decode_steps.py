@@ -5,7 +5,7 @@
 
 Each step is timed on its own with the device synchronized before and after (median of ``--repeats``
 after two warm-up calls): the CPU step (files read, headers scanned), torchvision's batched nvJPEG decode
-alone, the hardware route (where it runs, unless ``CLIP_FLASH_NVJPEG_HW=0``; decode straight into the resize
+alone, the hardware route (where it runs, unless ``nvjpeg_hardware=False``; decode straight into the resize
 kernel's layout, with each chroma), torchvision's decode as the fast path runs it, the libjpeg-style chroma
 step on its pixels, and ``prepare`` after ``decode`` (the resize kernel, and for what ``decode`` left to
 torchvision: nvJPEG, chroma step, packing) with each ``gpu_chroma``. The exact path's device step is given beside it.
@@ -30,7 +30,7 @@ import clip_flash  # noqa: E402
 from benchmarks.harness import results  # noqa: E402
 from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
 from benchmarks.harness.workloads import image_files  # noqa: E402
-from clip_flash.inputs import gpu_jpeg, nvjpeg_packed  # noqa: E402
+from clip_flash.inputs.image import gpu_jpeg, nvjpeg_packed  # noqa: E402
 
 
 def timed_ms(step: Callable[[], object], repeats: int) -> float:
@@ -66,7 +66,10 @@ def main() -> None:
             clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16, executor="thread") as exact:
         decoded = fast.decode(batch)
         jpegs = [item for item in decoded.items if item.encoded is not None]
-        steps["CPU step: read files, scan headers (threads)"] = timed_ms(lambda: fast._cpu_step(batch), args.repeats)
+        with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16, decode="gpu",
+                                          nvjpeg_hardware=False) as reader:
+            steps["CPU step: read files, scan headers (native)"] = timed_ms(lambda: reader.decode(batch),
+                                                                           args.repeats)
         steps["nvJPEG batched decode (torchvision)"] = timed_ms(
             lambda: gpu_jpeg._nvjpeg([item.encoded for item in jpegs], device), args.repeats)
         if nvjpeg_packed.hardware_decoder_usable():

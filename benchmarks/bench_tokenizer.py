@@ -40,7 +40,7 @@ def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: i
     import torch
 
     from benchmarks.harness.captions import CAPTION_SETS
-    from clip_flash.inputs.tokenizer import get_tokenizer
+    from clip_flash.inputs.text.tokenizer import get_tokenizer
 
     rows = []
     for set_name, make in CAPTION_SETS.items():
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         return 0
 
     from benchmarks.harness.results import markdown_table, write_microbenchmark
-    from clip_flash.inputs.tokenizing_pool import default_workers
+    from clip_flash.inputs.text.tokenizing_pool import default_workers
 
     if args.clean_workers < 0:
         args.clean_workers = default_workers()

@@ -1,17 +1,18 @@
 #!/usr/bin/env python
 """Images/s of ImagePreprocessor alone (no model): the CPU step, and files -> device-ready batch.
 
-    python benchmarks/image_decode_throughput.py --photos .device/photos --configs thread:8 thread:16 process:16
+    python benchmarks/image_decode_throughput.py --photos .device/photos --configs native:16 thread:16
 
-For each ``executor:workers`` configuration (executor ``auto``, ``thread`` or ``process``): ``decode``
-alone (read, Pillow header, libjpeg-turbo, pixels into the page-locked arena) streamed in batches, and
+For each ``executor:workers`` configuration (executor ``auto``, ``native`` or ``thread``): ``decode``
+alone (read, header scan, libjpeg-turbo, pixels or coefficients into page-locked memory) streamed in batches, and
 the whole preparation (the next batches decoding while the device resamples this one), in steady state
 after warm-up batches. Baseline rows for each worker count: torchvision's plain ``decode_jpeg`` (file
 read + decode, nothing else) and Pillow's ``open`` + ``convert("RGB")`` in a thread pool of that many
 threads, over the same batches: the gap to them is ImagePreprocessor's own overhead.
 
 ``--jpeg-route on off`` measures each configuration with the exact path's GPU JPEG route (the CPU only
-entropy-decodes, see ``clip_flash/inputs/jpeg_dct.py``) and without it (whole decodes on the CPU), alternated
+entropy-decodes, see ``clip_flash/inputs/image/jpeg_dct.py``; ``dct_route=True``) and without it (whole
+decodes on the CPU), alternated
 ``--rounds`` times. With the route, ``decode`` is the CPU's share only; compare the files -> device column.
 """
 from __future__ import annotations
@@ -28,11 +29,12 @@ from typing import Any, Dict, List
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+import open_clip  # noqa: E402 - imported at the top, as a user's script does
 import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
 from benchmarks.harness import results  # noqa: E402
-from clip_flash.inputs import jpeg_dct  # noqa: E402
+from clip_flash.inputs.image.native_decode import ScanMode  # noqa: E402
 
 IN_FLIGHT = 2
 
@@ -91,7 +93,7 @@ def baseline_rate(decode: Any, batches: List[List[Path]], warmup: int, workers: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--photos", type=Path, required=True)
-    parser.add_argument("--configs", nargs="+", default=["thread:16", "process:16"],
+    parser.add_argument("--configs", nargs="+", default=["native:16", "thread:16"],
                         metavar="EXECUTOR:WORKERS")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--batches", type=int, default=16, help="timed batches per measurement")
@@ -104,8 +106,6 @@ def main() -> int:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    import open_clip  # here: the decoding workers' fork server imports this script and needs no OpenCLIP
-
     preprocess = open_clip.image_transform(args.image_size, is_train=False)
     paths = sorted(path for path in args.photos.iterdir() if path.suffix.lower() in (".jpg", ".jpeg", ".png"))
     total = args.warmup + args.batches
@@ -125,14 +125,15 @@ def main() -> int:
                                         for config in args.configs for route in args.jpeg_route]:
         executor, _, workers = config.partition(":")
         workers = int(workers) if workers else None
-        os.environ[jpeg_dct.ROUTE_SWITCH] = "1" if route == "on" else "0"
         with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16 if device.type == "cuda"
-                                          else torch.float32, workers=workers, executor=executor) as prep:
-            prep.start(wait=True)  # the workers' steady rate, not the threads standing in while they start
-            active = prep.options.dct_reader is not None
+                                          else torch.float32, workers=workers, executor=executor,
+                                          dct_route=route == "on") as prep:
+            prep.start(wait=True)
+            active = prep.native and prep.scan_mode == ScanMode.COEFFICIENTS
             decode_rate = stream(prep, batches, args.warmup, prepare=False)
             prepared_rate = stream(prep, batches, args.warmup, prepare=True)
-            rows.append({"executor": executor if executor != "auto" else f"auto ({prep.executor})",
+            rows.append({"executor": executor if executor != "auto" else
+                         f"auto ({'native' if prep.native else 'thread'})",
                          "workers": prep.workers, "round": round_number + 1,
                          "jpeg_route": "GPU (entropy decode on CPU)" if active else "CPU (whole decode)",
                          "decode_images_per_s": decode_rate, "prepared_images_per_s": prepared_rate})

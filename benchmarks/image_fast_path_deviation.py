@@ -27,7 +27,7 @@ from PIL import Image, JpegImagePlugin  # noqa: E402
 import clip_flash  # noqa: E402
 from benchmarks.harness import results  # noqa: E402
 from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
-from clip_flash.inputs.jpeg_chroma import refine_nearest_chroma  # noqa: E402
+from clip_flash.inputs.image.jpeg_chroma import refine_nearest_chroma  # noqa: E402
 
 CHROMA_MODES = ("nvjpeg", "libjpeg")
 

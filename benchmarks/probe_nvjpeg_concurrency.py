@@ -6,15 +6,14 @@
 The route a decoding thread runs per batch (``decode_into_layout``: layout, one nvJPEG hardware decode into
 the resize kernel's buffer, the chroma step), on JPEGs already in memory: no file reading, no model. For each
 ``--threads`` count it runs with one decoder state shared by the threads and with one each
-(``CLIP_FLASH_NVJPEG_DECODERS``), every thread decoding ``--batches`` batches of ``--batch`` photos, alternated
-over ``--rounds``; the medians over rounds are reported. The rate with one thread and one decoder is the route's
-own ceiling; what more threads add shows whether the decoder (the hardware) or the threads bound it.
+(``ImagePreprocessor(nvjpeg_decoders=N)``), every thread decoding ``--batches`` batches of ``--batch`` photos,
+alternated over ``--rounds``; the medians over rounds are reported. The rate with one thread and one decoder is
+the route's own ceiling; what more threads add shows whether the decoder (the hardware) or the threads bound it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -28,21 +27,20 @@ import torch  # noqa: E402
 
 from benchmarks.harness.results import environment_record  # noqa: E402
 from benchmarks.harness.workloads import image_files  # noqa: E402
-from clip_flash.inputs import nvjpeg_packed  # noqa: E402
-from clip_flash.inputs.images import ImagePreprocessor  # noqa: E402
-from clip_flash.inputs.transform_spec import ImageTransformSpec  # noqa: E402
+from clip_flash.inputs.image import nvjpeg_packed  # noqa: E402
+from clip_flash.inputs.image.preprocessor import ImagePreprocessor  # noqa: E402
+from clip_flash.inputs.image.transform_spec import ImageTransformSpec  # noqa: E402
 from open_clip.transform import image_transform  # noqa: E402
 
 
 def rate(items, spec: ImageTransformSpec, threads: int, decoders: int, batches: int) -> float:
     """Photos/s of ``threads`` threads each decoding ``batches`` batches through the route."""
-    os.environ[nvjpeg_packed.DECODERS_SETTING] = str(decoders)
     device = torch.device("cuda", torch.cuda.current_device())
 
     def work(_: int) -> int:
         done = 0
         for _ in range(batches):
-            packed = nvjpeg_packed.decode_into_layout(items, device, spec, "libjpeg")
+            packed = nvjpeg_packed.decode_into_layout(items, device, spec, "libjpeg", decoders)
             if packed is None:
                 raise RuntimeError(f"the hardware route did not run: {nvjpeg_packed._HARDWARE['unavailable']}")
             packed.ready.synchronize()
@@ -70,11 +68,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA GPU here", file=sys.stderr)
         return 2
-    os.environ.pop(nvjpeg_packed.HARDWARE_SWITCH, None)  # the route is what is probed
     files = image_files(args.photos)[:args.batch]
     # ViT-B-32's eval transform: the layout's tables depend on it, not the decode.
     with ImagePreprocessor(image_transform(224, is_train=False), device="cuda", decode="gpu", executor="thread",
-                           workers=4) as prep:
+                           workers=4, nvjpeg_hardware=False) as prep:
         decoded = prep.decode(files)
         spec = prep.resize.spec
     items = [item for item in decoded.items if nvjpeg_packed.takes(item)]

@@ -123,7 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--model", default="ViT-B-32")
     parser.add_argument("--repeat", type=int, default=100, help="times the photo list is embedded by the job")
     parser.add_argument("--decode", default="cpu", choices=("cpu", "gpu"))
-    parser.add_argument("--executor", default="auto", choices=("auto", "thread", "process"))
+    parser.add_argument("--executor", default="auto", choices=("auto", "native", "thread"))
     parser.add_argument("--shard-size", type=int, default=2048, help="as bench_embed.py runs the job")
     parser.add_argument("--bench-batches", type=int, default=60, help="timed batches of the bench loop")
     parser.add_argument("--no-bench", action="store_true", help="profile the job only")

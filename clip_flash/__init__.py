@@ -23,8 +23,8 @@ _PUBLIC_API: Dict[str, str] = {
     "PatchReport": ".patching.report", "SiteReport": ".patching.report",
     "BACKEND_NAMES": ".backends", "BackendStatus": ".backends", "BackendUnavailableError": ".backends",
     "GraphedEncoder": ".graphs",
-    "ImagePreprocessor": ".inputs.images", "PreparedImages": ".inputs.images",
-    "get_tokenizer": ".inputs.tokenizer",
+    "ImagePreprocessor": ".inputs.image.preprocessor", "PreparedImages": ".inputs.image.preprocessor",
+    "get_tokenizer": ".inputs.text.tokenizer",
     "embed": ".jobs",
 }
 
@@ -35,8 +35,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name is imported by __getattr__
     from .backends import BACKEND_NAMES, BackendStatus, BackendUnavailableError  # noqa: F401
     from .graphs import GraphedEncoder  # noqa: F401
-    from .inputs.images import ImagePreprocessor, PreparedImages  # noqa: F401
-    from .inputs.tokenizer import get_tokenizer  # noqa: F401
+    from .inputs.image.preprocessor import ImagePreprocessor, PreparedImages  # noqa: F401
+    from .inputs.text.tokenizer import get_tokenizer  # noqa: F401
     from .jobs import embed  # noqa: F401
     from .patching.patching import is_patched, patch, patch_report, patched, unpatch  # noqa: F401
     from .patching.report import PatchReport, SiteReport  # noqa: F401

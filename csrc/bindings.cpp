@@ -205,12 +205,12 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
                                                                const std::vector<int64_t>& slots,
                                                                const std::string& library_path, int64_t decoders);
 
-// Defined in jpeg_dct_read.cpp and jpeg_dct_binding.cpp.
-std::tuple<at::Tensor, std::vector<int64_t>, std::string> jpeg_read_dct(const at::Tensor& data,
-                                                                         const std::string& library_path,
-                                                                         const at::Tensor& out);
+// Defined in jpeg_dct_binding.cpp.
 std::string jpeg_dct_to_pixels(const at::Tensor& coefficients, const at::Tensor& table, const at::Tensor& planes,
                                const at::Tensor& pixels, int64_t max_blocks, int64_t max_pixels);
+
+// Defined in image_batch_decoder_binding.cpp.
+void register_image_batch_decoder(pybind11::module& module);
 
 }  // namespace clip_flash
 
@@ -251,11 +251,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "failed, empty if it did not). Waits for them, without the GIL, on the current stream; calls from several threads "
              "use up to `decoders` decoder states at once.", py::arg("encoded"), py::arg("out"), py::arg("slots"),
              py::arg("library_path"), py::arg("decoders") = 1, NO_GIL);
-  module.def("jpeg_read_dct", &clip_flash::jpeg_read_dct, "One JPEG's quantized DCT coefficients read by libjpeg "
-             "(entropy decoding only; CPU, no CUDA): (int16 tensor, at the start of out where they fit, layout, "
-             "why not: empty when read).", py::arg("data"), py::arg("library_path"), py::arg("out"), NO_GIL);
   module.def("jpeg_dct_to_pixels", &clip_flash::jpeg_dct_to_pixels, "The rest of libjpeg-turbo's decode on the GPU, "
              "bit for bit, for the images a table describes; returns why it could not (empty: queued).",
              py::arg("coefficients"), py::arg("table"), py::arg("planes"), py::arg("pixels"), py::arg("max_blocks"),
              py::arg("max_pixels"), NO_GIL);
+  clip_flash::register_image_batch_decoder(module);
 }

@@ -1,5 +1,5 @@
 // The exact path's GPU half of JPEG decoding: from each component's quantized DCT coefficients (read on the CPU
-// by csrc/jpeg_dct_read.cpp) to the pixels Pillow's decoder gives, written straight into the resize kernel's
+// by the batch decoder, csrc/image_batch_decoder.cpp) to the pixels Pillow's decoder gives, written straight into the resize kernel's
 // packed layout. It repeats libjpeg-turbo's integer arithmetic with its default settings, bit for bit:
 //   1. jpeg_idct_islow: dequantize, the 8x8 integer IDCT (columns, then rows), +128 and clamp to 0..255;
 //   2. "fancy" upsampling of halved components (a triangle filter: 3/4 nearer sample, 1/4 the other, with

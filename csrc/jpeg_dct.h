@@ -10,7 +10,7 @@ namespace clip_flash {
 
 constexpr int kDctMaxComponents = 3;
 
-// One int64 row per image: where its coefficients (csrc/jpeg_dct_read.cpp's tensor) and pixels are, its size,
+// One int64 row per image: where its coefficients (csrc/libjpeg_runtime.h's dct_layout) and pixels are, its size,
 // and per component (up to three; unused ones zero) its geometry. Byte offsets are into the launch's buffers.
 enum DctImageField {
   kDctCoefficients = 0,  // byte offset of the image's coefficient tensor in `coefficients` (16-byte aligned)

@@ -279,7 +279,7 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
 
 std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
                                                                const at::Tensor&, const std::vector<int64_t>&,
-                                                               const std::string&) {
+                                                               const std::string&, int64_t) {
   return {std::vector<int64_t>(encoded.size(), 0), "nvJPEG unavailable: the extension was built without <nvjpeg.h>"};
 }
 

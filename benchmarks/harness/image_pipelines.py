@@ -38,8 +38,8 @@ PIPELINE_NOTES = {
 }
 IN_FLIGHT = 2  # batches decoding ahead of the one on the device
 HOST_STEPS = ("decode_wait", "prepare", "encode_launch", "device_wait")
-# Untimed batches before clip_flash's pipelines are timed: the first few create and page-lock the pixel
-# arenas that every later batch reuses (one per batch in flight), a one-time cost of a long job.
+# Untimed batches before clip_flash's pipelines are timed: the first few page-lock the host buffers that
+# torch's allocator then reuses (one set per batch in flight), a one-time cost of a long job.
 CLIP_FLASH_WARMUP = 2 * IN_FLIGHT + 2
 
 
@@ -81,7 +81,7 @@ def _stream_clip_flash(paths, preprocess, pipeline, model, device, dtype, batch,
     with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, decode=decode, workers=workers,
                                       executor=executor, gpu_chroma=chroma) as prep, \
             ThreadPoolExecutor(IN_FLIGHT) as producers:
-        on_batch.executor = prep.executor  # what "auto" chose, for the results
+        on_batch.executor = "native" if prep.native else "thread"  # what "auto" chose, for the results
         # Steady-state rates: the worker processes, not the threads that decode until they are up.
         prep.start(wait=True)
         # How long the host waited for each batch's decode: near zero when decoding keeps ahead of the device.
@@ -255,7 +255,7 @@ def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths:
             }
     sample = [paths[index % len(paths)] for index in range(batch)]
     with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, workers=workers,
-                                      executor="thread") as prep:  # one sample batch: no process pool to start
+                                      executor="thread") as prep:  # one sample batch, Pillow's way
         prepared = prep(sample)
         if len(prepared) == 0:
             raise ValueError(f"none of the first {batch} files could be read: {prepared.failures[:3]}")

@@ -45,7 +45,7 @@ class BenchSettings:
     pipeline_batches: int = 24  # timed batches per pipeline, after its warm-up
     pipeline_warmup: Optional[int] = None  # untimed batches first (None: each pipeline's default)
     pipeline_workers: Optional[int] = None  # CPU workers feeding each pipeline (None: every core)
-    pipeline_executor: str = "auto"  # ImagePreprocessor's pool: "auto", "thread" or "process"
+    pipeline_executor: str = "auto"  # ImagePreprocessor's executor: "auto", "native" or "thread"
     # Captions and the zero-shot classifier are timed from strings: the stock side tokenizes with OpenCLIP's
     # tokenizer, the patched side with this one: "clip_flash" (same ids, faster) or "openclip".
     text_tokenizer: str = "clip_flash"

@@ -100,7 +100,7 @@ class ModelBench:
 
     def tokenizer_names(self) -> Dict[str, str]:
         """What tokenizes on each side, for the results."""
-        from clip_flash.inputs.tokenizer import describe_tokenizer
+        from clip_flash.inputs.text.tokenizer import describe_tokenizer
         return {"stock_tokenizer": describe_tokenizer(self.tokenizer()),
                 "patched_tokenizer": describe_tokenizer(self.patched_tokenizer()).split("; texts so far")[0]}
 

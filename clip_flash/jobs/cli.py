@@ -64,10 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-size", type=positive_int, default=DEFAULT_SHARD_SIZE,
                         help=f"inputs per output shard (default {DEFAULT_SHARD_SIZE}; a WebDataset tar is one shard)")
     parser.add_argument("--workers", type=positive_int, default=None,
-                        help="decoding workers (default: every core) / stock: DataLoader workers (cores - 1)")
-    parser.add_argument("--executor", choices=("auto", "thread", "process"), default="auto",
-                        help="decoding in threads, or in processes (past the GIL's cap on many cores); auto: "
-                             "processes on a GPU (threads in --ray actors), threads on a CPU")
+                        help="native decoding threads (default: every core) / stock: DataLoader workers (cores - 1)")
+    parser.add_argument("--executor", choices=("auto", "native", "thread"), default="auto",
+                        help="decoding: the native batch decoder (auto: where the extension is built) or Python "
+                             "threads")
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="launch every image batch eager (default on CUDA: full batches replay a CUDA graph, "
                              "same rows)")
@@ -139,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
             if args.ray is not None:
                 from .ray_data import embed_with_ray
 
-                if options["executor"] == "auto":
-                    options["executor"] = "thread"
                 summary = embed_with_ray(args.input, args.out, args.model, address=args.ray,
                                          actors=args.ray_workers, num_cpus=args.ray_num_cpus, **options)
             else:

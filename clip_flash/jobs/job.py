@@ -51,7 +51,7 @@ def default_batch_size(has_images: bool, device_type: str) -> int:
 
 OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
-EXECUTORS = ("auto", "thread", "process")
+EXECUTORS = ("auto", "native", "thread")  # ImagePreprocessor's
 DECODES = ("cpu", "gpu")
 SETTINGS_VERSION = 2
 CHECKPOINT_DIGESTS_FILE = "checkpoint_sha256.json"  # in the output's state folder: see weights_identity
@@ -111,8 +111,8 @@ def _progress(total: Optional[int], enabled: bool):
 def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
                  executor: str = "thread") -> Tuple[Any, Any]:
     """clip_flash's image preparer and tokenizer for this model (None for what the source lacks)."""
-    from clip_flash.inputs.images import ImagePreprocessor
-    from clip_flash.inputs.tokenizer import get_tokenizer
+    from clip_flash.inputs.image.preprocessor import ImagePreprocessor
+    from clip_flash.inputs.text.tokenizer import get_tokenizer
 
     preparer = tokenizer = None
     if source.has_images:
@@ -146,13 +146,12 @@ def _caption_file(input: Union[str, Path]) -> bool:
 
 
 def decoding_workers(runner: Any) -> Dict[str, Any]:
-    """How the run's images were decoded: the executor chosen, how its processes started, their start time."""
+    """How the run's images were decoded: the executor asked for, the workers, and whether natively."""
     preparer = getattr(runner, "image_preparer", None)
-    pool = getattr(preparer, "pool", None)
-    if pool is None:
+    if preparer is None or not hasattr(preparer, "executor"):
         return {}
-    return {"decode_executor": pool.executor, "decode_workers": pool.workers,
-            "decode_start_method": pool.start_method, "decode_workers_ready_s": pool.start_seconds}
+    return {"decode_executor": preparer.executor, "decode_workers": preparer.workers,
+            "decode_native": preparer.native}
 
 
 def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32", *,
@@ -186,12 +185,10 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         captions: None reads captions where they exist (an image or sample without one gets an empty caption);
             False ignores them. caption_column: for CSV/parquet. require_captions: an image or sample without a
             caption is a failure (pairs only).
-        workers: decoding workers (default: the cores this process may use, 4 readers with ``decode="gpu"``;
-            stock: DataLoader workers = cores - 1).
-        executor: ``auto`` (processes where decoding feeds the GPU through shared arenas, the exact path's
-            pixels or the fast path's JPEG bytes, i.e. a CUDA device; threads otherwise), ``thread`` or
-            ``process`` decoding workers (processes are not capped by the GIL; they fork from a fork server
-            started while the model loads; a script using them needs the ``if __name__ == "__main__":`` guard).
+        workers: native decoding threads (default: the cores this process may use; stock: DataLoader
+            workers = cores - 1).
+        executor: ``auto`` (the native batch decoder where the extension is built, else Python threads),
+            ``native`` or ``thread`` (see :class:`~clip_flash.inputs.image.preprocessor.ImagePreprocessor`).
         cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
             kernels, so the same rows; it frees the main thread from launching them); False runs them eager.
         decode_threads: batches prepared at once ahead of the GPU (default ``DEFAULT_DECODE_THREADS``, 2).
@@ -211,11 +208,6 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     if decode_threads is not None and decode_threads < 1:
         raise ValueError(f"decode_threads must be at least 1, got {decode_threads}")
     device = resolve_device(device)
-    if pipeline == "clip_flash" and (executor == "process" or (
-            executor == "auto" and device.type == "cuda")) and not _caption_file(input):
-        from clip_flash.inputs.worker_processes import prestart
-
-        prestart()  # the fork server imports the decoding modules while the job plans and the model loads
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
                    decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
                    caption_column=caption_column, repeat=repeat, require_captions=require_captions)
@@ -232,7 +224,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                                  workers, executor, cuda_graphs, decode_threads)
             start = getattr(runner, "start", None)
             if start is not None:
-                start()  # workers and first arenas, in the background while the run begins
+                start()  # the image decoder, in the background while the run begins
             setup_seconds = time.perf_counter() - setup_started
             known = [shard.size for shard in job.todo]
             total = sum(known) if all(size is not None for size in known) else None

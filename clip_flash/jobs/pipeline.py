@@ -156,12 +156,11 @@ class EmbeddingPipeline:
             self.image_graphs = GraphedEncoder(model, batch_sizes=(batch_size,), max_graphs=1)
 
     def start(self) -> None:
-        """Start the image preparer's workers and its first arenas (sized for this pipeline's batches, one
-        for each batch decoding or queued at the start) in the background: call it as early as the preparer
-        exists, so that this overlaps whatever comes before :meth:`run`."""
+        """Start the image preparer's decoder in the background: call it as early as the preparer exists, so
+        that this overlaps whatever comes before :meth:`run`."""
         start = getattr(self.image_preparer, "start", None)
         if start is not None:
-            start(batch_size=self.batch_size, arenas=min(self.decode_threads + 2, self.prefetch_batches + 1))
+            start(batch_size=self.batch_size)
 
     # ----- reader and decoders (CPU threads) ------------------------------------------------------
     def _decode(self, items: ItemBatch) -> Tuple[Any, Optional[torch.Tensor]]:

@@ -136,7 +136,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                    decode: str = "cpu", batch_size: Optional[int] = None, shard_size: int = DEFAULT_SHARD_SIZE,
                    normalize: bool = True, out_dtype: str = "float16", captions: Optional[bool] = None,
                    caption_column: Optional[str] = None, require_captions: bool = False,
-                   workers: Optional[int] = None, executor: str = "thread",
+                   workers: Optional[int] = None, executor: str = "auto",
                    cuda_graphs: bool = True, decode_threads: Optional[int] = None, repeat: int = 1,
                    progress: bool = True, command: Optional[str] = None) -> JobSummary:
     """:func:`clip_flash.embed` on a Ray cluster: same arguments, same output folder, same resume rules.
@@ -229,7 +229,7 @@ class ClipEmbedder:
     def __init__(self, model: str, *, image_column: Optional[str] = None, text_column: Optional[str] = None,
                  device: Optional[str] = None, precision: Optional[str] = None, patch: bool = True,
                  decode: str = "cpu", normalize: bool = True, out_dtype: str = "float16",
-                 workers: Optional[int] = None, executor: str = "thread") -> None:
+                 workers: Optional[int] = None, executor: str = "auto") -> None:
         from clip_flash.models.model_spec import parse_model_spec
 
         if image_column is None and text_column is None:

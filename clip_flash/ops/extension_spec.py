@@ -11,9 +11,10 @@ EXTENSION_SOURCES = (
     "csrc/jpeg_chroma_binding.cpp",
     "csrc/jpeg_chroma.cu",
     "csrc/nvjpeg_decode.cpp",
-    "csrc/jpeg_dct_read.cpp",
     "csrc/jpeg_dct_binding.cpp",
     "csrc/jpeg_dct.cu",
+    "csrc/image_batch_decoder.cpp",
+    "csrc/image_batch_decoder_binding.cpp",
 )
 # Every file of these kinds under csrc/ (headers included) keys the build on first use.
 SOURCE_SUFFIXES = (".cpp", ".cu", ".cuh", ".h")

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from clip_flash.ops._extension import load_extension
-from clip_flash.inputs.pillow_resample import (
+from clip_flash.inputs.image.pillow_resample import (
     check_image, needs_premultiply, preprocess_batch_cpu, require_pillow_agreement, to_model_input,
 )
-from clip_flash.inputs.resample_plan import AxisTable, plan_image
-from clip_flash.inputs.transform_spec import ImageTransformSpec
+from clip_flash.inputs.image.resample_plan import AxisTable, plan_image
+from clip_flash.inputs.image.transform_spec import ImageTransformSpec
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,12 @@ class BatchPlan:
     pixels_at: int
     total_bytes: int
 
-    def allocate_host(self, pin: bool = True) -> torch.Tensor:
-        """A uint8 host buffer of the batch with meta and tables filled in; pixels left to the caller."""
-        return self._fill_head(torch.empty(self.total_bytes, dtype=torch.uint8,
-                                           pin_memory=pin and torch.cuda.is_available()))
+    def allocate_host(self, pin: bool = True, pixel_bytes: Optional[int] = None) -> torch.Tensor:
+        """A uint8 host buffer of the batch with meta and tables filled in; pixels left to the caller. With
+        ``pixel_bytes``, only that much of the pixel area (the first images'; the rest are written on the
+        device, see ``resample_packed``'s ``fill``)."""
+        size = self.total_bytes if pixel_bytes is None else self.pixels_at + pixel_bytes
+        return self._fill_head(torch.empty(size, dtype=torch.uint8, pin_memory=pin and torch.cuda.is_available()))
 
     def allocate_head(self, pin: bool = True) -> torch.Tensor:
         """Only the meta rows and tables (the buffer up to ``pixels_at``), for pixels packed elsewhere."""
@@ -213,8 +215,12 @@ def upload_stream(device: torch.device) -> "torch.cuda.Stream":
 def _upload(buffer: torch.Tensor, plan: BatchPlan, device: torch.device,
             segments: Optional[Sequence[Tuple[int, int, int]]]) -> torch.Tensor:
     """``plan``'s device layout from ``buffer`` (all of it, or the head plus ``segments``), on the current stream."""
-    if segments is None:
+    if segments is None and buffer.numel() == plan.total_bytes:
         return buffer.to(device, non_blocking=True)
+    if segments is None:  # the head and the first images' pixels; ``fill`` writes the rest on the device
+        on_device = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
+        on_device[: buffer.numel()].copy_(buffer, non_blocking=True)
+        return on_device
     on_device = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
     on_device[: plan.pixels_at].copy_(plan.allocate_head(pin=device.type == "cuda"), non_blocking=True)
     for host_start, size, device_start in segments:

@@ -17,10 +17,10 @@ import torch
 from ftfy.badness import is_bad
 from unicode_corpus import UNICODE_GENERATORS, badness_characters
 
-from clip_flash.inputs.ftfy_replay import (_CHARACTER_FIXERS, badness_triggers, fixer_trigger_characters,
+from clip_flash.inputs.text.ftfy_replay import (_CHARACTER_FIXERS, badness_triggers, fixer_trigger_characters,
                                            fixer_triggers, is_bad_in_windows, replay_basic_clean, replay_fix_text,
                                            replay_refusal)
-from clip_flash.inputs.tokenizer import FastCLIPTokenizer
+from clip_flash.inputs.text.tokenizer import FastCLIPTokenizer
 
 SEED = 20261124
 # Strings per generator in CI (cleaning compared on all; ids on IDS_SHARE of them); the slow run takes ten

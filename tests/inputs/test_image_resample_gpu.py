@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from clip_flash.ops._extension import load_extension
-from clip_flash.inputs.pillow_resample import preprocess_batch_cpu
-from clip_flash.inputs.transform_spec import spec_from_preprocess
+from clip_flash.inputs.image.pillow_resample import preprocess_batch_cpu
+from clip_flash.inputs.image.transform_spec import spec_from_preprocess
 from clip_flash.ops.image_resample import plan_batch, resample_batch, resample_packed
 
 
@@ -102,7 +102,7 @@ def test_kernel_pass_order_and_mixed_batch(corpora):
     """One launch with both pass orders, RGB, L and RGBA, padding, tiny and thin images together."""
     from open_clip.transform import image_transform
 
-    from clip_flash.inputs.resample_plan import plan_image
+    from clip_flash.inputs.image.resample_plan import plan_image
 
     for mode in ("squash", "longest", "shortest"):
         preprocess = image_transform((224, 320), is_train=False, resize_mode=mode, fill_color=99)
@@ -119,7 +119,7 @@ def test_kernel_pass_order_and_mixed_batch(corpora):
                 pass
         assert_kernel_exact(corpora, preprocess, corpus)
         if mode == "squash":
-            from clip_flash.inputs.resample_plan import PILLOW_MAJOR
+            from clip_flash.inputs.image.resample_plan import PILLOW_MAJOR
 
             assert orders == ({True, False} if PILLOW_MAJOR >= 13 else {False})
 
@@ -147,7 +147,7 @@ def test_kernel_vertical_first_across_shared_memory_chunks(corpora):
     and consumed chunk by chunk (L and RGBA)."""
     from open_clip.transform import image_transform
 
-    from clip_flash.inputs.resample_plan import PILLOW_MAJOR, plan_image
+    from clip_flash.inputs.image.resample_plan import PILLOW_MAJOR, plan_image
 
     preprocess = image_transform(224, is_train=False, resize_mode="squash")
     spec = spec_from_preprocess(preprocess)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from clip_flash.inputs.transform_spec import spec_from_preprocess
+from clip_flash.inputs.image.transform_spec import spec_from_preprocess
 import clip_flash.ops.image_resample as image_resample_module
 from clip_flash.ops.image_resample import META_FIELDS, plan_batch
 
@@ -178,7 +178,7 @@ def test_emulated_kernel_on_packed_batch_is_exact(mode, chunk_columns, corpora, 
 def test_plan_batch_shares_tables_and_names_bad_images(corpora):
     from open_clip.transform import image_transform
 
-    from clip_flash.inputs.resample_plan import ImageTooSmallError
+    from clip_flash.inputs.image.resample_plan import ImageTooSmallError
 
     spec = spec_from_preprocess(image_transform(224, is_train=False, resize_mode="longest"))
     plan = plan_batch([(480, 640, 3)] * 5 + [(480, 640, 1), (480, 640, 4), (224, 224, 4)], spec)

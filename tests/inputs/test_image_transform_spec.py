@@ -6,7 +6,7 @@ import torch
 from open_clip.transform import CenterCropOrPad, PreprocessCfg, ResizeKeepRatio, image_transform, image_transform_v2
 from torchvision import transforms as T
 
-from clip_flash.inputs.transform_spec import ImageTransformSpec, UnsupportedTransformError, spec_from_preprocess
+from clip_flash.inputs.image.transform_spec import ImageTransformSpec, UnsupportedTransformError, spec_from_preprocess
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 import clip_flash
-from clip_flash.inputs.decoder_check import decoder_agreement
+from clip_flash.inputs.image.decoder_check import decoder_agreement
 from photo_corpus import assert_same_as_reference
 
 
@@ -86,11 +86,12 @@ def test_dtype_is_the_reference_cast(vit_b32_preprocess, photo_files):
         assert_same_as_reference(prepared, vit_b32_preprocess, paths, dtype=dtype)
 
 
-def test_process_pool_gives_the_same_rows(vit_b32_preprocess, photo_files):
-    """executor="process": decoded in spawned workers, handed back through shared memory."""
+@pytest.mark.parametrize("executor", ["auto", "thread"])
+def test_executors_give_the_same_rows(vit_b32_preprocess, photo_files, executor):
+    """The native decoder (where built) and Python threads: the reference's rows, the same failures."""
     paths = photo_files[:10] + ["/nonexistent/file.jpg"]
-    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=1,
-                                      executor="process") as prep:
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2,
+                                      executor=executor) as prep:
         prepared = prep(paths + [Image.open(photo_files[0])])
     assert_same_as_reference(prepared, vit_b32_preprocess, paths + [Image.open(photo_files[0])])
     assert prepared.failures[0][0] == 10 and "FileNotFoundError" in prepared.failures[0][1]
@@ -113,7 +114,7 @@ def test_refuses_transforms_it_cannot_reproduce(vit_b32_preprocess):
     """A transform that is not OpenCLIP's eval shape is refused with a clear error, not approximated."""
     from torchvision import transforms
 
-    from clip_flash.inputs.transform_spec import UnsupportedTransformError
+    from clip_flash.inputs.image.transform_spec import UnsupportedTransformError
 
     training = open_clip.image_transform(224, is_train=True)
     nearest = transforms.Compose([transforms.Resize(224, interpolation=transforms.InterpolationMode.NEAREST),
@@ -126,8 +127,8 @@ def test_refuses_transforms_it_cannot_reproduce(vit_b32_preprocess):
 def test_a_pillow_that_computes_otherwise_means_pillow_resizes(vit_b32_preprocess, photo_files, monkeypatch, caplog):
     """If the installed Pillow's arithmetic ever differs from what the kernel models, 'auto' lets Pillow
     itself resize (still exact, with a warning) and an explicit 'torch'/'kernel' is refused."""
-    from clip_flash.inputs import image_resize
-    from clip_flash.inputs.pillow_resample import PillowMismatchError
+    from clip_flash.inputs.image import image_resize
+    from clip_flash.inputs.image.pillow_resample import PillowMismatchError
 
     monkeypatch.setattr(image_resize, "pillow_mismatch", lambda: "Pillow 99 resizes differently")
     with caplog.at_level(logging.WARNING, logger="clip_flash.inputs"):

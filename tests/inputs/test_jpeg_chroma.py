@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from clip_flash.inputs.gpu_jpeg import _refine_chroma
-from clip_flash.inputs.image_decoding import DecodedItem
-from clip_flash.inputs.jpeg_chroma import fancy_upsample, refine_nearest_chroma, ycc_to_rgb
+from clip_flash.inputs.image.gpu_jpeg import _refine_chroma
+from clip_flash.inputs.image.image_decoding import DecodedItem
+from clip_flash.inputs.image.jpeg_chroma import fancy_upsample, refine_nearest_chroma, ycc_to_rgb
 from photo_corpus import skimage_photo
 
 SAMPLINGS = {2: (2, 2), 1: (2, 1)}  # Pillow's subsampling= / get_sampling -> (horizontal, vertical)
@@ -113,7 +113,7 @@ PHOTO_SIZES = [(240, 320), (768, 1024), (375, 500), (500, 375), (333, 500), (427
 
 
 def test_refinement_stays_in_bounds_at_photo_sizes(monkeypatch):
-    import clip_flash.inputs.gpu_jpeg as gpu_jpeg
+    import clip_flash.inputs.image.gpu_jpeg as gpu_jpeg
 
     monkeypatch.setattr(gpu_jpeg, "REFINE_CHUNK", 3)
     generator = torch.Generator().manual_seed(0)
@@ -132,7 +132,7 @@ def test_refinement_stays_in_bounds_at_photo_sizes(monkeypatch):
 
 
 def test_a_failing_refinement_chunk_is_refused_not_raised(monkeypatch):
-    import clip_flash.inputs.gpu_jpeg as gpu_jpeg
+    import clip_flash.inputs.image.gpu_jpeg as gpu_jpeg
 
     def out_of_memory(rgb, sampling):
         if rgb.shape[1] == 40:
@@ -157,7 +157,7 @@ def test_chroma_kernel_matches_the_tensor_ops(sampling, size):
     on noise, for clipped pixels and odd sizes): the same float steps, summed in a possibly different order,
     so a block mean near .5 may round the other way: that block's chroma moves a level, its pixels up to
     three (the colour conversion scales chroma by up to 1.772). Anything else is a bug."""
-    from clip_flash.inputs.jpeg_chroma import refine_with_tensor_ops
+    from clip_flash.inputs.image.jpeg_chroma import refine_with_tensor_ops
     from clip_flash.ops._extension import load_extension
     from torchvision.io import decode_jpeg
 

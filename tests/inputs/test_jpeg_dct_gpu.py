@@ -1,4 +1,4 @@
-"""The exact path's GPU JPEG route (:mod:`clip_flash.inputs.jpeg_dct`): from the coefficients libjpeg-turbo
+"""The exact path's GPU JPEG route (:mod:`clip_flash.inputs.image.jpeg_dct`): from the coefficients libjpeg-turbo
 entropy-decodes, the GPU gives Pillow's pixels bit for bit; the preprocessor's rows are the same with the route
 on or off, and what it declines or cannot read goes where it went before."""
 from __future__ import annotations
@@ -12,15 +12,10 @@ import torch
 from PIL import Image
 
 import clip_flash
-from clip_flash.inputs import jpeg_dct
+from clip_flash.inputs.image import jpeg_dct
 from clip_flash.ops._extension import load_extension
 from photo_corpus import assert_same_as_reference, skimage_photo
 
-
-
-@pytest.fixture
-def route_on(monkeypatch):
-    monkeypatch.delenv(jpeg_dct.ROUTE_SWITCH, raising=False)
 
 
 def _pillow_pixels(data: bytes) -> np.ndarray:
@@ -35,7 +30,6 @@ def _encoded(image: Image.Image, **options) -> bytes:
 
 
 def _decode(datas):
-    assert jpeg_dct.route_reader(load_extension()) is not None, "the route must run on a GPU with the extension"
     return jpeg_dct.decode_to_pixels(datas, torch.device("cuda", torch.cuda.current_device()))
 
 
@@ -58,7 +52,7 @@ def _crops(count: int, seed: int):
 
 
 @pytest.mark.gpu
-def test_photos_decode_to_pillows_pixels(route_on, photo_files):
+def test_photos_decode_to_pillows_pixels(photo_files):
     """Every JPEG of the photo corpus the route takes (4:2:0, 4:2:2, 4:4:4, progressive, grayscale, qualities
     50-100, sizes 61-1024) decodes to Pillow's pixels; it declines only the RGB-coded and CMYK ones."""
     paths = [path for path in photo_files if str(path).endswith(".jpg")]
@@ -75,7 +69,7 @@ def test_photos_decode_to_pillows_pixels(route_on, photo_files):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", [0, 1])
-def test_random_crops_decode_to_pillows_pixels(route_on, seed):
+def test_random_crops_decode_to_pillows_pixels(seed):
     """Crops of any size, down to 1x1, every subsampling and quality: Pillow's pixels wherever the route takes
     them; it declines only halved chroma at most 2 samples wide (libjpeg-turbo replicates there)."""
     cases = _crops(120, seed)
@@ -92,7 +86,7 @@ def test_random_crops_decode_to_pillows_pixels(route_on, seed):
 
 
 @pytest.mark.gpu
-def test_benchmark_photos_decode_to_pillows_pixels(route_on):
+def test_benchmark_photos_decode_to_pillows_pixels():
     """The benchmark's web photos (when the folder is there): all taken, all Pillow's pixels."""
     from photo_corpus import _photo_folder
 
@@ -106,15 +100,15 @@ def test_benchmark_photos_decode_to_pillows_pixels(route_on):
         assert np.array_equal(pixels.cpu().numpy(), _pillow_pixels(data)), path.name
 
 
-def _prepare(preprocess, items, executor):
+def _prepare(preprocess, items, executor, dct_route=True):
     with clip_flash.ImagePreprocessor(preprocess, device="cuda", dtype=torch.float32, executor=executor,
-                                      workers=3) as prep:
+                                      workers=3, dct_route=dct_route) as prep:
         return prep(items)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("executor", ["thread", "process"])
-def test_preprocessor_rows_are_the_reference_with_the_route(route_on, vit_b32_preprocess, photo_files, executor):
+@pytest.mark.parametrize("executor", ["native"])
+def test_preprocessor_rows_are_the_reference_with_the_route(vit_b32_preprocess, photo_files, executor):
     """With the route on (the default), the exact path's rows are ``preprocess(Image.open(p))``, and the route
     took the JPEGs; PNGs, PIL images and the JPEGs it declines take their usual routes in the same batch."""
     items = list(photo_files) + [skimage_photo("chelsea.png").convert("RGB")]
@@ -125,7 +119,7 @@ def test_preprocessor_rows_are_the_reference_with_the_route(route_on, vit_b32_pr
 
 
 @pytest.mark.gpu
-def test_rows_same_with_route_on_and_off(monkeypatch, vit_b32_preprocess, photo_files, tmp_path):
+def test_rows_same_with_route_on_and_off(vit_b32_preprocess, photo_files, tmp_path):
     """The switch changes the route, not a bit of the output, bad files included (each reported as before)."""
     good = [path for path in photo_files if str(path).endswith(".jpg")][:12]
     whole = good[0].read_bytes()
@@ -134,10 +128,8 @@ def test_rows_same_with_route_on_and_off(monkeypatch, vit_b32_preprocess, photo_
     for name, data in bad.items():
         (tmp_path / name).write_bytes(data)
     items = good[:6] + [tmp_path / name for name in bad] + good[6:]
-    monkeypatch.delenv(jpeg_dct.ROUTE_SWITCH, raising=False)
-    on = _prepare(vit_b32_preprocess, items, "process")
-    monkeypatch.setenv(jpeg_dct.ROUTE_SWITCH, "0")
-    off = _prepare(vit_b32_preprocess, items, "process")
+    on = _prepare(vit_b32_preprocess, items, "native")
+    off = _prepare(vit_b32_preprocess, items, "native", dct_route=False)
     # The route takes the JPEGs but the RGB-coded one, which decodes whole as before.
     assert on.routes.get("jpeg-dct", 0) >= 10 and "jpeg-dct" not in off.routes, (on.routes, off.routes)
     assert on.routes["jpeg-dct"] + on.routes.get("jpeg", 0) == off.routes["jpeg"], (on.routes, off.routes)
@@ -147,24 +139,23 @@ def test_rows_same_with_route_on_and_off(monkeypatch, vit_b32_preprocess, photo_
 
 
 @pytest.mark.gpu
-def test_route_off_where_the_library_cannot_open(route_on, monkeypatch):
-    """A libjpeg that does not open turns the route off (None), it does not fail the preprocessor."""
-    jpeg_dct._checked_reader.cache_clear()
-    monkeypatch.setattr(jpeg_dct, "jpeg_library", lambda: "/nonexistent/libjpeg.so.62")
-    try:
-        assert jpeg_dct.route_reader(load_extension()) is None
-    finally:
-        jpeg_dct._checked_reader.cache_clear()
+def test_route_off_where_the_library_cannot_open(monkeypatch):
+    """A libjpeg that does not open leaves no native decoder (None): Python threads decode, nothing fails."""
+    from clip_flash.inputs.image import native_decode
+
+    monkeypatch.setattr(native_decode, "jpeg_library", lambda: "/nonexistent/libjpeg.so.62")
+    assert native_decode.NativeBatchDecoder.create(threads=2) is None
 
 
 @pytest.mark.gpu
-def test_reader_reports_rather_than_raises(route_on):
-    """Bad bytes come back as a reason from libjpeg (no exception, no crash), and the kernel call refuses bad
+def test_reader_reports_rather_than_raises():
+    """Bad bytes are left to Pillow with a note (no exception, no crash), and the kernel call refuses bad
     arguments with a reason."""
-    reader = jpeg_dct.route_reader(load_extension())
-    for data in (b"", b"\xff\xd8\xff", b"plain text, not a JPEG"):
-        coefficients, layout, failure = jpeg_dct.read_coefficients(data, reader)
-        assert coefficients is None and layout == [] and failure.startswith("libjpeg"), failure
+    from clip_flash.inputs.image.native_decode import KIND, DecodeKind, NativeBatchDecoder, ScanMode
+
+    native = NativeBatchDecoder.create(threads=2)
+    scanned = native.scan([b"", b"\xff\xd8\xff", b"plain text, not a JPEG"], ScanMode.COEFFICIENTS)
+    assert (scanned.info[:, KIND] == DecodeKind.PYTHON).all() and all(scanned.notes), scanned.notes
     device = torch.device("cuda", torch.cuda.current_device())
     empty = torch.empty(16, dtype=torch.uint8, device=device)
     failure = load_extension().jpeg_dct_to_pixels(empty, torch.zeros((1, 3), dtype=torch.int64, device=device),

@@ -8,8 +8,8 @@ import struct
 import pytest
 from PIL import Image, JpegImagePlugin
 
-from clip_flash.inputs.image_decoding import DecodeOptions, decode_item
-from clip_flash.inputs.jpeg_header import JpegHeader, scan_jpeg_header
+from clip_flash.inputs.image.image_decoding import DecodeOptions, decode_item
+from clip_flash.inputs.image.jpeg_header import JpegHeader, scan_jpeg_header
 
 
 def _pillow_fields(data: bytes):

@@ -1,4 +1,4 @@
-"""The hardware route (:mod:`clip_flash.inputs.nvjpeg_packed`): nvJPEG's hardware decoder writes torchvision's
+"""The hardware route (:mod:`clip_flash.inputs.image.nvjpeg_packed`): nvJPEG's hardware decoder writes torchvision's
 pixels straight into the resize kernel's layout, the chroma step runs in place there, and the fast path's
 output is the same with the route on or off."""
 from __future__ import annotations
@@ -7,16 +7,11 @@ import pytest
 import torch
 
 import clip_flash
-from clip_flash.inputs import nvjpeg_packed
-from clip_flash.inputs.jpeg_chroma import refine_nearest_chroma
+from clip_flash.inputs.image import nvjpeg_packed
+from clip_flash.inputs.image.jpeg_chroma import refine_nearest_chroma
 
 # GPUs with hardware JPEG decoders (A100, H100/H200): there the route must run.
 HARDWARE_DECODER_CAPABILITIES = ((8, 0), (9, 0))
-
-
-@pytest.fixture
-def route_on(monkeypatch):
-    monkeypatch.setenv(nvjpeg_packed.HARDWARE_SWITCH, "1")
 
 
 def _fast(preprocess, **options):
@@ -25,14 +20,14 @@ def _fast(preprocess, **options):
 
 
 def _jpeg_items(preprocess, paths):
-    with _fast(preprocess) as prep:
-        decoded = prep._cpu_step(list(paths))
+    with _fast(preprocess, nvjpeg_hardware=False) as prep:
+        decoded = prep.decode(list(paths))
     return [item for item in decoded.items if item.encoded is not None], prep.resize.spec
 
 
-def _packed_or_skip(items, spec, chroma):
+def _packed_or_skip(items, spec, chroma, decoders=nvjpeg_packed.HARDWARE_DECODERS):
     device = torch.device("cuda", torch.cuda.current_device())
-    packed = nvjpeg_packed.decode_into_layout(items, device, spec, chroma)
+    packed = nvjpeg_packed.decode_into_layout(items, device, spec, chroma, decoders)
     if nvjpeg_packed._HARDWARE["unavailable"] is not None:
         assert torch.cuda.get_device_capability() not in HARDWARE_DECODER_CAPABILITIES, nvjpeg_packed._HARDWARE
         pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
@@ -43,7 +38,7 @@ def _packed_or_skip(items, spec, chroma):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("chroma", ["nvjpeg", "libjpeg"])
-def test_slots_hold_torchvisions_pixels(route_on, vit_b32_preprocess, photo_files, chroma):
+def test_slots_hold_torchvisions_pixels(vit_b32_preprocess, photo_files, chroma):
     """Each written slot holds torchvision's hardware-decoded pixels (with ``libjpeg``, refined by the
     one-size kernel: the packed launch computes the same); progressive and grayscale JPEGs stay out."""
     from torchvision.io import decode_jpeg
@@ -67,10 +62,8 @@ def test_slots_hold_torchvisions_pixels(route_on, vit_b32_preprocess, photo_file
 def test_fast_path_gives_the_same_rows_with_the_route_on_or_off(monkeypatch, vit_b32_preprocess, photo_files,
                                                                  chroma):
     """The whole fast path (JPEGs of every kind, PNGs, bad files) with the route on equals it off."""
-    monkeypatch.setenv(nvjpeg_packed.HARDWARE_SWITCH, "0")
-    with _fast(vit_b32_preprocess, gpu_chroma=chroma) as prep:
+    with _fast(vit_b32_preprocess, gpu_chroma=chroma, nvjpeg_hardware=False) as prep:
         off = prep(photo_files)
-    monkeypatch.setenv(nvjpeg_packed.HARDWARE_SWITCH, "1")
     with _fast(vit_b32_preprocess, gpu_chroma=chroma) as prep:
         decoded = prep.decode(photo_files)
         if nvjpeg_packed._HARDWARE["unavailable"] is not None:
@@ -82,7 +75,7 @@ def test_fast_path_gives_the_same_rows_with_the_route_on_or_off(monkeypatch, vit
 
 
 @pytest.mark.gpu
-def test_a_bad_file_never_costs_its_neighbours(monkeypatch, route_on, vit_b32_preprocess, photo_files):
+def test_a_bad_file_never_costs_its_neighbours(monkeypatch, vit_b32_preprocess, photo_files):
     """Broken scan data in one JPEG (header intact): the hardware batch fails or leaves it; either way every
     neighbour comes out as with the route off, and the file is a row or a failure as there."""
     paths = [path for path in photo_files if path.suffix == ".jpg"][:12]
@@ -92,8 +85,7 @@ def test_a_bad_file_never_costs_its_neighbours(monkeypatch, route_on, vit_b32_pr
     data[3] = bytes(damaged)
     with _fast(vit_b32_preprocess) as prep:
         on = prep(data)
-    monkeypatch.setenv(nvjpeg_packed.HARDWARE_SWITCH, "0")
-    with _fast(vit_b32_preprocess) as prep:
+    with _fast(vit_b32_preprocess, nvjpeg_hardware=False) as prep:
         off = prep(data)
     assert set(on.indices) >= set(range(len(data))) - {3}
     assert on.indices == off.indices and [index for index, _ in on.failures] == [index for index, _ in off.failures]
@@ -102,7 +94,7 @@ def test_a_bad_file_never_costs_its_neighbours(monkeypatch, route_on, vit_b32_pr
 
 
 @pytest.mark.gpu
-def test_images_the_transform_cannot_resize_stay_out_of_the_layout(route_on, photo_files):
+def test_images_the_transform_cannot_resize_stay_out_of_the_layout(photo_files):
     """``longest`` mode fails on extreme aspect ratios (as OpenCLIP's own transform does): such an image is
     left out of the layout, and its neighbours still go through it."""
     import io
@@ -149,7 +141,7 @@ def test_a_missing_library_is_a_clear_error_not_a_crash(tmp_path):
 
 
 @pytest.mark.gpu
-def test_where_the_route_cannot_run_torchvision_decodes_everything(monkeypatch, route_on, vit_b32_preprocess,
+def test_where_the_route_cannot_run_torchvision_decodes_everything(monkeypatch, vit_b32_preprocess,
                                                                    photo_files):
     """A GPU without a hardware decoder: the first batch learns it, says so once, and gives the same rows."""
     class NoHardwareDecoder:
@@ -175,27 +167,22 @@ def test_where_the_route_cannot_run_torchvision_decodes_everything(monkeypatch, 
 
 
 @pytest.mark.gpu
-def test_reading_in_processes_gives_the_same_rows(vit_b32_preprocess, photo_files):
-    """The fast path's default on a GPU: worker processes read the files and put the JPEG bytes in the
-    page-locked arena (other formats' pixels come back beside them); the rows equal those read in threads."""
+def test_reading_natively_gives_the_same_rows(vit_b32_preprocess, photo_files):
+    """The fast path's default where the extension is built: the native decoder reads the files and scans the
+    headers (other formats' pixels beside them); the rows equal those read in Python threads."""
     with _fast(vit_b32_preprocess) as prep:
         threads = prep(photo_files)
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, decode="gpu",
-                                      workers=2) as prep:
-        assert prep.executor == "process"
-        prep.start(wait=True)
+                                      workers=2, executor="native") as prep:
         decoded = prep.decode(photo_files)
-        assert decoded.lease is not None and any(item.encoded is not None for item in decoded.items)
-        arena = decoded.lease.tensor
-        assert all(item.encoded.data_ptr() - arena.data_ptr() in range(arena.numel())
-                   for item in decoded.items if item.encoded is not None)
-        processes = prep.prepare(decoded)
-    assert processes.indices == threads.indices and processes.failures == threads.failures
-    assert torch.equal(processes.pixels, threads.pixels)
+        assert any(item.encoded is not None for item in decoded.items)
+        native = prep.prepare(decoded)
+    assert native.indices == threads.indices and native.failures == threads.failures
+    assert torch.equal(native.pixels, threads.pixels)
 
 
 @pytest.mark.gpu
-def test_batches_decoded_from_several_threads_at_once_are_each_the_same(monkeypatch, route_on, vit_b32_preprocess,
+def test_batches_decoded_from_several_threads_at_once_are_each_the_same(monkeypatch, vit_b32_preprocess,
                                                                          photo_files):
     """Threads decoding at once (each on its own stream, with its own decoder state) write what one thread
     alone writes, batch for batch."""
@@ -204,13 +191,11 @@ def test_batches_decoded_from_several_threads_at_once_are_each_the_same(monkeypa
     items, spec = _jpeg_items(vit_b32_preprocess, photo_files)
     items = [item for item in items if nvjpeg_packed.takes(item)]
     batches = [items[start:] + items[:start] for start in range(0, len(items), max(1, len(items) // 8))][:8]
-    monkeypatch.setenv(nvjpeg_packed.DECODERS_SETTING, "1")
-    alone = [_packed_or_skip(batch, spec, "libjpeg") for batch in batches]
-    monkeypatch.setenv(nvjpeg_packed.DECODERS_SETTING, "4")
+    alone = [_packed_or_skip(batch, spec, "libjpeg", decoders=1) for batch in batches]
     device = torch.device("cuda", torch.cuda.current_device())
 
     def decode(batch):
-        packed = nvjpeg_packed.decode_into_layout(batch, device, spec, "libjpeg")
+        packed = nvjpeg_packed.decode_into_layout(batch, device, spec, "libjpeg", 4)
         packed.ready.synchronize()
         return packed
 
@@ -225,7 +210,7 @@ def test_batches_decoded_from_several_threads_at_once_are_each_the_same(monkeypa
 
 
 @pytest.mark.gpu
-def test_a_decoder_count_out_of_range_is_refused(route_on, vit_b32_preprocess, photo_files):
+def test_a_decoder_count_out_of_range_is_refused(vit_b32_preprocess, photo_files):
     items, spec = _jpeg_items(vit_b32_preprocess, photo_files)
     _packed_or_skip(items, spec, "nvjpeg")  # skips where the hardware decoder cannot run
     out = torch.empty(16, dtype=torch.uint8, device="cuda")
@@ -235,12 +220,7 @@ def test_a_decoder_count_out_of_range_is_refused(route_on, vit_b32_preprocess, p
         assert written == [0] and failure == "decoders must be between 1 and 8"
 
 
-def test_the_decoder_count_setting(monkeypatch):
-    monkeypatch.delenv(nvjpeg_packed.DECODERS_SETTING, raising=False)
-    assert nvjpeg_packed.hardware_decoders() == nvjpeg_packed.HARDWARE_DECODERS
-    monkeypatch.setenv(nvjpeg_packed.DECODERS_SETTING, " 2 ")
-    assert nvjpeg_packed.hardware_decoders() == 2
-    for bad in ("0", "9", "two", "-1"):
-        monkeypatch.setenv(nvjpeg_packed.DECODERS_SETTING, bad)
-        with pytest.raises(ValueError, match=nvjpeg_packed.DECODERS_SETTING):
-            nvjpeg_packed.hardware_decoders()
+def test_the_decoder_count_argument(vit_b32_preprocess):
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="nvjpeg_decoders"):
+            clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", nvjpeg_decoders=bad)

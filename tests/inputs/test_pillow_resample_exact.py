@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from clip_flash.inputs.pillow_resample import preprocess_batch_cpu, resample_image, to_model_input
-from clip_flash.inputs.resample_plan import ImageTooSmallError, plan_image, resized_size
-from clip_flash.inputs.transform_spec import spec_from_preprocess
+from clip_flash.inputs.image.pillow_resample import preprocess_batch_cpu, resample_image, to_model_input
+from clip_flash.inputs.image.resample_plan import ImageTooSmallError, plan_image, resized_size
+from clip_flash.inputs.image.transform_spec import spec_from_preprocess
 
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
@@ -147,7 +147,7 @@ def test_pass_order_follows_pillow_at_the_boundary(corpora):
     (equal, one under, one over, width growing, height growing)."""
     from open_clip.transform import image_transform
 
-    from clip_flash.inputs.resample_plan import pillow_vertical_first
+    from clip_flash.inputs.image.resample_plan import pillow_vertical_first
 
     cases = []
     for in_h, in_w, out_w in ((300, 120, 100), (250, 90, 60), (97, 301, 290), (500, 40, 70)):
@@ -156,7 +156,7 @@ def test_pass_order_follows_pillow_at_the_boundary(corpora):
             if 0 < out_h != in_h:
                 cases.append((in_h, in_w, out_h, out_w))
     cases += [(60, 80, 90, 70), (60, 80, 50, 120), (400, 90, 224, 50)]
-    from clip_flash.inputs.resample_plan import PILLOW_MAJOR
+    from clip_flash.inputs.image.resample_plan import PILLOW_MAJOR
 
     orders = {pillow_vertical_first((a, b), (c, d)) for a, b, c, d in cases}
     assert orders == ({True, False} if PILLOW_MAJOR >= 13 else {False})
@@ -169,15 +169,15 @@ def test_pass_order_follows_pillow_at_the_boundary(corpora):
 
 
 def test_installed_pillow_agrees_with_the_model():
-    from clip_flash.inputs.pillow_resample import pillow_disagreement
+    from clip_flash.inputs.image.pillow_resample import pillow_disagreement
 
     assert pillow_disagreement() is None
 
 
 def test_self_check_catches_other_arithmetic(monkeypatch):
     """With the pass order flipped (what a Pillow of other arithmetic would look like) it reports it."""
-    import clip_flash.inputs.resample_plan as resample_plan
-    from clip_flash.inputs.pillow_resample import pillow_disagreement
+    import clip_flash.inputs.image.resample_plan as resample_plan
+    from clip_flash.inputs.image.pillow_resample import pillow_disagreement
 
     monkeypatch.setattr(resample_plan, "pillow_vertical_first", lambda source, resized: not (
         resized[1] != source[1] and resized[0] != source[0]

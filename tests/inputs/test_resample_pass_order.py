@@ -14,13 +14,13 @@ import functools
 import pytest
 import torch
 
-import clip_flash.inputs.resample_plan as resample_plan
+import clip_flash.inputs.image.resample_plan as resample_plan
 import clip_flash.ops.image_resample as image_resample_module
-from clip_flash.inputs.pillow_resample import (
+from clip_flash.inputs.image.pillow_resample import (
     SELF_CHECK_RESIZES, pillow_disagreement, resample_image, to_model_input,
 )
-from clip_flash.inputs.resample_plan import PILLOW_VERSION, plan_image, pillow_vertical_first
-from clip_flash.inputs.transform_spec import spec_from_preprocess
+from clip_flash.inputs.image.resample_plan import PILLOW_VERSION, plan_image, pillow_vertical_first
+from clip_flash.inputs.image.transform_spec import spec_from_preprocess
 from clip_flash.ops.image_resample import META_FIELDS, plan_batch
 from image_corpus import INTERPOLATIONS, RESIZE_MODES
 from test_image_resample_packing import EmulatedExtension

@@ -8,7 +8,7 @@ import numpy as np
 import open_clip
 import pytest
 
-from clip_flash.inputs.text_cleaning import fast_chunks, is_plain_ascii, suspect_rows
+from clip_flash.inputs.text.text_cleaning import fast_chunks, is_plain_ascii, suspect_rows
 
 # Plain text: these characters only.
 PLAIN_CHARS = [chr(c) for c in range(0x20, 0x7F) if chr(c) != "&"] + ["\t", "\n", "\r"]

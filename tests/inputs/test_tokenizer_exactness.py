@@ -16,7 +16,7 @@ import open_clip
 import pytest
 import torch
 
-from clip_flash.inputs.tokenizer import FastCLIPTokenizer, get_tokenizer
+from clip_flash.inputs.text.tokenizer import FastCLIPTokenizer, get_tokenizer
 
 SEED = 20261123
 # Random strings per generator in CI (42,500 in all; OpenCLIP's own tokenizer is the slow side, at

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import clip_flash
-from clip_flash.inputs.tokenizer import FastCLIPTokenizer, describe_tokenizer, fast_path_refusal, get_tokenizer
+from clip_flash.inputs.text.tokenizer import FastCLIPTokenizer, describe_tokenizer, fast_path_refusal, get_tokenizer
 
 TEXTS = ["a photo of a dog.", "Tom &amp; Jerry’s “cat”", "", " ".join(["many words"] * 60), "猫 <start_of_text>"]
 
@@ -82,7 +82,7 @@ def test_word_memory_bound_keeps_results_exact():
 
 def test_tokenizing_pool_gives_the_same_ids():
     """Worker processes tokenize slices of large batches; forced on here (it is off by default)."""
-    from clip_flash.inputs.tokenizing_pool import MIN_TEXTS_FOR_POOL
+    from clip_flash.inputs.text.tokenizing_pool import MIN_TEXTS_FOR_POOL
     stock = open_clip.get_tokenizer("ViT-B-32")
     pooled = get_tokenizer("ViT-B-32", clean_workers=2)
     rng = np.random.default_rng(1)

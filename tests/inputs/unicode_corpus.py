@@ -1,4 +1,4 @@
-"""Non-ASCII caption corpora aimed at the replayed ftfy cleaning (``clip_flash.inputs.ftfy_replay``).
+"""Non-ASCII caption corpora aimed at the replayed ftfy cleaning (``clip_flash.inputs.text.ftfy_replay``).
 
 Each generator takes a numpy Generator and a count and returns that many strings: accented Latin captions,
 CJK and other scripts, mixed scripts, near-mojibake (text that looks like, or is, UTF-8 read as a
@@ -39,7 +39,7 @@ def badness_characters() -> str:
 @functools.lru_cache(maxsize=None)
 def untouched_characters() -> np.ndarray:
     """Code points (non-ASCII, all planes) that no ftfy character fixer touches."""
-    from clip_flash.inputs.ftfy_replay import fixer_trigger_characters
+    from clip_flash.inputs.text.ftfy_replay import fixer_trigger_characters
     excluded = np.fromiter((ord(char) for char in fixer_trigger_characters()), dtype=np.int64)
     points = np.arange(0x80, 0x110000, dtype=np.int64)
     return points[~np.isin(points, excluded)]

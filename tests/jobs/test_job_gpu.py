@@ -19,7 +19,7 @@ GPU_MODEL = "ViT-B-32"
 def _reference_rows(paths, captions, batches, decode="cpu"):
     """The same model (same seed), patched, fp16, fed batch by batch with no pipelining at all."""
     from clip_flash.models.model_spec import load_model, parse_model_spec
-    from clip_flash.inputs.images import ImagePreprocessor
+    from clip_flash.inputs.image.preprocessor import ImagePreprocessor
 
     loaded = load_model(parse_model_spec(GPU_MODEL), torch.device("cuda"), "fp16")
     clip_flash.patch(loaded.model)

@@ -8,10 +8,11 @@ import json
 import pytest
 
 import clip_flash
+import clip_flash.inputs.image.native_decode
 from .job_helpers import MODEL, read_output, write_photos
 
 
-@pytest.mark.parametrize("executor", ["auto", "process"])
+@pytest.mark.parametrize("executor", ["auto", "thread"])
 def test_summary_and_record_give_setup_first_batch_and_every_rate(tmp_path, checkpoint, executor):
     write_photos(tmp_path / "photos", count=9, captions=False)
     (tmp_path / "photos" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
@@ -29,9 +30,10 @@ def test_summary_and_record_give_setup_first_batch_and_every_rate(tmp_path, chec
         assert record["summary"][key] == pytest.approx(getattr(summary, key))
     options = record["options"]
     assert options["executor"] == executor
-    # auto on a CPU: threads (no GPU kernel's arenas to decode into); asked for, processes
-    assert options["decode_executor"] == ("thread" if executor == "auto" else "process")
+    assert options["decode_executor"] == executor
     assert options["decode_workers"] >= 1
+    assert options["decode_native"] is (executor == "auto" and clip_flash.inputs.image.native_decode.NativeBatchDecoder
+                                        .create(1) is not None)
     assert options["image_cuda_graphs"] is False  # graphs are a CUDA device's
     assert options["decode_threads"] == 2  # the default
     assert len(read_output(tmp_path / "out")["metadata"]["image_path"]) == 9

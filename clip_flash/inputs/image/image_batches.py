@@ -1,6 +1,6 @@
-"""What :class:`~clip_flash.inputs.images.ImagePreprocessor`'s two steps hand on: the CPU step's decoded batch
-(:class:`DecodedImages`, with its pixels laid out for the resize kernel: :class:`PackedPixels`) and the
-model-ready batch (:class:`PreparedImages`)."""
+"""What :class:`~clip_flash.inputs.image.preprocessor.ImagePreprocessor`'s two steps hand on: the CPU step's
+decoded batch (:class:`DecodedImages`, with its pixels laid out for the resize kernel: :class:`PackedPixels`) and
+the model-ready batch (:class:`PreparedImages`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +11,6 @@ import torch
 from .image_decoding import DecodedItem, route_counts
 from .jpeg_dct import DctBatch
 from .nvjpeg_packed import PackedJpegs
-from .pixel_arena import Lease
 
 
 @dataclass
@@ -21,11 +20,11 @@ class PackedPixels:
     plan: Any
     buffer: torch.Tensor
     indices: List[int]
-    # Set when the pixels lie in runs of a reused arena (``buffer``) rather than at the plan's offsets:
-    # (host_start, nbytes, device_start) per run, and the lease to mark when the upload is queued.
+    # Set when the pixels lie in runs of ``buffer`` rather than at the plan's offsets:
+    # (host_start, nbytes, device_start) per run.
     segments: Optional[List[Tuple[int, int, int]]] = None
-    lease: Optional[Lease] = None
     dct: Optional[DctBatch] = None  # JPEGs as coefficients, after the pixels in ``indices``: decoded on the GPU
+    keep: Optional[List[int]] = None  # positions in ``indices`` whose rows count (None: all)
 
 
 @dataclass
@@ -42,7 +41,6 @@ class DecodedImages:
     failures: List[Tuple[int, str]]
     packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
     on_gpu: Optional[PackedJpegs] = None  # decode="gpu": JPEGs the hardware decoder did here (see decode())
-    lease: Optional[Lease] = None  # the arena the pixels or JPEG bytes are in, reused after prepare()
 
     @property
     def indices(self) -> List[int]:

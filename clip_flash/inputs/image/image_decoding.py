@@ -4,9 +4,10 @@ Each input takes one route, chosen from what Pillow's ``Image.open`` reports (fo
 EXIF transpose, as ``Image.open`` applies none):
 
 ``jpeg``
-    A JPEG that Pillow opens in mode RGB or L: decoded by torchvision's CPU ``decode_jpeg``
-    (libjpeg-turbo, the pixels Pillow's decoder gives; it releases the GIL). Any error there falls
-    back to ``pillow-pixels``, so a file Pillow loads is never lost and one it cannot is a failure.
+    A JPEG that Pillow opens in mode RGB or L: decoded whole by the native decoder with Pillow's own libjpeg
+    and settings, or here by torchvision's CPU ``decode_jpeg`` (libjpeg-turbo, the pixels Pillow's decoder
+    gives; it releases the GIL). Any error there falls back to ``pillow-pixels``, so a file Pillow loads is
+    never lost and one it cannot is a failure.
 ``png``
     An 8-bit RGB or L PNG without a transparency chunk: torchvision's ``decode_png`` (lossless, so the
     same pixels), with the same fallback.
@@ -18,18 +19,10 @@ EXIF transpose, as ``Image.open`` applies none):
     CMYK, I;16, I, F, YCbCr, ...): ``preprocess`` itself runs on the CPU and its output is kept. Exact
     by definition, slower.
 ``jpeg-dct``
-    On a GPU (see :mod:`.jpeg_dct`): a JPEG that Pillow opens in mode RGB or L, entropy-decoded by libjpeg-turbo
-    into its DCT coefficients; the GPU finishes the decode with libjpeg-turbo's arithmetic (the same pixels).
-    A JPEG the route does not take goes on to ``jpeg``.
+    On a GPU, with the native decoder (:mod:`.native_decode`): a JPEG entropy-decoded by libjpeg-turbo into its
+    DCT coefficients; the GPU finishes the decode with libjpeg-turbo's arithmetic (the same pixels).
 ``gpu-jpeg``
     With ``decode="gpu"``: the JPEG's bytes are kept for nvJPEG (not exact; opt-in).
-``in-caller``
-    Only in a worker process, for an input of the ``pillow-preprocess`` route while that worker has not
-    loaded ``preprocess`` yet (unpickling it imports OpenCLIP and torchvision: seconds to tens of seconds on
-    a busy host): the worker starts loading it in the background and hands the input back; the calling
-    process, which has it loaded, decodes that input itself. Likewise a worker that has not imported
-    torchvision's decoders yet imports them in the background and lets Pillow decode meanwhile (the same
-    pixels: ``decoder_agreement`` checked the two agree before torchvision's decoders are used at all).
 
 The first three routes (and ``jpeg-dct``, on the device) end in uint8 ``(H, W, C)`` pixels, C = 3 (RGB) or
 1 (L), that the exact resize turns into the model's input. A uint8 array or tensor passed in is taken as
@@ -37,6 +30,7 @@ those pixels (the reference being ``preprocess(Image.fromarray(array))``).
 """
 from __future__ import annotations
 
+import enum
 import io
 import logging
 import os
@@ -47,8 +41,6 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin, UnidentifiedImageError
 
-from .background_load import DeferredTransform, imported_in_background
-from .jpeg_dct import DctReader, read_coefficients
 from .jpeg_header import scan_jpeg_header
 from .resample_plan import plan_image
 from .transform_spec import ImageTransformSpec
@@ -56,42 +48,52 @@ from .transform_spec import ImageTransformSpec
 logger = logging.getLogger(__name__)
 
 EXACT_MODES = {"RGB": 3, "L": 1}
-CALLER_ROUTE = "in-caller"
-ROUTES = ("jpeg-dct", "jpeg", "png", "pillow-pixels", "pillow-preprocess", "gpu-jpeg", "tensor", CALLER_ROUTE)
-TORCHVISION_DECODERS = "torchvision.io"
+
+
+class Route(str, enum.Enum):
+    """How an input became pixels or rows (see the module's docstring); the values are the names counted in
+    ``PreparedImages.routes``."""
+
+    JPEG_DCT = "jpeg-dct"
+    JPEG = "jpeg"
+    PNG = "png"
+    PILLOW_PIXELS = "pillow-pixels"
+    PILLOW_PREPROCESS = "pillow-preprocess"
+    GPU_JPEG = "gpu-jpeg"
+    TENSOR = "tensor"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
 class DecodeOptions:
-    """What a decoding worker needs; picklable, so process workers can receive it once."""
+    """How :func:`decode_item` decodes."""
 
     preprocess: Callable[[Image.Image], torch.Tensor]
     use_torchvision_jpeg: bool = True  # False when torchvision's decoder disagreed with Pillow here
     use_torchvision_png: bool = True
     keep_jpeg_bytes: bool = False  # decode="gpu": JPEGs stay encoded for nvJPEG
     spec: Optional[ImageTransformSpec] = None  # when given, sizes the transform cannot take fail here
-    dct_reader: Optional[DctReader] = None  # set: JPEGs the GPU route takes are entropy-decoded only
-    in_worker: bool = False  # a worker process's copy: what it has not loaded yet goes to the caller (in-caller)
 
 
 @dataclass
 class DecodedItem:
-    """One input after the CPU step: exactly one of ``pixels``, ``prepared``, ``encoded``, ``coefficients``,
-    ``reason``."""
+    """One input after the CPU step: exactly one of ``pixels``, ``prepared``, ``encoded``, ``reason``, or none
+    of them for an image the native decoder put in the batch's packed buffer (:class:`.image_batches.PackedPixels`)."""
 
     index: int
-    route: str = ""
+    route: Optional[Route] = None
     pixels: Optional[torch.Tensor] = None  # uint8 (H, W, C), C in {1, 3}
     prepared: Optional[torch.Tensor] = None  # float32 (3, S, S): preprocess's own output
     encoded: Optional[torch.Tensor] = None  # uint8 1-D JPEG bytes, for nvJPEG
-    coefficients: Optional[torch.Tensor] = None  # uint8 1-D (int16 values), the GPU route's input (see .jpeg_dct)
-    dct_layout: Tuple[int, ...] = ()  # the coefficients' layout, as csrc/jpeg_dct_read.cpp gives it
     image_size: Tuple[int, int] = (0, 0)  # (height, width) as decoded
     channels: int = 0
     jpeg_sampling: int = -1  # for nvJPEG: Pillow's get_sampling (0: 4:4:4, 1: 4:2:2, 2: 4:2:0, -1: other)
     jpeg_progressive: bool = False  # for nvJPEG: its hardware decoder takes baseline frames only
     reason: Optional[str] = None  # why the input could not be read
     notes: List[str] = field(default_factory=list)  # why a slower route was taken
+    index_in_scan: int = -1  # its row in the native decoder's scan, where it went that way
 
     @property
     def ok(self) -> bool:
@@ -113,18 +115,16 @@ def input_kind(item: Any) -> str:
     return type(item).__name__
 
 
-def decode_item(index: int, item: Any, options: DecodeOptions, scratch: Optional[torch.Tensor] = None) -> DecodedItem:
-    """The CPU step for one input. Never raises for a bad input: the reason goes in ``reason``. ``scratch``
-    (uint8, 128-byte aligned): where the GPU route writes the coefficients when they fit (see
-    :func:`.arena_regions.decode_into_region`)."""
+def decode_item(index: int, item: Any, options: DecodeOptions) -> DecodedItem:
+    """The CPU step for one input. Never raises for a bad input: the reason goes in ``reason``."""
     result = DecodedItem(index)
     try:
         if isinstance(item, (str, os.PathLike)):
             with open(item, "rb") as handle:
                 data = handle.read()
-            _decode_encoded(data, options, result, scratch)
+            _decode_encoded(data, options, result)
         elif isinstance(item, (bytes, bytearray, memoryview)):
-            _decode_encoded(bytes(item), options, result, scratch)
+            _decode_encoded(bytes(item), options, result)
         elif isinstance(item, Image.Image):
             _decode_pil(item, options, result)
         elif isinstance(item, (torch.Tensor, np.ndarray)):
@@ -132,8 +132,7 @@ def decode_item(index: int, item: Any, options: DecodeOptions, scratch: Optional
         else:
             result.reason = (f"unsupported input type {type(item).__name__}: pass a path, bytes, "
                              "a PIL image or a uint8 (H, W, C) array")
-        if result.reason is None and result.prepared is None and result.route != CALLER_ROUTE \
-                and options.spec is not None:
+        if result.reason is None and result.prepared is None and options.spec is not None:
             # An image the transform cannot resize (as OpenCLIP's fails on it) is a failure now, not
             # in the middle of a batch; this also caches its tap tables for the batch plan.
             plan_image(options.spec, *result.image_size)
@@ -142,13 +141,12 @@ def decode_item(index: int, item: Any, options: DecodeOptions, scratch: Optional
     except Exception as error:  # noqa: BLE001 - a bad input is reported, never raised
         result.reason = describe_error(error)
     if result.reason is not None:
-        result.pixels = result.prepared = result.encoded = result.coefficients = None
+        result.pixels = result.prepared = result.encoded = None
         logger.debug("input %d (%s) failed: %s", index, input_kind(item), result.reason)
     return result
 
 
-def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem,
-                    scratch: Optional[torch.Tensor] = None) -> None:
+def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) -> None:
     """Encoded bytes: Pillow reads the header, then the route by format and mode."""
     if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9") and _route_to_nvjpeg(data, result):
         return
@@ -158,30 +156,17 @@ def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem,
     if channels is not None and form == "JPEG":
         if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9"):
             # Only complete-looking files go to nvJPEG; the CPU decode decides about the others, as Pillow would.
-            result.route, result.encoded = "gpu-jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            result.route, result.encoded = Route.GPU_JPEG, torch.frombuffer(bytearray(data), dtype=torch.uint8)
             result.image_size, result.channels = (image.height, image.width), channels
             result.jpeg_sampling = JpegImagePlugin.get_sampling(image)
             result.jpeg_progressive = bool(image.info.get("progressive"))
             return
-        if options.dct_reader is not None and _try_coefficients(data, image, channels, options.dct_reader, result,
-                                                                scratch):
-            return
-        if options.use_torchvision_jpeg and _torchvision_ready(options, result) and \
-                _try_torchvision(data, image, channels, result, "jpeg"):
+        if options.use_torchvision_jpeg and _try_torchvision(data, image, channels, result, Route.JPEG):
             return
     elif channels is not None and form == "PNG" and options.use_torchvision_png and _plain_png(image):
-        if _torchvision_ready(options, result) and _try_torchvision(data, image, channels, result, "png"):
+        if _try_torchvision(data, image, channels, result, Route.PNG):
             return
     _decode_pil(image, options, result)
-
-
-def _torchvision_ready(options: DecodeOptions, result: DecodedItem) -> bool:
-    """False (and a note) in a worker that has not imported torchvision's decoders yet: they import in the
-    background while Pillow decodes (the same pixels), instead of this input waiting seconds for them."""
-    if not options.in_worker or imported_in_background(TORCHVISION_DECODERS):
-        return True
-    result.notes.append("torchvision's decoders are loading in this worker; Pillow decodes")
-    return False
 
 
 def _route_to_nvjpeg(data: bytes, result: DecodedItem) -> bool:
@@ -191,7 +176,7 @@ def _route_to_nvjpeg(data: bytes, result: DecodedItem) -> bool:
     limit = Image.MAX_IMAGE_PIXELS
     if header is None or (limit is not None and header.height * header.width > limit):
         return False
-    result.route, result.encoded = "gpu-jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    result.route, result.encoded = Route.GPU_JPEG, torch.frombuffer(bytearray(data), dtype=torch.uint8)
     result.image_size, result.channels = (header.height, header.width), header.channels
     result.jpeg_sampling, result.jpeg_progressive = header.sampling, header.progressive
     return True
@@ -206,11 +191,11 @@ def _plain_png(image: Image.Image) -> bool:
     return rawmode == image.mode
 
 
-def _try_torchvision(data: bytes, image: Image.Image, channels: int, result: DecodedItem, route: str) -> bool:
+def _try_torchvision(data: bytes, image: Image.Image, channels: int, result: DecodedItem, route: Route) -> bool:
     """torchvision's CPU decoder; False (and a note) when it refuses or disagrees on the shape."""
     from torchvision.io import decode_jpeg, decode_png
 
-    decoder = decode_jpeg if route == "jpeg" else decode_png
+    decoder = decode_jpeg if route == Route.JPEG else decode_png
     try:
         decoded = decoder(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     except Exception as error:  # noqa: BLE001 - Pillow decides what this file is
@@ -226,22 +211,6 @@ def _try_torchvision(data: bytes, image: Image.Image, channels: int, result: Dec
     return True
 
 
-def _try_coefficients(data: bytes, image: Image.Image, channels: int, reader: DctReader, result: DecodedItem,
-                      scratch: Optional[torch.Tensor]) -> bool:
-    """The GPU route's CPU half; False (and a note) when it declines the file or disagrees on the shape."""
-    coefficients, layout, failure = read_coefficients(data, reader, scratch)
-    if coefficients is None:
-        result.notes.append(f"GPU JPEG route not taken ({failure}); decoded whole")
-        return False
-    if tuple(layout[:3]) != (image.height, image.width, channels):
-        result.notes.append(f"GPU JPEG route saw {tuple(layout[:3])}, Pillow {(image.height, image.width, channels)}"
-                            "; decoded whole")
-        return False
-    result.coefficients, result.dct_layout = coefficients, tuple(layout)
-    result.route, result.image_size, result.channels = "jpeg-dct", (image.height, image.width), channels
-    return True
-
-
 def _decode_pil(image: Image.Image, options: DecodeOptions, result: DecodedItem) -> None:
     """A PIL image (opened lazily or not): its pixels when its mode is RGB/L, else preprocess itself."""
     channels = EXACT_MODES.get(image.mode)
@@ -251,18 +220,12 @@ def _decode_pil(image: Image.Image, options: DecodeOptions, result: DecodedItem)
         if array.ndim == 2:
             array = array[:, :, None]
         result.pixels = torch.from_numpy(array)
-        result.route, result.image_size, result.channels = "pillow-pixels", array.shape[:2], channels
+        result.route, result.image_size, result.channels = Route.PILLOW_PIXELS, array.shape[:2], channels
         return
     # Pillow treats this mode specially (premultiplied alpha, NEAREST for P/1, conversions): run the
     # user's own transform, which is exact by definition.
-    preprocess = options.preprocess
-    if options.in_worker and isinstance(preprocess, DeferredTransform) and not preprocess.loaded:
-        preprocess.load_in_background()
-        result.route = CALLER_ROUTE
-        result.notes.append("this worker is loading the transform; the caller prepares this image")
-        return
-    result.prepared = preprocess(image)
-    result.route = "pillow-preprocess"
+    result.prepared = options.preprocess(image)
+    result.route = Route.PILLOW_PREPROCESS
     result.notes.append(f"mode {image.mode} ({image.format or 'in-memory'}): preprocess ran on the CPU")
     logger.debug("input %d: mode %s runs OpenCLIP's preprocess on the CPU", result.index, image.mode)
 
@@ -281,40 +244,13 @@ def _take_array(array: Any, result: DecodedItem) -> None:
     if tensor.dim() != 3 or tensor.shape[-1] not in (1, 3) or tensor.shape[0] == 0 or tensor.shape[1] == 0:
         raise ValueError(f"pixel arrays must be (H, W), (H, W, 1) or (H, W, 3); got shape {tuple(tensor.shape)}")
     result.pixels = tensor.contiguous()
-    result.route, result.image_size, result.channels = "tensor", tuple(tensor.shape[:2]), tensor.shape[-1]
-
-
-def decode_items(pairs: List[Tuple[int, Any]], options: DecodeOptions, pack: bool = False
-                 ) -> Tuple[Optional[torch.Tensor], List[DecodedItem]]:
-    """Decode several inputs; with ``pack``, move their pixels into one flat shared-memory buffer (a
-    process pool hands it back as one block), leaving each item's ``pixels`` a view of it."""
-    decoded = [decode_item(index, item, options) for index, item in pairs]
-    movable = [item for item in decoded if item.pixels is not None and item.pixels.device.type == "cpu"]
-    if not pack or not movable:
-        return None, decoded
-    buffer = shared_buffer(sum(item.pixels.numel() for item in movable))
-    offset = 0
-    for item in movable:
-        size = item.pixels.numel()
-        view = buffer[offset:offset + size].view(item.pixels.shape)
-        np.copyto(view.numpy(), item.pixels.numpy())
-        item.pixels = view
-        offset += size
-    return buffer, decoded
-
-
-def shared_buffer(size: int) -> torch.Tensor:
-    """A flat uint8 tensor in shared memory: a process pool hands it back without copying it again."""
-    try:
-        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
-    except (AttributeError, RuntimeError):  # private API moved: share after the fact (one more copy)
-        return torch.empty(size, dtype=torch.uint8).share_memory_()
+    result.route, result.image_size, result.channels = Route.TENSOR, tuple(tensor.shape[:2]), tensor.shape[-1]
 
 
 def route_counts(items: List[DecodedItem]) -> Dict[str, int]:
     """How many inputs took each route (failures under ``failed``)."""
     counts: Dict[str, int] = {}
     for item in items:
-        key = item.route if item.ok else "failed"
+        key = str(item.route) if item.ok else "failed"
         counts[key] = counts.get(key, 0) + 1
     return counts

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..ops.image_resample import BatchPlan, kernel_usable, plan_batch, resample_packed
+from ...ops.image_resample import BatchPlan, kernel_usable, plan_batch, resample_packed
 from .pillow_resample import PillowMismatchError, pillow_disagreement, preprocess_batch_cpu
 from .transform_spec import spec_from_preprocess
 

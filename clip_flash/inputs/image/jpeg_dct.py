@@ -2,8 +2,8 @@
 
 A web photo's libjpeg-turbo decode is about two thirds entropy decoding (Huffman) and one third arithmetic:
 the integer IDCT, "fancy" chroma upsampling and the integer YCbCr -> RGB conversion. On the route, the
-decoding workers call libjpeg-turbo's ``jpeg_read_coefficients`` (``csrc/jpeg_dct_read.cpp``; lossless, so
-any correct libjpeg gives the same coefficients) and write the coefficients into the pixel arena; the GPU
+native batch decoder (:mod:`.native_decode`) calls libjpeg-turbo's ``jpeg_read_coefficients`` (lossless, so
+any correct libjpeg gives the same coefficients) and writes the coefficients into a page-locked buffer; the GPU
 repeats the arithmetic exactly (``csrc/jpeg_dct.cu``), writing the pixels straight into the resize kernel's
 packed layout, before the resize launch. The pixels are Pillow's: the kernels do what libjpeg-turbo does with
 the defaults Pillow keeps (GPU tests compare them with ``Image.open`` on photos re-encoded many ways).
@@ -12,19 +12,15 @@ It takes 8-bit grayscale and YCbCr JPEGs (baseline or progressive) whose compone
 across (4:2:2) or both ways (4:2:0). The rest (4:4:0, 4:1:1, RGB- or CMYK-coded, 12-bit, images whose halved
 chroma is at most 2 samples wide, files libjpeg warns about) take the whole-decode route as before.
 
-On by default where it runs: a CUDA device, the extension built, the kernel's resize and the pixel arenas.
-``CLIP_FLASH_JPEG_DCT=0`` turns it off.
+On by default where it runs: a CUDA device, the extension built, the kernel's resize.
+``ImagePreprocessor(dct_route=False)`` turns it off.
 """
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -32,48 +28,11 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ROUTE_SWITCH = "CLIP_FLASH_JPEG_DCT"  # "0": decode JPEGs whole on the CPU
 # The kernel's table (csrc/jpeg_dct.h): per image 5 fields, then 8 per component, for up to 3 components.
 IMAGE_FIELDS, COMPONENT_FIELDS, MAX_COMPONENTS = 5, 8, 3
 TABLE_FIELDS = IMAGE_FIELDS + MAX_COMPONENTS * COMPONENT_FIELDS
-LAYOUT_HEAD, LAYOUT_PER_COMPONENT = 3, 7  # the reader's layout: (height, width, components), 7 per component
+LAYOUT_HEAD, LAYOUT_PER_COMPONENT = 3, 7  # the layout: (height, width, components), 7 per component
 ALIGN = 128  # coefficient tensors are multiples of 128 bytes: each starts aligned where its run does
-
-
-@dataclass(frozen=True)
-class DctReader:
-    """What a decoding worker needs to read coefficients (picklable): the compiled extension's module name and
-    file (a worker process loads it from there) and the libjpeg to open."""
-
-    module_name: str
-    module_file: str
-    library: str
-
-
-def read_coefficients(data: bytes, reader: DctReader, out: Optional[torch.Tensor] = None
-                      ) -> Tuple[Optional[torch.Tensor], List[int], str]:
-    """One JPEG's coefficients (uint8 bytes of int16 values: the start of ``out`` where they fit there), layout
-    and failure (empty when read); see ``csrc/jpeg_dct_read.cpp``."""
-    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-    out = out if out is not None else torch.zeros(0, dtype=torch.uint8)
-    coefficients, layout, failure = _module(reader).jpeg_read_dct(buffer, reader.library, out)
-    return (None if failure else coefficients), list(layout), failure
-
-
-def _module(reader: DctReader) -> ModuleType:
-    module = sys.modules.get(reader.module_name)
-    return module if module is not None else _load_module(reader.module_name, reader.module_file)
-
-
-@functools.lru_cache(maxsize=None)
-def _load_module(name: str, file: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {name} from {file}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[name] = module
-    return module
 
 
 @functools.lru_cache(maxsize=1)
@@ -97,32 +56,6 @@ def jpeg_library() -> str:
     return "libjpeg.so.62"
 
 
-def route_reader(extension: Optional[ModuleType]) -> Optional[DctReader]:
-    """The reader for the decoding workers when the route can run with ``extension``, else None (logged once
-    at info level with the reason)."""
-    if os.environ.get(ROUTE_SWITCH, "").strip() == "0":
-        return None
-    if extension is None or not hasattr(extension, "jpeg_read_dct") or not hasattr(extension, "jpeg_dct_to_pixels"):
-        return None
-    return _checked_reader(extension.__name__, getattr(extension, "__file__", "") or "", jpeg_library())
-
-
-@functools.lru_cache(maxsize=None)
-def _checked_reader(module_name: str, module_file: str, library: str) -> Optional[DctReader]:
-    """The reader, once it has read a small JPEG here (the library opens and speaks the interface)."""
-    from .worker_processes import warm_up_jpeg
-
-    reader = DctReader(module_name, module_file, library)
-    try:
-        _, _, failure = read_coefficients(warm_up_jpeg(), reader)
-    except Exception as error:  # noqa: BLE001 - the route stays off; the whole decode runs as before
-        failure = f"{type(error).__name__}: {error}"
-    if failure:
-        logger.info("the exact path decodes JPEGs whole on the CPU: its GPU route cannot run here (%s)", failure)
-        return None
-    return reader
-
-
 @dataclass
 class DctBatch:
     """A batch's JPEGs as coefficients in host memory (``sources``: uint8 tensors, each a run of images back
@@ -143,8 +76,8 @@ class DctBatch:
         """Queue the kernels on the current stream; the pixels land at their offsets in ``pixels`` (the packed
         layout's pixel area, on the device). The coefficients go up on the packed batches' upload stream, as
         the pixels do, so that on a GPU still running the previous batch's encoder the copy overlaps it."""
-        from ..ops._extension import load_extension
-        from ..ops.image_resample import upload_stream
+        from ...ops._extension import load_extension
+        from ...ops.image_resample import upload_stream
 
         device = pixels.device
         caller = torch.cuda.current_stream(device)
@@ -204,24 +137,33 @@ def plan_dct_batch(layouts: Sequence[Sequence[int]], runs: Sequence[Tuple[torch.
 def decode_to_pixels(datas: Sequence[bytes], device: torch.device) -> List[Optional[torch.Tensor]]:
     """Each JPEG's uint8 ``(H, W, C)`` pixels on ``device`` through the route (None where it declines): what
     ``np.asarray(Image.open(...))`` gives. For tests and measurements; the preprocessor packs them itself."""
-    from ..ops._extension import load_extension
+    from .native_decode import COEFFICIENT_BYTES, KIND, DecodeKind, NativeBatchDecoder, ScanMode
 
-    reader = route_reader(load_extension())
-    if reader is None:
+    native = NativeBatchDecoder.create(threads=4)
+    if native is None:
         raise RuntimeError("the exact path's GPU JPEG route cannot run here (see the log)")
-    read = [read_coefficients(data, reader) for data in datas]
-    taken = [position for position, (coefficients, _, _) in enumerate(read) if coefficients is not None]
+    scanned = native.scan(list(datas), ScanMode.COEFFICIENTS)
+    taken = [position for position in range(len(datas)) if scanned.info[position, KIND] == DecodeKind.COEFFICIENTS]
     results: List[Optional[torch.Tensor]] = [None] * len(datas)
     if not taken:
         return results
-    sources = [read[position][0] for position in taken]
-    batch = plan_dct_batch([read[position][1] for position in taken], [(source, [0]) for source in sources])
-    shapes = [tuple(read[position][1][:LAYOUT_HEAD]) for position in taken]
-    sizes = [height * width * channels for height, width, channels in shapes]
-    offsets = np.cumsum([0] + sizes[:-1])
-    batch.place(offsets)
-    pixels = torch.empty(max(sum(sizes), 1), dtype=torch.uint8, device=device)
+    sizes = [_aligned(int(scanned.info[position, COEFFICIENT_BYTES])) for position in taken]
+    offsets = np.full(len(datas), -1, dtype=np.int64)
+    offsets[taken] = np.cumsum(sizes) - np.asarray(sizes)
+    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
+    declined = native.decode(scanned, torch.empty(1, dtype=torch.uint8), np.full(len(datas), -1, dtype=np.int64),
+                             host, offsets)
+    taken = [position for position in taken if not declined[position]]
+    if not taken:
+        return results
+    layouts = [scanned.layout(position) for position in taken]
+    batch = plan_dct_batch(layouts, [(host, offsets[taken].tolist())])
+    shapes = [tuple(layout[:LAYOUT_HEAD]) for layout in layouts]
+    pixel_sizes = [height * width * channels for height, width, channels in shapes]
+    pixel_offsets = np.cumsum([0] + pixel_sizes[:-1])
+    batch.place(pixel_offsets)
+    pixels = torch.empty(max(sum(pixel_sizes), 1), dtype=torch.uint8, device=device)
     batch.decode(pixels)
-    for position, shape, offset, size in zip(taken, shapes, offsets, sizes):
+    for position, shape, offset, size in zip(taken, shapes, pixel_offsets, pixel_sizes):
         results[position] = pixels[int(offset):int(offset) + size].view(shape)
     return results

@@ -21,13 +21,13 @@ pixels exactly (GPU test), so the fast path's rows are the same with the route o
 
 On by default where it runs: a GPU with a hardware JPEG decoder (A100, H100 and later) and the extension
 built with ``<nvjpeg.h>``. Elsewhere the first batch finds out (logged once) and torchvision decodes.
-``CLIP_FLASH_NVJPEG_HW=0`` turns it off; ``CLIP_FLASH_NVJPEG_DECODERS=N`` sets how many batches decode at once.
+``ImagePreprocessor(nvjpeg_hardware=False)`` turns it off; ``nvjpeg_decoders`` sets how many batches decode at
+once.
 """
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +36,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..ops._extension import load_extension
-from ..ops.image_resample import BatchPlan, plan_batch
+from ...ops._extension import load_extension
+from ...ops.image_resample import BatchPlan, plan_batch
 from .image_decoding import DecodedItem, describe_error
 from .jpeg_chroma import SUBSAMPLING
 from .resample_plan import plan_image
@@ -45,9 +45,7 @@ from .transform_spec import ImageTransformSpec
 
 logger = logging.getLogger(__name__)
 
-HARDWARE_SWITCH = "CLIP_FLASH_NVJPEG_HW"  # "0": torchvision's decoder only
 HARDWARE_DECODERS = 2  # batches decoding at once, from different threads (the job's 2; the extension's cap: 8)
-DECODERS_SETTING = "CLIP_FLASH_NVJPEG_DECODERS"  # overrides HARDWARE_DECODERS
 _HARDWARE: Dict[str, Optional[str]] = {"unavailable": None}  # why the hardware decode cannot run here
 
 
@@ -76,9 +74,8 @@ class PackedJpegs:
 
 
 def hardware_decoder_usable() -> bool:
-    """Whether the hardware route is built, not turned off (``CLIP_FLASH_NVJPEG_HW=0``), and has not found
-    that it cannot run here."""
-    if os.environ.get(HARDWARE_SWITCH, "").strip() == "0" or _HARDWARE["unavailable"] is not None:
+    """Whether the hardware route is built and has not found that it cannot run here."""
+    if _HARDWARE["unavailable"] is not None:
         return False
     extension = load_extension()
     return extension is not None and hasattr(extension, "nvjpeg_hw_decode")
@@ -90,7 +87,7 @@ def takes(item: DecodedItem) -> bool:
 
 
 def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: ImageTransformSpec,
-                       chroma: str) -> Optional[PackedJpegs]:
+                       chroma: str, decoders: int = HARDWARE_DECODERS) -> Optional[PackedJpegs]:
     """Decode the items :func:`takes` into a new packed buffer on ``device`` and, with ``chroma="libjpeg"``,
     refine their chroma in place. None when there are none, or the hardware route cannot run (the reason
     is logged; torchvision's decoder then takes them all)."""
@@ -114,7 +111,7 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
         slots = np.stack([offsets, plan.meta[:, 1], plan.meta[:, 2]], axis=1).reshape(-1).tolist()
         # The calls say why they could not, rather than raise from where the GIL is released.
         written, failure = extension.nvjpeg_hw_decode([item.encoded for item in candidates], buffer, slots,
-                                                      _nvjpeg_library(), hardware_decoders())
+                                                      _nvjpeg_library(), decoders)
         if not failure and chroma == "libjpeg":
             failure = _refine_chroma_in_place(extension, buffer, candidates, written, offsets, plan)
         if failure:
@@ -127,16 +124,6 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
         ready = torch.cuda.Event()
         ready.record()
     return PackedJpegs(plan, buffer, candidates, [bool(done) for done in written], ready)
-
-
-def hardware_decoders() -> int:
-    """How many batches may decode at once (``CLIP_FLASH_NVJPEG_DECODERS``, else ``HARDWARE_DECODERS``)."""
-    setting = os.environ.get(DECODERS_SETTING, "").strip()
-    if not setting:
-        return HARDWARE_DECODERS
-    if not setting.isdigit() or not 1 <= int(setting) <= 8:
-        raise ValueError(f"{DECODERS_SETTING}={setting!r}: expected a whole number from 1 to 8")
-    return int(setting)
 
 
 _streams = threading.local()

@@ -29,11 +29,9 @@ MIN_SLICE = 128
 _worker_tokenizer: Any = None
 
 
-def _start_worker(openclip_tokenizer: Any) -> None:
+def _start_worker(make_tokenizer: Callable[[], Any]) -> None:
     global _worker_tokenizer
-    from .tokenizer import FastCLIPTokenizer
-    # One Rust thread per worker: the workers already cover the cores.
-    _worker_tokenizer = FastCLIPTokenizer(openclip_tokenizer, parallel=False)
+    _worker_tokenizer = make_tokenizer()
 
 
 def _worker_tokenize(texts: Sequence[str], context_length: int) -> Tuple[np.ndarray, Dict[str, int]]:
@@ -60,8 +58,9 @@ def default_workers() -> int:
 class TokenizingPool:
     """A lazily started process pool tokenizing slices of a batch (see the module docstring)."""
 
-    def __init__(self, openclip_tokenizer: Any, workers: int) -> None:
-        self.openclip_tokenizer = openclip_tokenizer
+    def __init__(self, make_tokenizer: Callable[[], Any], workers: int) -> None:
+        """``make_tokenizer``: picklable; makes a worker's tokenizer (one with ``route_counts`` and ``encoder``)."""
+        self.make_tokenizer = make_tokenizer
         self.workers = workers
         self._executor: Optional[ProcessPoolExecutor] = None
         self._owner_pid = os.getpid()
@@ -74,15 +73,12 @@ class TokenizingPool:
 
     def _executor_here(self) -> ProcessPoolExecutor:
         if self._executor is None or self._owner_pid != os.getpid():  # a forked copy never uses its parent's
-            # The decoding workers' fork server (spawn where there is none): workers forked from a clean
-            # server that has imported torch and clip_flash's input modules once, not from this (threaded)
-            # process. The server does not import OpenCLIP (the decoding workers never need it): each tokenizing
-            # worker imports it when it unpickles the tokenizer below.
-            from .worker_processes import process_context
-
-            context = process_context()
+            # Never plain fork: this process may hold a CUDA context and threads. Each worker imports OpenCLIP
+            # when it unpickles the tokenizer factory below.
+            method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+            context = multiprocessing.get_context(method)
             self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
-                                                 initargs=(self.openclip_tokenizer,))
+                                                 initargs=(self.make_tokenizer,))
             self._owner_pid = os.getpid()
             weakref.finalize(self, self._executor.shutdown, wait=False, cancel_futures=True)
         return self._executor

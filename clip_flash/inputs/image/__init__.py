@@ -1,0 +1,1 @@
+"""Images in: files, bytes, PIL images or arrays to OpenCLIP's model-ready batch (:mod:`.preprocessor`)."""

@@ -1,0 +1,226 @@
+"""One batch's CPU step through the native decoder (:mod:`.native_decode`), and Python threads for the rest.
+
+The batch is read and scanned in one native call; from the sizes alone the resize kernel's layout is planned
+(:func:`~clip_flash.ops.image_resample.plan_batch`, pixel images first, then the JPEGs the GPU finishes from
+their coefficients), one page-locked buffer allocated for it and one for the coefficients; a second native
+call decodes every image straight into its place there. Host memory comes from torch's page-locked allocator,
+which hands a block out again only after the copies queued from it are done: the buffers may be dropped with
+the batch at any time.
+
+Inputs in memory (PIL images, arrays) and whatever the native decoder leaves to Pillow go through
+:func:`~.image_decoding.decode_item` in Python threads, as they would without the extension.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import Executor
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from ...ops.image_resample import plan_batch
+from .image_batches import DecodedImages, PackedPixels
+from .image_decoding import DecodedItem, DecodeOptions, Route, decode_item, describe_error
+from .image_resize import ExactResize
+from .jpeg_dct import ALIGN, plan_dct_batch
+from .native_decode import (CHANNELS, ENCODED_BYTES, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH, COEFFICIENT_BYTES,
+                            DecodeKind, NativeBatchDecoder, ScanMode, takes_natively)
+from .resample_plan import plan_image
+
+MAX_CHUNK = 16  # inputs per Python task
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def python_decode(pairs: List[Tuple[int, Any]], options: DecodeOptions, threads: Executor) -> List[DecodedItem]:
+    """:func:`decode_item` over ``(index, input)`` pairs in ``threads``, in input order."""
+    if len(pairs) <= 1:
+        return [decode_item(index, item, options) for index, item in pairs]
+    size = max(1, min(MAX_CHUNK, -(-len(pairs) // 8)))
+    chunks = [pairs[start:start + size] for start in range(0, len(pairs), size)]
+    futures = [threads.submit(lambda chunk: [decode_item(index, item, options) for index, item in chunk], chunk)
+               for chunk in chunks]
+    return sorted((item for future in futures for item in future.result()), key=lambda item: item.index)
+
+
+class NativeBatch:
+    """One call of the CPU step with the native decoder."""
+
+    def __init__(self, native: NativeBatchDecoder, mode: ScanMode, resize: ExactResize, options: DecodeOptions,
+                 threads: Executor) -> None:
+        self.native = native
+        self.mode = mode
+        self.resize = resize
+        self.options = options
+        self.threads = threads
+        self._fits: Dict[Tuple[int, int], Optional[str]] = {}
+
+    def _too_small(self, height: int, width: int) -> Optional[str]:
+        """Why the transform cannot resize this size (as OpenCLIP's fails on it), once per size."""
+        key = (height, width)
+        if key not in self._fits:
+            try:
+                plan_image(self.resize.spec, height, width)
+                self._fits[key] = None
+            except Exception as error:  # noqa: BLE001 - the image's failure, reported
+                self._fits[key] = describe_error(error)
+        return self._fits[key]
+
+    def decode(self, items: Sequence[Any]) -> DecodedImages:
+        native_pairs = [(index, item) for index, item in enumerate(items) if takes_natively(item)]
+        python_pairs = [(index, item) for index, item in enumerate(items) if not takes_natively(item)]
+        decoded: List[DecodedItem] = []
+        failures: List[Tuple[int, str]] = []
+        packed = None
+        scanned = None
+        pixels: List[int] = []
+        coefficients: List[int] = []
+        encoded: List[int] = []
+        if native_pairs:
+            scanned = self.native.scan([item for _, item in native_pairs], self.mode)
+            info = scanned.info
+            for position, (index, item) in enumerate(native_pairs):
+                kind = DecodeKind(int(info[position, KIND]))
+                if kind == DecodeKind.PYTHON:
+                    python_pairs.append((index, item))
+                    continue
+                why = self._too_small(int(info[position, HEIGHT]), int(info[position, WIDTH]))
+                if why is not None:
+                    failures.append((index, why))
+                    continue
+                {DecodeKind.PIXELS: pixels, DecodeKind.COEFFICIENTS: coefficients,
+                 DecodeKind.ENCODED: encoded}[kind].append(position)
+        # Pillow's share first (usually none): its pixels join the batch's layout beside the native ones.
+        python_pairs.sort(key=lambda pair: pair[0])
+        python_items = self._python(python_pairs, failures)
+        if scanned is not None:
+            if encoded:
+                decoded += self._keep_encoded(scanned, native_pairs, encoded)
+            retry: List[Tuple[int, Any]] = []
+            if pixels or coefficients or (self.resize.packs and any(item.pixels is not None for item in python_items)):
+                more, packed, retry = self._decode_packed(scanned, native_pairs, pixels, coefficients, python_items)
+                decoded += more
+            for item in decoded:
+                if item.index_in_scan >= 0 and scanned.notes[item.index_in_scan]:
+                    item.notes.append(scanned.notes[item.index_in_scan])
+            python_items += self._python(sorted(retry, key=lambda pair: pair[0]), failures)
+        elif self.resize.packs and any(item.pixels is not None for item in python_items):
+            _, packed, _ = self._decode_packed(None, [], [], [], python_items)
+        decoded += python_items
+        decoded.sort(key=lambda item: item.index)
+        failures.sort()
+        return DecodedImages(len(items), decoded, failures, packed)
+
+    def _python(self, pairs: List[Tuple[int, Any]], failures: List[Tuple[int, str]]) -> List[DecodedItem]:
+        """Pillow's way, in the Python threads; failures noted, the rest returned."""
+        good = []
+        for item in python_decode(pairs, self.options, self.threads):
+            if item.ok:
+                good.append(item)
+            else:
+                failures.append((item.index, item.reason))
+        return good
+
+    def _keep_encoded(self, scanned, pairs, positions: List[int]) -> List[DecodedItem]:
+        """decode="gpu": the JPEGs' bytes, in one pageable buffer (nvJPEG and torchvision's decode read them
+        before they return, so nothing outlives the call that reads them)."""
+        info = scanned.info
+        sizes = info[positions, ENCODED_BYTES]
+        starts = np.cumsum(sizes) - sizes
+        offsets = np.full(len(pairs), -1, dtype=np.int64)
+        offsets[positions] = starts
+        data = torch.empty(max(int(sizes.sum()), 1), dtype=torch.uint8)
+        self.native.copy_data(scanned, data, offsets)
+        items = []
+        for position, start, size in zip(positions, starts.tolist(), sizes.tolist()):
+            item = DecodedItem(pairs[position][0], Route.GPU_JPEG, index_in_scan=position)
+            item.encoded = data[start:start + size]
+            item.image_size = (int(info[position, HEIGHT]), int(info[position, WIDTH]))
+            item.channels = int(info[position, CHANNELS])
+            item.jpeg_sampling = int(info[position, SAMPLING])
+            item.jpeg_progressive = bool(info[position, PROGRESSIVE])
+            items.append(item)
+        return items
+
+    def _decode_packed(self, scanned, pairs, pixels: List[int], coefficients: List[int],
+                       python_items: List[DecodedItem]
+                       ) -> Tuple[List[DecodedItem], Optional[PackedPixels], List[Tuple[int, Any]]]:
+        """Pixels (and coefficients) decoded into their places; the items, the packed batch (None: the pixels
+        are plain tensors for a resize on the CPU) and the inputs to hand to Pillow after all. With the
+        kernel's layout, the pixels Pillow gave (``python_items`` with CPU pixels) are copied in after the
+        native images', and their items then point there."""
+        info = scanned.info if scanned is not None else np.zeros((0, 8), dtype=np.int64)
+        shapes = [tuple(int(value) for value in info[position, HEIGHT:CHANNELS + 1]) for position in pixels]
+        count = len(pairs)
+        pixel_offsets = np.full(count, -1, dtype=np.int64)
+        coefficient_offsets = np.full(count, -1, dtype=np.int64)
+        sizes = np.array([height * width * channels for height, width, channels in shapes], dtype=np.int64)
+        plan = None
+        joining: List[DecodedItem] = []
+        if self.resize.packs:
+            joining = [item for item in python_items if item.pixels is not None and item.pixels.device.type == "cpu"]
+            joining_shapes = [tuple(int(size) for size in item.pixels.shape) for item in joining]
+            dct_shapes = [tuple(int(value) for value in info[position, HEIGHT:CHANNELS + 1])
+                          for position in coefficients]
+            plan = plan_batch(shapes + joining_shapes + dct_shapes, self.resize.spec)
+            pixel_offsets[pixels] = plan.pixels_at + plan.meta[:len(pixels), 0]
+            joining_bytes = sum(item.pixels.numel() for item in joining)
+            host = plan.allocate_host(pin=True, pixel_bytes=int(sizes.sum()) + joining_bytes)
+        else:
+            pixel_offsets[pixels] = np.cumsum(sizes) - sizes
+            host = torch.empty(max(int(sizes.sum()), 1), dtype=torch.uint8)
+        coefficient_bytes = -(-info[coefficients, COEFFICIENT_BYTES] // ALIGN) * ALIGN
+        coefficient_offsets[coefficients] = np.cumsum(coefficient_bytes) - coefficient_bytes
+        coefficient_host = torch.empty(max(int(coefficient_bytes.sum()), ALIGN), dtype=torch.uint8,
+                                       pin_memory=self.resize.packs and torch.cuda.is_available())
+        declined = [""] * count
+        if pixels or coefficients:
+            declined = self.native.decode(scanned, host, pixel_offsets, coefficient_host, coefficient_offsets)
+        for number, item in enumerate(joining):
+            slot = plan.pixel_slot(host, len(pixels) + number)
+            np.copyto(slot.numpy(), item.pixels.numpy())
+            item.pixels = None  # in the layout now
+        items, retry, keep = [], [], []
+        for number, position in enumerate(pixels):
+            index = pairs[position][0]
+            if declined[position]:  # e.g. libjpeg warned: Pillow decides what this file gives
+                retry.append((index, pairs[position][1]))
+                continue
+            keep.append(number)
+            item = DecodedItem(index, Route.JPEG, index_in_scan=position)
+            item.image_size = (int(info[position, HEIGHT]), int(info[position, WIDTH]))
+            item.channels = int(info[position, CHANNELS])
+            if plan is None:
+                start = int(pixel_offsets[position])
+                item.pixels = host[start:start + int(sizes[number])].view(*item.image_size, item.channels)
+            items.append(item)
+        if plan is None:
+            return items, None, retry
+        keep += range(len(pixels), len(pixels) + len(joining))
+        first_dct = len(pixels) + len(joining)
+        for number, position in enumerate(coefficients):
+            index = pairs[position][0]
+            if declined[position]:
+                retry.append((index, pairs[position][1]))
+                continue
+            keep.append(first_dct + number)
+            item = DecodedItem(index, Route.JPEG_DCT, index_in_scan=position)
+            item.image_size = (int(info[position, HEIGHT]), int(info[position, WIDTH]))
+            item.channels = int(info[position, CHANNELS])
+            items.append(item)
+        dct = None
+        if coefficients:
+            dct = plan_dct_batch([scanned.layout(position) for position in coefficients],
+                                 [(coefficient_host, coefficient_offsets[coefficients].tolist())])
+            dct.place(plan.meta[first_dct:, 0])
+        indices = ([pairs[position][0] for position in pixels] + [item.index for item in joining]
+                   + [pairs[position][0] for position in coefficients])
+        kept = None if len(keep) == len(indices) else keep
+        return items, PackedPixels(plan, host, indices, dct=dct, keep=kept), retry

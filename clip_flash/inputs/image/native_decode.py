@@ -1,0 +1,143 @@
+"""The CPU step for a whole batch in one native call: ``csrc/image_batch_decoder.cpp``.
+
+On a pool of native threads (made once per :class:`NativeBatchDecoder`, reused; the GIL released throughout),
+each input file is read, its JPEG header scanned, and with Pillow's own libjpeg either entropy-decoded into DCT
+coefficients (the exact path on a GPU: the kernels in ``csrc/jpeg_dct.cu`` finish the decode, Pillow's pixels
+bit for bit) or decoded whole with Pillow's settings (``out_color_space`` RGB or GRAYSCALE, libjpeg's defaults
+otherwise: islow IDCT, fancy upsampling), straight into the host buffers the GPU reads. With ``decode="gpu"``
+the JPEGs' bytes are only read and their headers scanned, for nvJPEG.
+
+What the native decoder is not sure Pillow reads the same way (other formats, modes other than L and RGB, MPF
+or Adobe-marked files, anything libjpeg warns about, sizes past Pillow's decompression-bomb limit, unreadable
+files) comes back as :attr:`DecodeKind.PYTHON`: the Python side hands it to Pillow, which gives its own pixels,
+rows or reason.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ...ops._extension import load_extension
+from .jpeg_dct import jpeg_library
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeKind(enum.IntEnum):
+    """What the scan made of an input (``DecodeKind`` in ``csrc/image_batch_decoder.h``)."""
+
+    PYTHON = 0        # left to Pillow
+    COEFFICIENTS = 1  # DCT coefficients for the GPU kernels
+    PIXELS = 2        # decoded whole into uint8 (H, W, C)
+    ENCODED = 3       # a JPEG kept encoded for nvJPEG
+
+
+class ScanMode(enum.IntEnum):
+    """What a batch is scanned for (``ScanMode`` in ``csrc/image_batch_decoder.h``)."""
+
+    PIXELS = 0        # decode JPEGs whole
+    COEFFICIENTS = 1  # coefficients where the GPU kernels reproduce Pillow's decode, whole elsewhere
+    ENCODED = 2       # keep complete-looking JPEGs encoded for nvJPEG, decode the others whole
+
+
+# Columns of ScannedImageBatch.info().
+KIND, HEIGHT, WIDTH, CHANNELS, SAMPLING, PROGRESSIVE, COEFFICIENT_BYTES, ENCODED_BYTES = range(8)
+LAYOUT_HEAD, LAYOUT_PER_COMPONENT = 3, 7
+
+
+def takes_natively(item: Any) -> bool:
+    """Inputs the native decoder reads: paths and encoded bytes (images and arrays in memory stay in Python)."""
+    return isinstance(item, (str, os.PathLike, bytes, bytearray, memoryview))
+
+
+@dataclass
+class ScannedBatch:
+    """A scan's result: the native handle and its per-item table, as numpy."""
+
+    handle: Any
+    info: np.ndarray      # (n, 8) int64
+    layouts: np.ndarray   # (n, 24) int64
+    notes: List[str]
+
+    def layout(self, position: int) -> List[int]:
+        """Item ``position``'s coefficient layout, unpadded."""
+        row = self.layouts[position]
+        return row[:LAYOUT_HEAD + LAYOUT_PER_COMPONENT * int(row[2])].tolist()
+
+
+class NativeBatchDecoder:
+    """The extension's ``ImageBatchDecoder``: ``threads`` native threads, made on first use and reused. In a
+    forked child (a DataLoader worker), a new one is made there: the parent's threads do not exist in it."""
+
+    def __init__(self, extension: Any, threads: int) -> None:
+        self._extension = extension
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._decoder: Any = None
+        self._pid = -1
+
+    @staticmethod
+    def create(threads: int) -> Optional["NativeBatchDecoder"]:
+        """A decoder where the extension is built with it and Pillow's libjpeg opens, else None (logged)."""
+        extension = load_extension()
+        if extension is None or not hasattr(extension, "ImageBatchDecoder"):
+            return None
+        decoder = NativeBatchDecoder(extension, threads)
+        failure = decoder._native().failure
+        if failure:
+            logger.info("images decode in Python threads: the native decoder cannot run here (%s)", failure)
+            return None
+        return decoder
+
+    def _native(self) -> Any:
+        with self._lock:
+            if self._decoder is None or self._pid != os.getpid():
+                if self._decoder is not None:  # a fork's copy: its threads are the parent's, never join them
+                    _FORKED_COPIES.append(self._decoder)
+                self._decoder = self._extension.ImageBatchDecoder(self.threads, jpeg_library())
+                self._pid = os.getpid()
+            return self._decoder
+
+    def scan(self, items: Sequence[Any], mode: ScanMode) -> ScannedBatch:
+        """Read every input (paths and bytes) and scan its header, in the pool."""
+        from PIL import Image
+
+        sources = [_native_source(item) for item in items]
+        limit = Image.MAX_IMAGE_PIXELS
+        handle = self._native().scan(sources, int(mode), int(limit) if limit else 0)
+        return ScannedBatch(handle, handle.info().numpy(), handle.layouts().numpy(), handle.notes())
+
+    def decode(self, batch: ScannedBatch, pixels: torch.Tensor, pixel_offsets: np.ndarray,
+               coefficients: torch.Tensor, coefficient_offsets: np.ndarray) -> List[str]:
+        """Decode the batch's pixel and coefficient items at their offsets (-1: skip); per item why not."""
+        return self._native().decode(batch.handle, pixels, torch.from_numpy(np.ascontiguousarray(pixel_offsets)),
+                                     coefficients, torch.from_numpy(np.ascontiguousarray(coefficient_offsets)))
+
+    def copy_data(self, batch: ScannedBatch, out: torch.Tensor, offsets: np.ndarray) -> None:
+        """Each item's encoded bytes to its offset in ``out`` (-1: skip)."""
+        self._native().copy_data(batch.handle, out, torch.from_numpy(np.ascontiguousarray(offsets)))
+
+
+_FORKED_COPIES: List[Any] = []
+
+
+def _native_source(item: Any) -> Any:
+    """A path as UTF-8 text, or encoded bytes. A path that is not text, or not valid UTF-8 (undecodable bytes in
+    a file name), goes as empty bytes: the native scan leaves it to Pillow, which opens the original."""
+    if isinstance(item, (str, os.PathLike)):
+        path = os.fspath(item)
+        if isinstance(path, str):
+            try:
+                path.encode("utf-8")
+                return path
+            except UnicodeEncodeError:
+                pass
+        return b""
+    return item if isinstance(item, bytes) else bytes(item)

@@ -1,0 +1,365 @@
+"""Files, bytes, PIL images or uint8 arrays in; OpenCLIP's model-ready batch out, on the device.
+
+    prep = clip_flash.ImagePreprocessor(preprocess, device="cuda", dtype=torch.float16)
+    out = prep(["a.jpg", jpeg_bytes, pil_image, uint8_hwc_tensor])
+    model.encode_image(out.pixels)        # rows come from inputs out.indices
+    out.failures                          # [(index, reason)]: unreadable inputs, never raised
+
+The exact path (default) gives, bit for bit, ``torch.stack([preprocess(Image.open(p)) for p in
+paths])`` cast to ``dtype`` (fp32: identical; fp16/bf16: the reference cast). It decodes on the CPU
+and resamples on the device; see :mod:`clip_flash.inputs.image.image_decoding` for the routes, and what runs
+``preprocess`` itself on the CPU (images Pillow resizes specially: RGBA, LA, P, 1, CMYK, I;16, ...).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .image_batches import DecodedImages, PackedPixels, PreparedImages
+from .decoder_check import decoder_agreement
+from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
+from .nvjpeg_packed import PackedJpegs, decode_into_layout
+from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error
+from .image_resize import ExactResize
+from .native_batch import NativeBatch, python_decode, default_workers
+from .native_decode import NativeBatchDecoder, ScanMode
+
+logger = logging.getLogger(__name__)
+
+# Python threads decoding what Pillow prepares its own way (or everything, without the native decoder): beside
+# the thread that launches the model, more of them only compete for the GIL (measured on 16 cores with
+# decode="gpu": 4 threads 5,123 img/s for ViT-B-32, 16 threads 4,066).
+PYTHON_DECODE_THREADS = 4
+EXECUTORS = ("auto", "native", "thread")
+ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
+DECODERS = ("cpu", "gpu")
+
+
+class ImagePreprocessor:
+    """OpenCLIP's eval ``preprocess``, exactly, for a batch of images, onto ``device`` in ``dtype``.
+
+    Args:
+        preprocess: the transform ``open_clip.create_model_and_transforms`` returned (Resize /
+            CenterCrop or OpenCLIP's ResizeKeepRatio / CenterCropOrPad, ToTensor, Normalize). One it
+            does not understand is refused (``UnsupportedTransformError``), never approximated.
+        device: where the batch goes (``"cuda"`` or ``"cpu"``; the same exact arithmetic on both).
+        dtype: of the batch; fp32 is the reference bit for bit, fp16/bf16 the reference cast.
+        decode: ``"cpu"`` (exact: libjpeg-turbo, Pillow's own pixels) or ``"gpu"``: nvJPEG decodes
+            the JPEGs, which is faster and NOT exact (nvJPEG repeats chroma samples where libjpeg-turbo
+            interpolates: up to tens of levels apart; see ``gpu_chroma``;
+            ``benchmarks/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
+        workers: native decoding threads (default: the cores this process may use).
+        executor: ``"auto"`` (default: the native batch decoder where the extension is built, else Python
+            threads), ``"native"`` (required: raises where it cannot run) or ``"thread"`` (Python threads with
+            Pillow and torchvision's CPU decoders: the same rows, capped by the GIL).
+        start: make the decoder now (see :meth:`start`); False: on first use.
+        resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
+            (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
+        gpu_chroma: with ``decode="gpu"``: ``"libjpeg"`` recovers the chroma from nvJPEG's output and
+            upsamples and converts it the libjpeg-turbo way (closer to Pillow, still not exact);
+            ``"nvjpeg"`` keeps nvJPEG's own (repeated) chroma.
+        dct_route: on a GPU with the kernel's resize, JPEGs are only entropy-decoded on the CPU and the GPU
+            finishes their decode (the same pixels; see :mod:`.jpeg_dct`). False: decoded whole on the CPU.
+        nvjpeg_hardware: with ``decode="gpu"``, nvJPEG's hardware decoder writes baseline colour JPEGs straight
+            into the resize kernel's layout (see :mod:`.nvjpeg_packed`). False: torchvision's decode only.
+        nvjpeg_decoders: hardware decodes running at once, from different threads (1 to 8).
+
+    Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
+    and resampled by clip_flash's Pillow-exact resize on the device. Inputs Pillow treats specially
+    (RGBA and LA are resized premultiplied, P and 1 resize NEAREST, CMYK, I;16, I, F, animated GIFs'
+    first frame in P) run ``preprocess`` itself on the CPU, logged at debug level; the rows are the
+    same either way. ``Image.open`` applies no EXIF orientation, so neither does this.
+
+    Bad inputs (missing, empty, truncated or corrupt files, non-images, decompression bombs past
+    Pillow's limit) never raise: they are listed in ``failures`` with the reason, as Pillow gave it.
+    Memory: a call holds its inputs' decoded pixels once (3 bytes per pixel), so pass batches.
+
+    Lifetimes: the rows returned are the caller's; host buffers a batch used come from torch's page-locked
+    allocator, which reuses one only after the copies that read it are done, so dropping the preparer (or
+    its decoded batches) at any point is safe.
+
+    ``prep(items)`` equals ``prep.prepare(prep.decode(items))``; :meth:`decode` is CPU work and
+    thread-safe, so a pipeline can decode the next batch while the device works on this one.
+    """
+
+    def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
+                 dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
+                 executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg",
+                 start: bool = True, dct_route: bool = True, nvjpeg_hardware: bool = True,
+                 nvjpeg_decoders: int = 2) -> None:
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if decode not in DECODERS:
+            raise ValueError(f"decode must be one of {DECODERS}, got {decode!r}")
+        if decode == "gpu" and self.device.type != "cuda":
+            raise ValueError("decode='gpu' (nvJPEG) needs a CUDA device")
+        if gpu_chroma not in CHROMA:
+            raise ValueError(f"gpu_chroma must be one of {CHROMA}, got {gpu_chroma!r}")
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        if not 1 <= nvjpeg_decoders <= 8:
+            raise ValueError(f"nvjpeg_decoders must be from 1 to 8, got {nvjpeg_decoders}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        self.gpu_chroma = gpu_chroma
+        self.nvjpeg_hardware = nvjpeg_hardware
+        self.nvjpeg_decoders = nvjpeg_decoders
+        self.preprocess = preprocess
+        self.dtype = dtype
+        self.decoder = decode
+        self.resize = ExactResize(preprocess, self.device, dtype, resize)  # refuses unsupported transforms
+        agreement = decoder_agreement()
+        self.decoder_agreement = agreement
+        self.options = DecodeOptions(preprocess, use_torchvision_jpeg=agreement.jpeg,
+                                     use_torchvision_png=agreement.png, keep_jpeg_bytes=decode == "gpu",
+                                     spec=self.resize.spec)
+        self._cpu_options = DecodeOptions(preprocess, agreement.jpeg, agreement.png, keep_jpeg_bytes=False,
+                                          spec=self.resize.spec)
+        self.workers = workers or default_workers()
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if decode == "gpu":
+            self.scan_mode = ScanMode.ENCODED
+        elif dct_route and self.resize.packs:
+            self.scan_mode = ScanMode.COEFFICIENTS
+        else:
+            self.scan_mode = ScanMode.PIXELS
+        self._native: Optional[NativeBatchDecoder] = None
+        self._native_decided = executor == "thread"
+        self.executor = executor
+        self._lock = threading.Lock()
+        self._threads: Optional[ThreadPoolExecutor] = None
+        if executor == "native" and self._native_decoder() is None:
+            raise RuntimeError("executor='native' asked for, but the native batch decoder cannot run here "
+                               "(clip_flash._C is not built, or Pillow's libjpeg does not open; see the log)")
+        if start:
+            self.start()
+
+    def start(self, batch_size: Optional[int] = None, wait: bool = False) -> None:
+        """Make the decoder now (its native threads, Pillow's libjpeg opened) rather than on the first call; in
+        a background thread unless ``wait``. Idempotent. ``batch_size`` is accepted for callers that size
+        things ahead; nothing here depends on it."""
+        del batch_size
+        if wait:
+            self._native_decoder()
+            return
+        threading.Thread(target=self._native_decoder, daemon=True, name="clip_flash-decoder-start").start()
+
+    def _native_decoder(self) -> Optional[NativeBatchDecoder]:
+        with self._lock:
+            if not self._native_decided:
+                self._native = NativeBatchDecoder.create(self.workers)
+                self._native_decided = True
+            return self._native
+
+    def _python_threads(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max(1, min(PYTHON_DECODE_THREADS, self.workers)),
+                                                   thread_name_prefix="clip_flash-decode")
+            return self._threads
+
+    @property
+    def native(self) -> bool:
+        """Whether batches decode in the native decoder (else in Python threads)."""
+        return self._native_decoder() is not None
+
+    @property
+    def output_size(self) -> Tuple[int, int]:
+        """(height, width) of each row."""
+        return self.resize.output_size
+
+    # ----- the two steps ------------------------------------------------------------------
+    def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
+        """The CPU step: read and decode every input (one native call for the batch's files and bytes; Python
+        threads for what Pillow prepares its own way). Never raises for a bad input.
+
+        With ``decode="gpu"`` it reads the JPEGs and their headers and, where nvJPEG's hardware decoder runs
+        (see :mod:`.nvjpeg_packed`), decodes the baseline colour ones straight into the resize kernel's
+        layout on the device, ahead of the batch, since that call releases the GIL; :meth:`prepare` runs
+        torchvision's nvJPEG decode on whatever is left."""
+        if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
+            raise TypeError("pass a sequence of images (a list), not a single image")
+        items = list(items)
+        native = self._native_decoder()
+        if native is not None:
+            batch = NativeBatch(native, self.scan_mode, self.resize, self.options, self._python_threads())
+            decoded = batch.decode(items)
+        else:
+            decoded = self._decode_in_threads(items)
+        for item in decoded.items:
+            for note in item.notes:
+                logger.debug("input %d: %s", item.index, note)
+        if self.decoder == "gpu" and self.resize.packs and self.nvjpeg_hardware:
+            decoded.on_gpu = decode_into_layout(decoded.items, self.device, self.resize.spec, self.gpu_chroma,
+                                                self.nvjpeg_decoders)
+        return decoded
+
+    def _decode_in_threads(self, items: List[ImageInput]) -> DecodedImages:
+        """Without the native decoder: Python threads with Pillow (and torchvision's CPU decoders, which
+        release the GIL); the pixels then go into one page-locked buffer laid out for the kernel."""
+        decoded = python_decode(list(enumerate(items)), self.options, self._python_threads())
+        failures = [(item.index, item.reason) for item in decoded if not item.ok]
+        good = [item for item in decoded if item.ok]
+        packed = None
+        pixel_items = [item for item in good if item.pixels is not None and item.pixels.device.type == "cpu"]
+        if self.resize.packs and pixel_items:
+            plan, buffer, slots = self.resize.pack_on_host([item.pixels for item in pixel_items])
+            for item, slot in zip(pixel_items, slots):
+                item.pixels = slot
+            packed = PackedPixels(plan, buffer, [item.index for item in pixel_items])
+        return DecodedImages(len(items), good, failures, packed)
+
+    def prepare(self, decoded: DecodedImages) -> PreparedImages:
+        """The device step: resample the decoded pixels exactly and assemble the batch in input order.
+
+        With ``decode="gpu"`` it resizes what :meth:`decode` put in the kernel's layout on the hardware route
+        with one launch, and queues torchvision's nvJPEG decode of the rest, the chroma step and the packing
+        on side streams. torchvision's decode runs here, on the thread that also
+        launches the model, not ahead on a decoding thread: its batched call takes the GIL again for each
+        image, so beside a thread running Python (launches) both crawl (measured: a 256-photo decode took
+        1.0-1.5 s beside a busy Python thread, 13.5 ms alone; ViT-B-32 end to end 4,492 img/s with it ahead,
+        5,123 here)."""
+        failures = list(decoded.failures)
+        route_of = {item.index: str(item.route) for item in decoded.items}
+        pixel_items = [item for item in decoded.items if item.pixels is not None]
+        jpeg_items = [item for item in decoded.items if item.encoded is not None]
+        prepared_items = [item for item in decoded.items if item.prepared is not None]
+        groups: List[Tuple[List[int], torch.Tensor]] = []
+        if decoded.packed is not None:
+            packed = decoded.packed
+            fill = packed.dct.decode if packed.dct is not None else None
+            rows = self.resize.run_packed(packed.plan, packed.buffer, packed.segments, fill)
+            indices = packed.indices
+            if packed.keep is not None:  # images the native decoder handed to Pillow after all: not these rows
+                rows = rows.index_select(0, _index_tensor(packed.keep, rows.device))
+                indices = [indices[position] for position in packed.keep]
+            groups.append((indices, rows))
+            in_buffer = set(indices)
+            pixel_items = [item for item in pixel_items if item.index not in in_buffer]
+        device_pixels = [item.pixels for item in pixel_items]
+        if decoded.on_gpu is not None:
+            groups.append(self._hardware_decoded_rows(decoded.on_gpu))
+            done = set(groups[-1][0])
+            jpeg_items = [item for item in jpeg_items if item.index not in done]
+        if jpeg_items:
+            # Laid out for the resize kernel on the side stream too, unless other pixels join them.
+            pack = self.resize.pack_on_device if self.resize.implementation == "kernel" and not pixel_items else None
+            queued = decode_jpegs_on_gpu(jpeg_items, self.device, self.gpu_chroma, pack)
+            use_packed = queued.packed is not None
+            on_gpu, refused = queued.hand_over(use_packed)
+            if use_packed:
+                # Packed by the decode thread: one kernel launch here, no per-image work on this thread.
+                groups.append(([item.index for item, _ in on_gpu], self.resize.run_packed(*queued.packed)))
+                on_gpu = []
+            for item, pixels in on_gpu:
+                pixel_items.append(item)
+                device_pixels.append(pixels)
+            for item, reason in refused:
+                # nvJPEG could not: the exact CPU decode decides (and may still fail, like Pillow).
+                logger.debug("input %d: nvJPEG refused (%s); decoding on the CPU", item.index, reason)
+                fallback = decode_item(item.index, bytes(item.encoded.numpy()), self._cpu_options)
+                route_of[item.index] = str(fallback.route)
+                if not fallback.ok:
+                    failures.append((item.index, fallback.reason))
+                elif fallback.prepared is not None:
+                    prepared_items.append(fallback)
+                else:
+                    pixel_items.append(fallback)
+                    device_pixels.append(fallback.pixels.to(self.device))  # beside nvJPEG's, on the GPU
+        if pixel_items:
+            groups.append(self._resize_group(pixel_items, device_pixels, failures))
+        if prepared_items:
+            stacked = torch.stack([item.prepared for item in prepared_items])
+            groups.append(([item.index for item in prepared_items], stacked.to(self.device, self.dtype)))
+        failures.sort()
+        pixels, indices = self._assemble([group for group in groups if group[0]])
+        routes: Dict[str, int] = {}
+        for index in indices:
+            routes[route_of[index]] = routes.get(route_of[index], 0) + 1
+        if failures:
+            routes["failed"] = len(failures)
+        return PreparedImages(pixels, indices, failures, routes)
+
+    def __call__(self, items: Sequence[ImageInput]) -> PreparedImages:
+        """``prepare(decode(items))``."""
+        return self.prepare(self.decode(items))
+
+    # ----- helpers ------------------------------------------------------------------------
+    def _hardware_decoded_rows(self, hardware: PackedJpegs) -> Tuple[List[int], torch.Tensor]:
+        """The rows of what the hardware decoder wrote into the kernel's layout: one resize launch."""
+        hardware.hand_over()
+        rows = self.resize.run_packed(hardware.plan, hardware.buffer)
+        decoded = hardware.decoded
+        if len(decoded) < len(hardware.items):  # the rest are decoded elsewhere: their slots are empty
+            rows = rows.index_select(0, _index_tensor(decoded, rows.device))
+        return [hardware.items[position].index for position in decoded], rows
+
+    def _resize_group(self, items: List[DecodedItem], pixels: List[torch.Tensor],
+                      failures: List[Tuple[int, str]]) -> Tuple[List[int], torch.Tensor]:
+        """The batch through the exact resize; if it refuses, image by image, so that only the images
+        the transform cannot handle (as OpenCLIP's own fails on them) become failures."""
+        try:
+            return [item.index for item in items], self.resize(pixels)
+        except Exception as error:  # noqa: BLE001 - find the image(s) at fault, keep the others
+            logger.debug("batch resize refused (%s); resizing image by image", describe_error(error))
+        indices, rows = [], []
+        for item, image in zip(items, pixels):
+            try:
+                rows.append(self.resize([image]))
+                indices.append(item.index)
+            except Exception as error:  # noqa: BLE001
+                failures.append((item.index, describe_error(error)))
+        height, width = self.output_size
+        if not rows:
+            return [], torch.empty((0, 3, height, width), device=self.device, dtype=self.dtype)
+        return indices, torch.cat(rows)
+
+    def _assemble(self, groups: List[Tuple[List[int], torch.Tensor]]) -> Tuple[torch.Tensor, List[int]]:
+        """Rows of all groups in input order."""
+        height, width = self.output_size
+        if not groups:
+            return torch.empty((0, 3, height, width), device=self.device, dtype=self.dtype), []
+        if len(groups) == 1 and groups[0][0] == sorted(groups[0][0]):
+            return groups[0][1], groups[0][0]
+        indices = sorted(index for group_indices, _ in groups for index in group_indices)
+        row_of = {index: row for row, index in enumerate(indices)}
+        out = torch.empty((len(indices), 3, height, width), device=self.device, dtype=self.dtype)
+        for group_indices, rows in groups:
+            positions = _index_tensor([row_of[index] for index in group_indices], self.device)
+            out.index_copy_(0, positions, rows)
+        return out, indices
+
+    def close(self) -> None:
+        """Let the decoder's threads go (a later call makes them again)."""
+        with self._lock:
+            threads, self._threads = self._threads, None
+            self._native, self._native_decided = None, self.executor == "thread"
+        if threads is not None:
+            threads.shutdown(wait=True)
+
+    def __enter__(self) -> "ImagePreprocessor":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _index_tensor(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, without waiting for the device: a copy from pageable memory
+    (``torch.tensor(values, device=...)``) synchronizes the current stream, i.e. waits for every batch queued
+    there; from page-locked memory it is queued like the rest."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

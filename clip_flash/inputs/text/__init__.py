@@ -1,0 +1,1 @@
+"""Text in: strings to OpenCLIP's token ids (:mod:`.tokenizer`)."""

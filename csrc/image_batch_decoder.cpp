@@ -1,0 +1,443 @@
+// The batch decoder (image_batch_decoder.h): the thread pool, the header scan, and libjpeg's decodes.
+#include "image_batch_decoder.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+#include "libjpeg_runtime.h"
+
+namespace clip_flash {
+
+// ----- the pool -----------------------------------------------------------------------------------------
+TaskPool::TaskPool(int threads) {
+  for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { work(); });
+}
+
+TaskPool::~TaskPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& worker : workers_) worker.join();
+}
+
+void TaskPool::drain(const std::function<void(size_t)>& task, size_t count) {
+  for (size_t i = next_.fetch_add(1); i < count; i = next_.fetch_add(1)) task(i);
+}
+
+void TaskPool::run(size_t count, const std::function<void(size_t)>& task) {
+  if (count == 0) return;
+  if (count == 1 || workers_.empty()) {  // a single request: no thread woken (each costs a context switch)
+    for (size_t i = 0; i < count; ++i) task(i);
+    return;
+  }
+  std::lock_guard<std::mutex> call(calls_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    task_ = &task;
+    count_ = count;
+    next_.store(0);
+    active_ = workers_.size();
+    ++generation_;
+  }
+  wake_.notify_all();
+  drain(task, count);
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return active_ == 0; });
+  task_ = nullptr;
+}
+
+void TaskPool::work() {
+  uint64_t seen = 0;
+  while (true) {
+    const std::function<void(size_t)>* task;
+    size_t count;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      task = task_;
+      count = count_;
+    }
+    drain(*task, count);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--active_ == 0) done_.notify_all();
+  }
+}
+
+// ----- one input ----------------------------------------------------------------------------------------
+namespace {
+
+bool read_file(const std::string& path, std::string* data, std::string* failure) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *failure = std::string("cannot open the file: ") + std::strerror(errno);
+    return false;
+  }
+  struct stat status;
+  if (::fstat(fd, &status) != 0 || !S_ISREG(status.st_mode)) {
+    *failure = "not a regular file";
+    ::close(fd);
+    return false;
+  }
+  bool ok = true;
+  {
+    data->resize(static_cast<size_t>(status.st_size));
+    size_t done = 0;
+    while (done < data->size()) {
+      const ssize_t got = ::read(fd, &(*data)[done], data->size() - done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    ok = done == data->size();  // a file that shrank meanwhile: Pillow decides
+  }
+  if (!ok) *failure = "cannot read the whole file";
+  ::close(fd);
+  return ok;
+}
+
+struct Header {
+  int64_t height = 0, width = 0, channels = 0, sampling = -1;
+  bool progressive = false;
+};
+
+// The frame header of a plain 8-bit JPEG with 1 or 3 components, read up to its first scan; false for
+// anything Pillow might read differently (the same rules as clip_flash/inputs/image/jpeg_header.py): a
+// multi-picture (MPF) or Adobe-marked file, another frame type, fill bytes outside markers, a second frame
+// header, a zero size, or segments that run past the data. Such files go to Pillow.
+bool scan_header(const std::string& bytes, Header* header) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  const size_t size = bytes.size();
+  if (size < 4 || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF) return false;
+  size_t position = 2;
+  bool framed = false;
+  while (position + 4 <= size) {
+    if (data[position] != 0xFF) return false;
+    while (position < size && data[position] == 0xFF) ++position;
+    if (position + 3 > size) return false;
+    const int marker = data[position];
+    const size_t length = (static_cast<size_t>(data[position + 1]) << 8) | data[position + 2];
+    const size_t start = position + 3, end = position + 1 + length;
+    if (marker == 0xD8 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD9) || length < 2 || end > size) {
+      return false;
+    }
+    if (marker == 0xDA) return framed;
+    const bool plain = marker == 0xC0 || marker == 0xC1 || marker == 0xC2;
+    if (!plain && marker >= 0xC3 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC) {
+      return false;
+    }
+    if ((marker == 0xE2 && end - start >= 4 && std::memcmp(data + start, "MPF\0", 4) == 0) ||
+        (marker == 0xEE && end - start >= 5 && std::memcmp(data + start, "Adobe", 5) == 0)) {
+      return false;
+    }
+    if (plain) {
+      if (framed || end - start < 6) return false;
+      const int bits = data[start];
+      const int64_t height = (data[start + 1] << 8) | data[start + 2];
+      const int64_t width = (data[start + 3] << 8) | data[start + 4];
+      const int components = data[start + 5];
+      if (bits != 8 || (components != 1 && components != 3) || height == 0 || width == 0 ||
+          end - start < static_cast<size_t>(6 + 3 * components)) {
+        return false;
+      }
+      header->height = height;
+      header->width = width;
+      header->channels = components;
+      header->sampling = -1;
+      if (components == 3) {
+        int factors[6];
+        for (int c = 0; c < 3; ++c) {
+          factors[2 * c] = data[start + 7 + 3 * c] >> 4;
+          factors[2 * c + 1] = data[start + 7 + 3 * c] & 15;
+        }
+        const bool rest_one = factors[2] == 1 && factors[3] == 1 && factors[4] == 1 && factors[5] == 1;
+        if (rest_one && factors[0] == 1 && factors[1] == 1) header->sampling = 0;
+        if (rest_one && factors[0] == 2 && factors[1] == 1) header->sampling = 1;
+        if (rest_one && factors[0] == 2 && factors[1] == 2) header->sampling = 2;
+      }
+      header->progressive = marker == 0xC2;
+      framed = true;
+    }
+    position = end;
+  }
+  return false;
+}
+
+// One libjpeg decompression of `data`, from setup to destroy. The steps run inside the jump's scope, and hold
+// only plain data across it.
+class Decompression {
+ public:
+  explicit Decompression(const libjpeg::Library& library) : library_(library) {
+    std::memset(&cinfo_, 0, sizeof(cinfo_));
+    std::memset(&trap_, 0, sizeof(trap_));
+    cinfo_.err = library_.std_error(&trap_.manager);
+    trap_.manager.error_exit = libjpeg::on_error;
+    trap_.manager.emit_message = libjpeg::on_message;
+  }
+  ~Decompression() {
+    if (created_) library_.destroy(&cinfo_);
+  }
+
+  // The header's checks (exact decode): what Pillow would open as mode L or RGB, the same size. Empty: fine.
+  std::string header(const std::string& data, const Header& expected) {
+    if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
+    create();
+    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
+                     static_cast<unsigned long>(data.size()));
+    library_.read_header(&cinfo_, TRUE);
+    return checked(expected);
+  }
+
+  std::string layout(std::vector<int64_t>* layout, int64_t* bytes) {
+    const std::string declined = libjpeg::dct_unsupported(cinfo_);
+    if (declined.empty()) *bytes = libjpeg::dct_layout(cinfo_, layout);
+    return declined;
+  }
+
+  // Entropy decoding into `out` (`capacity` bytes); the layout must be `expected`'s.
+  std::string coefficients(const std::string& data, const Header& expected, const std::vector<int64_t>& layout,
+                           uint8_t* out, int64_t capacity) {
+    if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
+    create();
+    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
+                     static_cast<unsigned long>(data.size()));
+    library_.read_header(&cinfo_, TRUE);
+    std::string failure = checked(expected);
+    if (!failure.empty()) return failure;
+    jvirt_barray_ptr* arrays = library_.read_coefficients(&cinfo_);
+    if (trap_.warnings > 0) return std::string("libjpeg warned: ") + trap_.message;
+    std::vector<int64_t> seen;
+    const int64_t bytes = libjpeg::dct_layout(cinfo_, &seen);
+    if (seen != layout || bytes > capacity) return "the coefficients' layout changed since the scan";
+    if (!libjpeg::copy_coefficients(&cinfo_, arrays, reinterpret_cast<int16_t*>(out))) {
+      return "a component without coefficients";
+    }
+    return "";
+  }
+
+  // The whole decode with Pillow's settings (out_color_space RGB or GRAYSCALE; libjpeg's defaults otherwise:
+  // islow IDCT, fancy upsampling) into `out`, rows of width * channels bytes.
+  std::string pixels(const std::string& data, const Header& expected, uint8_t* out) {
+    if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
+    create();
+    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
+                     static_cast<unsigned long>(data.size()));
+    library_.read_header(&cinfo_, TRUE);
+    std::string failure = checked(expected);
+    if (!failure.empty()) return failure;
+    cinfo_.out_color_space = expected.channels == 3 ? JCS_RGB : JCS_GRAYSCALE;
+    library_.start_decompress(&cinfo_);
+    if (static_cast<int64_t>(cinfo_.output_height) != expected.height ||
+        static_cast<int64_t>(cinfo_.output_width) != expected.width ||
+        cinfo_.output_components != expected.channels) {
+      return "libjpeg's output is not the header's size";
+    }
+    const size_t row_bytes = static_cast<size_t>(expected.width * expected.channels);
+    JSAMPROW rows[16];
+    while (cinfo_.output_scanline < cinfo_.output_height) {
+      const JDIMENSION first = cinfo_.output_scanline;
+      const JDIMENSION want = std::min<JDIMENSION>(16, cinfo_.output_height - first);
+      for (JDIMENSION r = 0; r < want; ++r) rows[r] = out + (first + r) * row_bytes;
+      if (library_.read_scanlines(&cinfo_, rows, want) == 0) return "libjpeg returned no rows";
+    }
+    library_.finish_decompress(&cinfo_);
+    if (trap_.warnings > 0) return std::string("libjpeg warned: ") + trap_.message;
+    return "";
+  }
+
+ private:
+  // Inside the methods' jump scope: creating reports a library of another interface by error_exit.
+  void create() {
+    if (created_) return;
+    library_.create(&cinfo_, JPEG_LIB_VERSION, sizeof(cinfo_));
+    created_ = true;
+  }
+
+  std::string checked(const Header& expected) {
+    if (trap_.warnings > 0) return std::string("libjpeg warned: ") + trap_.message;
+    if (cinfo_.data_precision != 8) return "not 8-bit samples";
+    if (cinfo_.num_components != expected.channels || static_cast<int64_t>(cinfo_.image_height) != expected.height ||
+        static_cast<int64_t>(cinfo_.image_width) != expected.width) {
+      return "libjpeg reads another frame than the header scan";
+    }
+    const bool colour = expected.channels == 3 &&
+                        (cinfo_.jpeg_color_space == JCS_YCbCr || cinfo_.jpeg_color_space == JCS_RGB);
+    const bool gray = expected.channels == 1 && cinfo_.jpeg_color_space == JCS_GRAYSCALE;
+    return colour || gray ? "" : "colour space " + std::to_string(static_cast<int>(cinfo_.jpeg_color_space));
+  }
+
+  const libjpeg::Library& library_;
+  jpeg_decompress_struct cinfo_;
+  libjpeg::ErrorTrap trap_;
+  bool created_ = false;
+};
+
+Header header_of(const ScannedItem& item) {
+  Header header;
+  header.height = item.height;
+  header.width = item.width;
+  header.channels = item.channels;
+  header.sampling = item.sampling;
+  header.progressive = item.progressive;
+  return header;
+}
+
+void scan_one(const libjpeg::Library& library, DecodeSource& source, ScanMode mode, int64_t max_pixels,
+              ScannedItem* item) {
+  std::string failure;
+  if (source.is_path) {
+    if (!read_file(source.value, &item->data, &failure)) {
+      item->note = failure;
+      return;
+    }
+  } else {
+    item->data.swap(source.value);
+  }
+  Header header;
+  if (!scan_header(item->data, &header)) {
+    item->note = "not a plain 8-bit JPEG (Pillow decodes it)";
+    return;
+  }
+  if (max_pixels > 0 && header.height * header.width > max_pixels) {
+    item->note = "past Pillow's decompression-bomb limit (Pillow decides)";
+    return;
+  }
+  item->height = header.height;
+  item->width = header.width;
+  item->channels = header.channels;
+  item->sampling = header.sampling;
+  item->progressive = header.progressive;
+  const auto& data = item->data;
+  const bool complete = data.size() >= 2 && static_cast<uint8_t>(data[data.size() - 2]) == 0xFF &&
+                        static_cast<uint8_t>(data[data.size() - 1]) == 0xD9;
+  if (mode == ScanMode::kEncoded && complete) {
+    item->kind = DecodeKind::kEncoded;
+    return;
+  }
+  if (!library.failure.empty()) {
+    item->note = library.failure;
+    return;
+  }
+  Decompression decompression(library);
+  failure = decompression.header(data, header);
+  if (!failure.empty()) {
+    item->note = failure + " (Pillow decides)";
+    return;
+  }
+  if (mode == ScanMode::kCoefficients) {
+    failure = decompression.layout(&item->layout, &item->coefficient_bytes);
+    if (failure.empty()) {
+      item->kind = DecodeKind::kCoefficients;
+      return;
+    }
+    item->note = "GPU JPEG route " + failure + "; decoded whole";
+  }
+  item->kind = DecodeKind::kPixels;
+}
+
+}  // namespace
+
+// ----- the batch -----------------------------------------------------------------------------------------
+std::vector<int64_t> ScannedBatch::info() const {
+  std::vector<int64_t> rows;
+  rows.reserve(items.size() * kInfoFields);
+  for (const auto& item : items) {
+    rows.insert(rows.end(), {static_cast<int64_t>(item.kind), item.height, item.width, item.channels, item.sampling,
+                             item.progressive ? 1 : 0, item.coefficient_bytes,
+                             static_cast<int64_t>(item.data.size())});
+  }
+  return rows;
+}
+
+std::vector<int64_t> ScannedBatch::layouts() const {
+  std::vector<int64_t> rows(items.size() * kLayoutFields, 0);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& layout = items[i].layout;
+    std::copy(layout.begin(), layout.begin() + std::min<size_t>(layout.size(), kLayoutFields),
+              rows.begin() + i * kLayoutFields);
+  }
+  return rows;
+}
+
+ImageBatchDecoder::ImageBatchDecoder(int threads, std::string library_path)
+    : library_path_(std::move(library_path)), pool_(threads) {}
+
+const std::string& ImageBatchDecoder::failure() const { return libjpeg::open_library(library_path_).failure; }
+
+std::shared_ptr<ScannedBatch> ImageBatchDecoder::scan(std::vector<DecodeSource> sources, ScanMode mode,
+                                                      int64_t max_pixels) {
+  auto batch = std::make_shared<ScannedBatch>();
+  batch->items.resize(sources.size());
+  const libjpeg::Library& library = libjpeg::open_library(library_path_);
+  pool_.run(sources.size(), [&](size_t i) {
+    try {
+      scan_one(library, sources[i], mode, max_pixels, &batch->items[i]);
+    } catch (const std::exception& error) {  // e.g. out of memory: Pillow decides
+      batch->items[i].kind = DecodeKind::kPython;
+      batch->items[i].note = error.what();
+    }
+  });
+  return batch;
+}
+
+std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,
+                                                   const int64_t* pixel_offsets, uint8_t* coefficients,
+                                                   int64_t coefficient_capacity, const int64_t* coefficient_offsets) {
+  const size_t count = batch.items.size();
+  std::vector<std::string> failures(count);
+  // Largest first: the batch ends when its last image does.
+  std::vector<size_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return batch.items[a].data.size() > batch.items[b].data.size();
+  });
+  const libjpeg::Library& library = libjpeg::open_library(library_path_);
+  pool_.run(count, [&](size_t position) {
+    const size_t i = order[position];
+    const ScannedItem& item = batch.items[i];
+    try {
+      if (item.kind == DecodeKind::kCoefficients && coefficient_offsets != nullptr && coefficient_offsets[i] >= 0) {
+        const int64_t at = coefficient_offsets[i];
+        if (at % 16 != 0 || at + item.coefficient_bytes > coefficient_capacity) {
+          failures[i] = "no room for the coefficients";
+        } else {
+          Decompression decompression(library);
+          failures[i] = decompression.coefficients(item.data, header_of(item), item.layout, coefficients + at,
+                                                   coefficient_capacity - at);
+        }
+      } else if (item.kind == DecodeKind::kPixels && pixel_offsets != nullptr && pixel_offsets[i] >= 0) {
+        const int64_t at = pixel_offsets[i];
+        if (at + item.height * item.width * item.channels > pixel_capacity) {
+          failures[i] = "no room for the pixels";
+        } else {
+          Decompression decompression(library);
+          failures[i] = decompression.pixels(item.data, header_of(item), pixels + at);
+        }
+      }
+    } catch (const std::exception& error) {
+      failures[i] = error.what();
+    }
+  });
+  return failures;
+}
+
+void ImageBatchDecoder::copy_data(const ScannedBatch& batch, uint8_t* out, int64_t capacity, const int64_t* offsets) {
+  pool_.run(batch.items.size(), [&](size_t i) {
+    const auto& data = batch.items[i].data;
+    if (offsets[i] >= 0 && offsets[i] + static_cast<int64_t>(data.size()) <= capacity) {
+      std::memcpy(out + offsets[i], data.data(), data.size());
+    }
+  });
+}
+
+}  // namespace clip_flash

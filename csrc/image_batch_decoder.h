@@ -1,0 +1,108 @@
+// The exact path's CPU step for a whole batch in one call (clip_flash/inputs/image/native_decode.py): on a pool
+// of native threads, each input file is read, its JPEG header scanned and, with Pillow's own libjpeg
+// (libjpeg_runtime.h), either entropy-decoded into DCT coefficients (the GPU finishes the decode, see
+// jpeg_dct.cu) or decoded whole into pixels, each straight into the page-locked buffer the GPU reads. What
+// Pillow prepares its own way (other formats, modes, damaged files) is left to the Python side, which
+// gives Pillow's own pixels, rows or reasons. Nothing here throws or touches Python.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace clip_flash {
+
+// What an input became in the scan (values shared with the Python side: DecodeKind in native_decode.py).
+enum class DecodeKind : int64_t {
+  kPython = 0,        // left to Pillow on the Python side (note says why)
+  kCoefficients = 1,  // entropy-decoded into DCT coefficients for the GPU kernels
+  kPixels = 2,        // decoded whole into uint8 (H, W, C) pixels, Pillow's
+  kEncoded = 3,       // a JPEG whose bytes go to nvJPEG (decode="gpu")
+};
+
+// What the scan is for (values shared with the Python side: ScanMode in native_decode.py).
+enum class ScanMode : int64_t {
+  kPixels = 0,        // exact: decode every JPEG whole
+  kCoefficients = 1,  // exact, GPU: coefficients where the kernels reproduce Pillow's decode, else whole
+  kEncoded = 2,       // fast path: complete-looking plain JPEGs stay encoded for nvJPEG, the rest decode whole
+};
+
+// Columns of ScannedBatch::info().
+constexpr int kInfoFields = 8;  // kind, height, width, channels, sampling, progressive, coefficient bytes, size
+constexpr int kLayoutFields = 3 + 7 * 3;  // the coefficients' layout (libjpeg_runtime.h), zero padded
+
+struct DecodeSource {
+  bool is_path = false;
+  std::string value;  // a path, or the encoded bytes themselves
+};
+
+struct ScannedItem {
+  std::string data;  // the file's bytes
+  DecodeKind kind = DecodeKind::kPython;
+  std::string note;  // why kPython, or why a slower route was taken
+  int64_t height = 0, width = 0, channels = 0;
+  int64_t sampling = -1;  // Pillow's get_sampling (0 4:4:4, 1 4:2:2, 2 4:2:0, -1 other)
+  bool progressive = false;
+  std::vector<int64_t> layout;  // kCoefficients: the coefficients' layout
+  int64_t coefficient_bytes = 0;
+};
+
+struct ScannedBatch {
+  std::vector<ScannedItem> items;
+  std::vector<int64_t> info() const;  // row-major (items, kInfoFields)
+  std::vector<int64_t> layouts() const;  // row-major (items, kLayoutFields)
+};
+
+// Runs `task(i)` for i in [0, count) on its threads and the calling one; one batch at a time.
+class TaskPool {
+ public:
+  explicit TaskPool(int threads);
+  ~TaskPool();
+  TaskPool(const TaskPool&) = delete;
+  TaskPool& operator=(const TaskPool&) = delete;
+  void run(size_t count, const std::function<void(size_t)>& task);
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+ private:
+  void work();
+  void drain(const std::function<void(size_t)>& task, size_t count);
+  std::mutex calls_;  // one run at a time
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(size_t)>* task_ = nullptr;
+  size_t count_ = 0;
+  std::atomic<size_t> next_{0};
+  size_t active_ = 0;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+class ImageBatchDecoder {
+ public:
+  ImageBatchDecoder(int threads, std::string library_path);
+  // Why the library cannot be used (empty: it can).
+  const std::string& failure() const;
+  int threads() const { return pool_.threads(); }
+  // Reads and scans every source; sizes past max_pixels (> 0) are left to Pillow's decompression-bomb check.
+  std::shared_ptr<ScannedBatch> scan(std::vector<DecodeSource> sources, ScanMode mode, int64_t max_pixels);
+  // Decodes the kCoefficients and kPixels items whose offset is >= 0 into their buffers (capacities checked);
+  // returns per item why it could not (empty: written), the item then being left to Pillow.
+  std::vector<std::string> decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,
+                                  const int64_t* pixel_offsets, uint8_t* coefficients, int64_t coefficient_capacity,
+                                  const int64_t* coefficient_offsets);
+  // Copies each item whose offset is >= 0 to out + offset (its whole data).
+  void copy_data(const ScannedBatch& batch, uint8_t* out, int64_t capacity, const int64_t* offsets);
+
+ private:
+  std::string library_path_;
+  TaskPool pool_;
+};
+
+}  // namespace clip_flash

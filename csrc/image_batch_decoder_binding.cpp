@@ -1,0 +1,104 @@
+// Python bindings of the batch decoder (image_batch_decoder.h): the inputs are taken from Python under the GIL,
+// then the whole batch runs without it. Bad arguments (a bug of the caller, not a bad file) raise.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "image_batch_decoder.h"
+
+namespace py = pybind11;
+
+namespace clip_flash {
+namespace {
+
+at::Tensor long_rows(const std::vector<int64_t>& values, int64_t columns) {
+  const int64_t rows = columns ? static_cast<int64_t>(values.size()) / columns : 0;
+  at::Tensor out = at::empty({rows, columns}, at::TensorOptions().dtype(at::kLong));
+  if (!values.empty()) std::memcpy(out.data_ptr<int64_t>(), values.data(), values.size() * sizeof(int64_t));
+  return out;
+}
+
+void check_host_bytes(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kByte && t.dim() == 1 && t.is_contiguous(), name,
+              " must be a contiguous 1-D CPU uint8 tensor");
+}
+
+const int64_t* offsets_of(const at::Tensor& t, size_t count, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous() &&
+                  t.numel() == static_cast<int64_t>(count),
+              name, " must be a contiguous 1-D CPU int64 tensor of one offset per item");
+  return t.data_ptr<int64_t>();
+}
+
+}  // namespace
+
+void register_image_batch_decoder(py::module& module) {
+  py::class_<ScannedBatch, std::shared_ptr<ScannedBatch>>(
+      module, "ScannedImageBatch", "A batch's inputs read and their headers scanned (ImageBatchDecoder.scan).")
+      .def("__len__", [](const ScannedBatch& batch) { return batch.items.size(); })
+      .def("info", [](const ScannedBatch& batch) { return long_rows(batch.info(), kInfoFields); },
+           "int64 (n, 8): kind, height, width, channels, sampling, progressive, coefficient bytes, encoded bytes.")
+      .def("layouts", [](const ScannedBatch& batch) { return long_rows(batch.layouts(), kLayoutFields); },
+           "int64 (n, 24): each coefficient item's layout (see libjpeg_runtime.h), zero padded.")
+      .def("notes", [](const ScannedBatch& batch) {
+        std::vector<std::string> notes;
+        for (const auto& item : batch.items) notes.push_back(item.note);
+        return notes;
+      }, "Per item: why it was left to Pillow, or why a slower route was taken (empty: neither).");
+
+  py::class_<ImageBatchDecoder, std::shared_ptr<ImageBatchDecoder>>(
+      module, "ImageBatchDecoder",
+      "Reads, scans and decodes batches of JPEG files or bytes with Pillow's libjpeg on a pool of native threads "
+      "(made once, reused), without the GIL.")
+      .def(py::init<int, std::string>(), py::arg("threads"), py::arg("library_path"))
+      .def_property_readonly("threads", &ImageBatchDecoder::threads)
+      .def_property_readonly("failure", &ImageBatchDecoder::failure,
+                             "Why the libjpeg cannot be used (empty: it can).")
+      .def("scan", [](ImageBatchDecoder& decoder, const py::list& items, int64_t mode, int64_t max_pixels) {
+        TORCH_CHECK(mode >= 0 && mode <= 2, "mode must be 0 (pixels), 1 (coefficients) or 2 (encoded)");
+        std::vector<DecodeSource> sources(items.size());
+        for (size_t i = 0; i < sources.size(); ++i) {
+          const py::handle item = items[i];
+          if (py::isinstance<py::str>(item)) {
+            sources[i].is_path = true;
+            sources[i].value = item.cast<std::string>();
+          } else if (py::isinstance<py::bytes>(item)) {
+            sources[i].value = item.cast<std::string>();
+          } else {
+            TORCH_CHECK(false, "item ", i, " must be a str path or bytes");
+          }
+        }
+        py::gil_scoped_release released;
+        return decoder.scan(std::move(sources), static_cast<ScanMode>(mode), max_pixels);
+      }, "Read and scan every input (str: a path; bytes: the encoded image).", py::arg("items"), py::arg("mode"),
+           py::arg("max_pixels"))
+      .def("decode", [](ImageBatchDecoder& decoder, const ScannedBatch& batch, const at::Tensor& pixels,
+                        const at::Tensor& pixel_offsets, const at::Tensor& coefficients,
+                        const at::Tensor& coefficient_offsets) {
+        check_host_bytes(pixels, "pixels");
+        check_host_bytes(coefficients, "coefficients");
+        const int64_t* pixel_at = offsets_of(pixel_offsets, batch.items.size(), "pixel_offsets");
+        const int64_t* coefficient_at = offsets_of(coefficient_offsets, batch.items.size(), "coefficient_offsets");
+        py::gil_scoped_release released;
+        return decoder.decode(batch, pixels.data_ptr<uint8_t>(), pixels.numel(), pixel_at,
+                              coefficients.data_ptr<uint8_t>(), coefficients.numel(), coefficient_at);
+      }, "Decode the pixel and coefficient items into the buffers at their offsets (-1: skip); per item why not "
+         "(empty: written).", py::arg("batch"), py::arg("pixels"), py::arg("pixel_offsets"), py::arg("coefficients"),
+           py::arg("coefficient_offsets"))
+      .def("copy_data", [](ImageBatchDecoder& decoder, const ScannedBatch& batch, const at::Tensor& out,
+                           const at::Tensor& offsets) {
+        check_host_bytes(out, "out");
+        const int64_t* at = offsets_of(offsets, batch.items.size(), "offsets");
+        py::gil_scoped_release released;
+        decoder.copy_data(batch, out.data_ptr<uint8_t>(), out.numel(), at);
+      }, "Copy each item's encoded bytes to its offset in out (-1: skip).", py::arg("batch"), py::arg("out"),
+           py::arg("offsets"));
+}
+
+}  // namespace clip_flash
