@@ -18,8 +18,10 @@ from photo_corpus import reference_batch
 
 
 # Each decode's largest allowed mean |difference| to preprocess(Image.open(p)), in normalized units: the exact
-# path is bit for bit; nvJPEG's chroma (libjpeg-style refinement) documented at about 1e-4 on photos.
-TOLERANCE = {"cpu": 0.0, "gpu": 0.01}
+# path is bit for bit; nvJPEG's (not exact) is about 2e-4 on web photos and 0.09-0.11 on this corpus's first files
+# (4:2:2, 4:4:4, low qualities, restart markers). Wrong rows, as a freed buffer gives, are near 1. The lifetime
+# itself is judged by equality with the rows of a preparer kept alive and synchronized.
+TOLERANCE = {"cpu": 0.0, "gpu": 0.2}
 
 USER_SCRIPT = textwrap.dedent("""
     import gc
@@ -42,6 +44,10 @@ USER_SCRIPT = textwrap.dedent("""
     kept = reference[rows.indices].cuda()
     print("rows", len(rows.indices), "failures", len(rows.failures))
     print("mean_diff", (rows.pixels.float() - kept).abs().mean().item())
+    keeper = clip_flash.ImagePreprocessor(pre, device="cuda", dtype=torch.float32, decode=decode)
+    again = keeper(files)
+    torch.cuda.synchronize()
+    print("same_as_kept", again.indices == rows.indices and torch.equal(again.pixels, rows.pixels))
     # What the issue saw fail next: a DataLoader's pin-memory thread, then a module moved to the device.
     dataset = torch.utils.data.TensorDataset(torch.arange(64, dtype=torch.float32).view(16, 4))
     for (batch,) in torch.utils.data.DataLoader(dataset, batch_size=4, pin_memory=True):
@@ -73,6 +79,7 @@ def test_one_liner_with_the_preparer_dropped(tmp_path, photo_files, decode):
         lines = dict(line.split(" ", 1) for line in done.stdout.strip().splitlines() if " " in line)
         assert lines["rows"].startswith(f"{len(files)} failures 0"), done.stdout
         assert float(lines["mean_diff"]) <= TOLERANCE[decode], done.stdout
+        assert lines["same_as_kept"] == "True", done.stdout
         assert done.stdout.strip().endswith("ok")
 
 
@@ -82,6 +89,9 @@ def test_rows_in_use_while_the_preparer_is_dropped(vit_b32_preprocess, photo_fil
     still works on it; page-locked memory reused meanwhile: the rows are still the reference's."""
     files = _jpegs(photo_files, 40)
     reference = torch.stack(reference_batch(vit_b32_preprocess, files)[0]).cuda()
+    keeper = clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, decode=decode)
+    kept = keeper(files)
+    torch.cuda.synchronize()
     for _ in range(3):
         prep = clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, decode=decode)
         decoded = prep.decode(files)
@@ -93,6 +103,7 @@ def test_rows_in_use_while_the_preparer_is_dropped(vit_b32_preprocess, photo_fil
         assert rows.indices == list(range(len(files))) and not rows.failures
         difference = (rows.pixels - reference).abs().mean().item()
         assert difference <= TOLERANCE[decode], difference
+        assert torch.equal(rows.pixels, kept.pixels)
     (torch.ones(8, device="cuda") * 2).sum().item()  # a pending CUDA error would surface here
 
 
