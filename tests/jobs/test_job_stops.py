@@ -14,17 +14,16 @@ from typing import Set
 import pytest
 
 from clip_flash.jobs.cli import STOPPED_MESSAGE
+from clip_flash.inputs.image.native_decode import NativeBatchDecoder
 from clip_flash.jobs.job import EXECUTORS
 from .job_helpers import MODEL, write_photos
 from .test_job_resume import assert_exactly_once, done_shards
 
 REPO = Path(__file__).resolve().parents[2]
-JOB_EXECUTORS = [executor for executor in ("thread", "process") if executor in EXECUTORS]
-# Decoding in processes: multiprocessing's fork server and resource tracker outlive a SIGKILLed job (and hold its
-# stdout/stderr open). Strict: once decoding no longer uses processes (or they die with the job), this must go.
-SIGKILL_CASES = [pytest.param(executor, marks=pytest.mark.xfail(
-    strict=True, reason="multiprocessing's fork server and resource tracker outlive a SIGKILLed job"))
-    if executor == "process" else executor for executor in JOB_EXECUTORS]
+# Every executor the job has that runs here ("native" needs the built extension): decoding runs in the job's own
+# threads (native or Python), so nothing it started can outlive it.
+JOB_EXECUTORS = [executor for executor in EXECUTORS if executor != "native" or NativeBatchDecoder.create(1)]
+SIGKILL_CASES = JOB_EXECUTORS
 
 
 def _stat_fields(pid: int):
