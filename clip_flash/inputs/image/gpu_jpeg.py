@@ -30,14 +30,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .image_decoding import DecodedItem, describe_error
+from .image_decoding import EncodedJpeg, describe_error
 from .jpeg_chroma import SUBSAMPLING, refine_nearest_chroma
 
 logger = logging.getLogger(__name__)
 
 
 CHROMA = ("nvjpeg", "libjpeg")
-Decoded = Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]  # (pixels, refused)
+Decoded = Tuple[List[Tuple[EncodedJpeg, torch.Tensor]], List[Tuple[EncodedJpeg, str]]]  # (pixels, refused)
 # Images refined together: bounds the chroma step's temporaries (a few int64 / float32 planes per image).
 REFINE_CHUNK = 32
 
@@ -47,14 +47,14 @@ class GpuDecoded:
     """nvJPEG's work for one batch, queued on the fast path's streams; :meth:`hand_over` gives it to the
     current stream."""
 
-    decoded: List[Tuple[DecodedItem, torch.Tensor]]  # (item, (H, W, C) uint8 on the device)
-    refused: List[Tuple[DecodedItem, str]]           # what nvJPEG or the chroma step could not do, and why
+    decoded: List[Tuple[EncodedJpeg, torch.Tensor]]  # (item, (H, W, C) uint8 on the device)
+    refused: List[Tuple[EncodedJpeg, str]]           # what nvJPEG or the chroma step could not do, and why
     ready: "torch.cuda.Event"                        # recorded after the last of that work
     device: torch.device
     packed: Optional[Tuple[Any, torch.Tensor]] = None  # the decoded pixels laid out for the resize kernel
 
     def hand_over(self, use_packed: bool = False
-                  ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
+                  ) -> Tuple[List[Tuple[EncodedJpeg, torch.Tensor]], List[Tuple[EncodedJpeg, str]]]:
         """Make the current stream wait for the work, and keep the memory it will read until it is done:
         the packed buffer when ``use_packed`` (the per-image pixels were read only by the packing, on the
         work stream), else each image's pixels."""
@@ -68,7 +68,7 @@ class GpuDecoded:
         return self.decoded, self.refused
 
 
-def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg",
+def decode_jpegs_on_gpu(items: List[EncodedJpeg], device: torch.device, chroma: str = "nvjpeg",
                         pack: Optional[Callable[[List[torch.Tensor]], Tuple[Any, torch.Tensor]]] = None) -> GpuDecoded:
     """Queue torchvision's nvJPEG decode of ``items`` and, with
     ``chroma="libjpeg"``, the chroma step on the fast path's own streams, without waiting for it on the
@@ -91,8 +91,8 @@ def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: 
     return GpuDecoded(decoded, refused, ready, device, packed)
 
 
-def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]
-                   ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
+def _refine_chroma(decoded: List[Tuple[EncodedJpeg, torch.Tensor]]
+                   ) -> Tuple[List[Tuple[EncodedJpeg, torch.Tensor]], List[Tuple[EncodedJpeg, str]]]:
     """libjpeg-style chroma for the subsampled colour JPEGs, batched over images of one size and sampling
     (at most ``REFINE_CHUNK`` at a time); a chunk that fails (e.g. out of memory) is returned as refused,
     with the reason, for the exact CPU decode."""
@@ -101,7 +101,7 @@ def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]
         if item.channels == 3 and item.jpeg_sampling in SUBSAMPLING:
             groups.setdefault((tuple(pixels.shape), item.jpeg_sampling), []).append(position)
     result: List = list(decoded)
-    refused: List[Tuple[DecodedItem, str]] = []
+    refused: List[Tuple[EncodedJpeg, str]] = []
     for (_, sampling), positions in groups.items():
         for first in range(0, len(positions), REFINE_CHUNK):
             chunk = positions[first:first + REFINE_CHUNK]
@@ -145,7 +145,7 @@ def _nvjpeg(encoded: "torch.Tensor | Sequence[torch.Tensor]", device: torch.devi
     return outputs
 
 
-def _decode_with_torchvision(items: List[DecodedItem], device: torch.device) -> Decoded:
+def _decode_with_torchvision(items: List[EncodedJpeg], device: torch.device) -> Decoded:
     try:
         outputs = _nvjpeg([item.encoded for item in items], device)
         pairs = list(zip(items, outputs))

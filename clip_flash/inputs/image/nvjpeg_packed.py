@@ -38,7 +38,7 @@ import torch
 
 from ...ops._extension import load_extension
 from ...ops.image_resample import BatchPlan, plan_batch
-from .image_decoding import DecodedItem, describe_error
+from .image_decoding import DecodedItem, EncodedJpeg, describe_error
 from .jpeg_chroma import SUBSAMPLING
 from .resample_plan import plan_image
 from .transform_spec import ImageTransformSpec
@@ -57,7 +57,7 @@ class PackedJpegs:
 
     plan: BatchPlan
     buffer: torch.Tensor
-    items: List[DecodedItem]
+    items: List[EncodedJpeg]
     written: List[bool]
     ready: "torch.cuda.Event"
 
@@ -83,7 +83,7 @@ def hardware_decoder_usable() -> bool:
 
 def takes(item: DecodedItem) -> bool:
     """Whether an item goes to the hardware decoder: a baseline colour JPEG, as the CPU step's header says."""
-    return item.encoded is not None and item.channels == 3 and not item.jpeg_progressive
+    return isinstance(item, EncodedJpeg) and item.channels == 3 and not item.jpeg_progressive
 
 
 def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: ImageTransformSpec,
@@ -140,10 +140,10 @@ def _thread_stream(device: torch.device) -> "torch.cuda.Stream":
     return streams[device]
 
 
-def _plan(candidates: List[DecodedItem], spec: ImageTransformSpec) -> Tuple[BatchPlan, List[DecodedItem]]:
+def _plan(candidates: List[EncodedJpeg], spec: ImageTransformSpec) -> Tuple[BatchPlan, List[EncodedJpeg]]:
     """The layout of the candidates the transform can resize (the others are left out, for the paths that
     report why)."""
-    def shapes(group: List[DecodedItem]) -> List[Tuple[int, int, int]]:
+    def shapes(group: List[EncodedJpeg]) -> List[Tuple[int, int, int]]:
         return [(int(item.image_size[0]), int(item.image_size[1]), 3) for item in group]
 
     try:
@@ -161,7 +161,7 @@ def _plan(candidates: List[DecodedItem], spec: ImageTransformSpec) -> Tuple[Batc
         return plan_batch(shapes(kept), spec), kept
 
 
-def _refine_chroma_in_place(extension, buffer: torch.Tensor, items: List[DecodedItem], written: List[int],
+def _refine_chroma_in_place(extension, buffer: torch.Tensor, items: List[EncodedJpeg], written: List[int],
                             offsets: np.ndarray, plan: BatchPlan) -> str:
     """One launch pair for the written subsampled images; returns why it could not (empty: done)."""
     rows = [(int(offsets[position]), int(plan.meta[position, 1]), int(plan.meta[position, 2]),
