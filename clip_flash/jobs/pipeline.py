@@ -118,7 +118,8 @@ class EmbeddingPipeline:
     ``pixels``, ``indices`` and ``failures`` (clip_flash's ImagePreprocessor); ``tokenizer`` is called on
     a list of strings and returns a LongTensor of token ids. Either may be None when the job has no
     images / no captions. On CUDA, ``cuda_graphs`` replays full image batches from a captured CUDA graph
-    (``clip_flash.GraphedEncoder``, captured at the first full batch); False runs every batch eager.
+    (``clip_flash.GraphedEncoder``, captured by :meth:`warm_up`, else at the first full batch); False runs
+    every batch eager.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, image_preparer: Any = None,
@@ -161,6 +162,14 @@ class EmbeddingPipeline:
         start = getattr(self.image_preparer, "start", None)
         if start is not None:
             start(batch_size=self.batch_size)
+
+    def warm_up(self) -> float:
+        """Pay now, before :meth:`run`, what the first batch would pay once (the decoder's start, the first calls
+        of the decode, resize and encoder kernels, the image graph's capture at ``batch_size``), on synthetic
+        inputs; returns the seconds spent. See :mod:`clip_flash.jobs.warm_up`."""
+        from .warm_up import warm_up_pipeline
+
+        return warm_up_pipeline(self)
 
     # ----- reader and decoders (CPU threads) ------------------------------------------------------
     def _decode(self, items: ItemBatch) -> Tuple[Any, Optional[torch.Tensor]]:
