@@ -6,16 +6,15 @@ the chroma is recovered and re-upsampled the libjpeg-turbo way (:mod:`.jpeg_chro
 close (not exact). ``benchmarks/image_fast_path_deviation.py`` measures both against the exact path.
 Whatever nvJPEG refuses, and any group whose chroma step fails, goes back to the exact CPU decode.
 
-torchvision's batched call takes the GIL back about once per image (``scripts/probe_nvjpeg_gil.py``:
-1.0-1.5 s for 256 photos beside a busy Python thread, 13.5 ms alone), so it runs on the thread that launches
-the model. Where clip_flash's own call runs (:mod:`.nvjpeg_packed`: the hardware decoder, straight into the
+torchvision's batched call takes the GIL back about once per image, so beside a busy Python thread it
+crawls; it runs on the thread that launches the model, between launches. Where clip_flash's own call runs (:mod:`.nvjpeg_packed`: the hardware decoder, straight into the
 resize kernel's layout, ahead on a decoding thread), this module decodes only what that one leaves.
 
 Streams: torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
 writes them from its own decoder stream, which does not wait for the current one. Memory that kernels
 still queued on the current stream read (freed by Python, reusable there in stream order) can thus be
-overwritten before they run: under a busy GPU this corrupted the chroma step's int64 index planes (an
-out-of-bounds device assert). So the decode runs with a private stream current, on which nothing else
+overwritten before they run (under a busy GPU: the chroma step's int64 index planes, say, then read out of
+bounds). So the decode runs with a private stream current, on which nothing else
 runs, and its outputs are recorded on the stream that uses them next, so that their memory is handed out
 again only after that work is done. That next stream is a second private one, for the copies and the
 chroma step: :meth:`ImagePreprocessor.prepare` queues all of it, then makes its own stream wait for it

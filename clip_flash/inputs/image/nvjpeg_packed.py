@@ -5,15 +5,14 @@ A batch then costs a few calls, none of them per image: the layout from the head
 (:func:`~clip_flash.ops.image_resample.plan_batch`), one device buffer, one copy of its head, one decode
 (``csrc/nvjpeg_decode.cpp``) and one chroma launch pair (``csrc/jpeg_chroma.cu``); :meth:`ImagePreprocessor.prepare`
 adds one resize launch. Every per-image tensor operation costs the thread that runs it a GIL hand-off,
-and beside busy Python threads each hand-off waits up to the interpreter's switch interval: the per-image
-route (decode, then per-image chroma and packing) spent 75-80 ms per batch of 256 there.
+and beside busy Python threads each hand-off waits up to the interpreter's switch interval: a per-image
+route (decode, then per-image chroma and packing) pays that several times per image.
 
-The decode call releases the GIL for the whole batch (measured: a 256-photo decode took 25.6 ms beside a
-busy Python thread, 14.2 ms alone; torchvision's batched call 1,090 ms and 14.1 ms), so :meth:`decode` runs
-it on a decoding thread, ahead of the batch on the device. Each decoding thread queues its batch on a stream
-of its own, and the extension gives concurrent calls separate decoder states (up to ``HARDWARE_DECODERS``).
-Measured on an H200 (``benchmarks/probe_nvjpeg_concurrency.py``): one thread 16,200 photos/s, two 20,600 (the
-second thread's host work overlaps the first's decode), with one decoder state or two alike.
+The decode call releases the GIL for the whole batch (torchvision's batched call takes it back per image, so
+beside a busy Python thread it crawls), so :meth:`decode` runs it on a decoding thread, ahead of the batch on
+the device. Each decoding thread queues its batch on a stream of its own, and the extension gives concurrent
+calls separate decoder states (up to ``HARDWARE_DECODERS``). Two threads decode faster than one, as the
+second's host work overlaps the first's decode (``benchmarks/probe_nvjpeg_concurrency.py`` measures it).
 
 It takes baseline 3-component JPEGs; the rest (progressive, grayscale) and anything it leaves go to
 torchvision's decoder in ``prepare`` (:mod:`.gpu_jpeg`). The pixels are torchvision's hardware-decoded

@@ -36,8 +36,7 @@ from .native_decode import NativeBatchDecoder, ScanMode
 logger = logging.getLogger(__name__)
 
 # Python threads decoding what Pillow prepares its own way (or everything, without the native decoder): beside
-# the thread that launches the model, more of them only compete for the GIL (measured on 16 cores with
-# decode="gpu": 4 threads 5,123 img/s for ViT-B-32, 16 threads 4,066).
+# the thread that launches the model, more than a few only compete for the GIL and slow the whole job.
 PYTHON_DECODE_THREADS = 4
 EXECUTORS = ("auto", "native", "thread")
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
@@ -227,11 +226,9 @@ class ImagePreprocessor:
 
         With ``decode="gpu"`` it resizes what :meth:`decode` put in the kernel's layout on the hardware route
         with one launch, and queues torchvision's nvJPEG decode of the rest, the chroma step and the packing
-        on side streams. torchvision's decode runs here, on the thread that also
-        launches the model, not ahead on a decoding thread: its batched call takes the GIL again for each
-        image, so beside a thread running Python (launches) both crawl (measured: a 256-photo decode took
-        1.0-1.5 s beside a busy Python thread, 13.5 ms alone; ViT-B-32 end to end 4,492 img/s with it ahead,
-        5,123 here)."""
+        on side streams. torchvision's decode runs here, on the thread that also launches the model, not
+        ahead on a decoding thread: its batched call takes the GIL again for each image, so beside a thread
+        running Python (launches) both crawl."""
         failures = list(decoded.failures)
         route_of = {item.index: str(item.route) for item in decoded.items}
         pixel_items = [item for item in decoded.items if isinstance(item, DecodedPixels)]
