@@ -98,6 +98,7 @@ class ShardEmbedder:
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                   job["normalize"], job["out_dtype"], workers, job["executor"],
                                   job["cuda_graphs"], job.get("decode_threads"))
+        self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
         self.output = OutputFolder(job["out"], job["shard_count"])
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
