@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, List
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
@@ -58,6 +58,11 @@ def warm_up_pipeline(pipeline: Any) -> float:
     Off CUDA only the decoder's threads are started (there is no graph, and a CPU's first calls cost little
     beside its batches)."""
     started = time.perf_counter()
+    steps: Dict[str, float] = {}
+
+    def lap(step: str) -> None:
+        steps[step] = time.perf_counter() - started - sum(steps.values())
+
     preparer = pipeline.image_preparer
     start = getattr(preparer, "start", None)
     if start is not None:
@@ -65,25 +70,30 @@ def warm_up_pipeline(pipeline: Any) -> float:
             start(batch_size=pipeline.batch_size, wait=True)
         except TypeError:  # a preparer of another kind, whose start() does not wait
             start(batch_size=pipeline.batch_size)
-    if not pipeline.cuda:
-        return time.perf_counter() - started
-    device = pipeline.device
-    compute = torch.cuda.current_stream(device)
-    with torch.inference_mode():
-        if preparer is not None:
-            pixels = _warm_up_images(pipeline)
-            if pixels is not None:
-                zeros = torch.zeros((pipeline.batch_size, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
-                # Through the run's own call: the graph key (batch size, row shape, dtype) is the run's.
-                pipeline._to_host(pipeline._finish(pipeline._encode_image(zeros)))
-        if pipeline.tokenizer is not None:
-            tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
-            if not pipeline.host_tokens:
-                tokens = tokens.to(device, non_blocking=True)
-            pipeline._to_host(pipeline._finish(pipeline.model.encode_text(tokens)))
-    compute.synchronize()
+        lap("decoder start")
+    if pipeline.cuda:
+        device = pipeline.device
+        compute = torch.cuda.current_stream(device)
+        with torch.inference_mode():
+            if preparer is not None:
+                pixels = _warm_up_images(pipeline)
+                lap("synthetic images decoded and prepared")
+                if pixels is not None:
+                    zeros = torch.zeros((pipeline.batch_size, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
+                    # Through the run's own call: the graph key (batch size, row shape, dtype) is the run's.
+                    pipeline._to_host(pipeline._finish(pipeline._encode_image(zeros)))
+                    compute.synchronize()
+                    lap(f"image encoder at batch {pipeline.batch_size}")
+            if pipeline.tokenizer is not None:
+                tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
+                if not pipeline.host_tokens:
+                    tokens = tokens.to(device, non_blocking=True)
+                pipeline._to_host(pipeline._finish(pipeline.model.encode_text(tokens)))
+                compute.synchronize()
+                lap("text encoder")
     seconds = time.perf_counter() - started
-    logger.info("pipeline warmed up in %.2f s (decoder, decode and resize kernels, image graph)", seconds)
+    logger.info("pipeline warmed up in %.2f s (%s)", seconds,
+                ", ".join(f"{step} {step_seconds:.2f} s" for step, step_seconds in steps.items()))
     return seconds
 
 
