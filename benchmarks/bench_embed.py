@@ -15,9 +15,10 @@ For each case it runs ``clip_flash.embed`` (the job ``scripts/embed.py`` runs) i
 ``--cases`` picks the image jobs run after stock, in order (``exact-native-eager`` is the exact job with
 ``cuda_graphs=False``); name two cases alternately to compare them.
 
-Rates are inputs per second over the pipeline's wall time after its first shard (warm-up and the first
-file reads excluded), over the whole run, and with the setup (model load, the decoder's start) counted
-too; the setup's seconds and the first batch's (from the pipeline's start) are given beside them, and the
+Rates are inputs per second over the pipeline's wall time after its first shard (the first file reads
+excluded), over the whole run, and with the setup (model load, the decoder's start, the pipeline's warm-up on
+synthetic inputs: :mod:`clip_flash.jobs.warm_up`) counted too; the setup's seconds, the warm-up's part of them
+and the first batch's (from the pipeline's start) are given beside them, and the
 number of CPU cores that fed them is recorded. The
 embeddings of each clip_flash run are compared with the stock run of the same inputs (cosine, max |diff|).
 Writes ``embed_bench.json`` and ``embed_bench.md`` under ``--results``.
@@ -61,7 +62,7 @@ IMAGE_CASES = {"stock": ("stock", "cpu", "thread", False),
 DEFAULT_CASES = ("exact-native", "gpu-decode")
 
 COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)", "items/s (whole run)",
-           "items/s (with setup)", "setup s", "first batch s",
+           "items/s (with setup)", "setup s", "warm-up s", "first batch s",
            "x stock", "of encoder-only", "GPU peak MiB",
            "cos vs stock (min)", "max abs diff vs stock")
 
@@ -233,6 +234,7 @@ def _row(model: str, inputs: str, pipeline: str, case: Dict[str, Any], stock: Di
         "items/s (whole run)": f"{summary['items_per_s']:,.0f}",
         "items/s (with setup)": _maybe(summary.get("job_items_per_s"), "{:,.0f}"),
         "setup s": _maybe(summary.get("setup_seconds"), "{:.2f}"),
+        "warm-up s": _maybe(summary.get("warm_up_seconds"), "{:.2f}"),
         "first batch s": _maybe(summary.get("first_batch_seconds"), "{:.2f}"),
         "x stock": f"{steady / stock_steady:.2f}",
         "of encoder-only": f"{steady / ceiling:.1%} of {ceiling:,.0f}",

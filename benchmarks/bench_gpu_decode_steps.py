@@ -31,6 +31,7 @@ from benchmarks.harness import results  # noqa: E402
 from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
 from benchmarks.harness.workloads import image_files  # noqa: E402
 from clip_flash.inputs.image import gpu_jpeg, nvjpeg_packed  # noqa: E402
+from clip_flash.inputs.image.image_decoding import EncodedJpeg  # noqa: E402
 
 
 def timed_ms(step: Callable[[], object], repeats: int) -> float:
@@ -65,7 +66,7 @@ def main() -> None:
                                          executor="thread", gpu_chroma="nvjpeg") as fast_nvjpeg, \
             clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16, executor="thread") as exact:
         decoded = fast.decode(batch)
-        jpegs = [item for item in decoded.items if item.encoded is not None]
+        jpegs = [item for item in decoded.items if isinstance(item, EncodedJpeg)]
         with clip_flash.ImagePreprocessor(preprocess, device=device, dtype=torch.float16, decode="gpu",
                                           nvjpeg_hardware=False) as reader:
             steps["CPU step: read files, scan headers (native)"] = timed_ms(lambda: reader.decode(batch),

@@ -9,6 +9,12 @@ process on every core this process may use; ``1`` pins it to one core and sets R
 Per caption set: the first call of a fresh tokenizer ("cold": nothing cached, what a one-off job pays),
 then the two tokenizers alternate, median over ``--repeats`` calls each ("warm"). Ids are compared with
 ``torch.equal`` on every set; a difference fails the run.
+
+Whether ``clean_workers=N`` (``tokenizing_pool``: worker processes tokenizing slices of a batch) earns its keep:
+``--clean-workers 0 1 3 7 15`` (all-cores setting only) adds a tokenizer per N > 0 to the alternation. Its first
+call, which starts the worker processes (each imports OpenCLIP), is timed on its own ("pool start s"), then
+its warm calls alternate with the in-process tokenizer's, so the speedup over it is measured on the same host
+at the same moment.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: int) -> List[Dict[str, Any]]:
+def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: List[int]) -> List[Dict[str, Any]]:
     """This process's rows: one per caption set."""
     import open_clip
     import torch
@@ -58,11 +64,18 @@ def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: i
         if not torch.equal(got, expected):
             raise SystemExit(f"ids differ on the {set_name} set: refusing to time a wrong tokenizer")
         calls = {"openclip": lambda: openclip_tok(texts), "clip_flash": lambda: ours(texts)}
-        if clean_workers:
-            pooled = get_tokenizer(model, clean_workers=clean_workers)
-            calls["clip_flash_pool"] = lambda: pooled(texts)
+        pool_start: Dict[int, float] = {}
+        for workers in sorted({count for count in clean_workers if count > 0}):
+            pooled = get_tokenizer(model, clean_workers=workers)
+            started = time.perf_counter()
+            if not torch.equal(pooled(texts), expected):  # the first call starts the worker processes
+                raise SystemExit(f"ids with {workers} worker processes differ on the {set_name} set")
+            pool_start[workers] = time.perf_counter() - started
+            if pooled.pool.broken_reason is not None:
+                raise SystemExit(f"the pool of {workers} broke: {pooled.pool.broken_reason}")
+            calls[f"pool_{workers}"] = lambda pooled=pooled: pooled(texts)
         seconds: Dict[str, List[float]] = {side: [] for side in calls}
-        for side in calls:  # one untimed warm call each (starts the worker processes, if any)
+        for side in calls:  # one untimed warm call each
             if not torch.equal(calls[side](), expected):
                 raise SystemExit(f"{side} ids differ on the {set_name} set")
         ours.stage_seconds.clear()  # stages of the warm calls only
@@ -81,15 +94,15 @@ def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: i
             "openclip_warm_per_s": len(texts) / openclip_warm, "clip_flash_warm_per_s": len(texts) / ours_warm,
             "warm_speedup": openclip_warm / ours_warm,
             "openclip_seconds": seconds["openclip"], "clip_flash_seconds": seconds["clip_flash"],
-            "routes": dict(ours.route_counts), "ids_identical": True, "clean_workers": clean_workers,
+            "routes": dict(ours.route_counts), "ids_identical": True,
             "clip_flash_stage_ms_per_call": {stage: 1e3 * total / repeats
                                              for stage, total in ours.stage_seconds.items()},
         })
-        if clean_workers:
-            pooled_warm = statistics.median(seconds["clip_flash_pool"])
-            rows[-1].update({"clip_flash_pool_warm_per_s": len(texts) / pooled_warm,
-                             "pool_warm_speedup": openclip_warm / pooled_warm,
-                             "clip_flash_pool_seconds": seconds["clip_flash_pool"]})
+        rows[-1]["pools"] = {
+            workers: {"start_s": start, "warm_per_s": len(texts) / statistics.median(seconds[f"pool_{workers}"]),
+                      "vs_in_process": ours_warm / statistics.median(seconds[f"pool_{workers}"]),
+                      "seconds": seconds[f"pool_{workers}"]}
+            for workers, start in pool_start.items()}
     return rows
 
 
@@ -99,7 +112,7 @@ def run_setting(cores: str, args: argparse.Namespace) -> List[Dict[str, Any]]:
     command = [sys.executable, __file__, "--worker", "--model", args.model, "--captions", str(args.captions),
                "--repeats", str(args.repeats), "--seed", str(args.seed)]
     if cores != "1":
-        command += ["--clean-workers", str(args.clean_workers)]
+        command += ["--clean-workers", *(str(count) for count in args.clean_workers)]
     if cores == "1":
         env["RAYON_NUM_THREADS"] = "1"
         command.append("--pin-one-core")
@@ -120,10 +133,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cores", nargs="+", choices=("all", "1"), default=["all", "1"])
-    parser.add_argument("--clean-workers", type=int, default=0,
-                        help="also time clip_flash with this many tokenizing processes, all-cores setting only "
-                             "(-1: usable cores - 1) [default 0: none, as get_tokenizer; with 15 on the 16-core "
-                             "host the run did not finish within 110 s: workers starting cost seconds a call]")
+    parser.add_argument("--clean-workers", type=int, nargs="+", default=[0],
+                        help="also time clip_flash with each of these many tokenizing processes, all-cores setting "
+                             "only (-1: usable cores - 1) [default 0: none, as get_tokenizer]; each pool's start "
+                             "(its first call) is timed apart from its warm calls")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -133,25 +146,25 @@ def main(argv=None) -> int:
     if args.worker:
         if args.pin_one_core and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        print(json.dumps(measure(args.model, args.captions, args.repeats, args.seed, args.clean_workers or 0)))
+        print(json.dumps(measure(args.model, args.captions, args.repeats, args.seed, args.clean_workers)))
         return 0
 
     from benchmarks.harness.results import markdown_table, write_microbenchmark
     from clip_flash.inputs.text.tokenizing_pool import default_workers
 
-    if args.clean_workers < 0:
-        args.clean_workers = default_workers()
+    args.clean_workers = [default_workers() if count < 0 else count for count in args.clean_workers]
 
     load_before = os.getloadavg()
     rows = [row for cores in args.cores for row in run_setting(cores, args)]
     columns = ("captions", "cores", "mean tokens", "OpenCLIP warm /s", "clip_flash warm /s", "warm x",
-               "+ worker processes warm /s (x)", "OpenCLIP cold /s", "clip_flash cold /s", "cold x",
+               "with N worker processes: warm /s (x in-process), pool start s", "OpenCLIP cold /s",
+               "clip_flash cold /s", "cold x",
                "texts per route over all calls (plain/replayed/cleaned/openclip)")
     table = markdown_table(columns, [(
         f"{row['caption_set']} x{row['captions']}", str(row["cores"]), f"{row['mean_tokens']:.1f}",
         f"{row['openclip_warm_per_s']:,.0f}", f"{row['clip_flash_warm_per_s']:,.0f}", f"{row['warm_speedup']:.1f}",
-        (f"{row['clip_flash_pool_warm_per_s']:,.0f} ({row['pool_warm_speedup']:.1f}) with {row['clean_workers']}"
-         if row.get("clean_workers") else "-"),
+        "; ".join(f"N={workers}: {pool['warm_per_s']:,.0f} ({pool['vs_in_process']:.2f}), {pool['start_s']:.1f} s"
+                  for workers, pool in row.get("pools", {}).items()) or "-",
         f"{row['openclip_cold_per_s']:,.0f}", f"{row['clip_flash_cold_per_s']:,.0f}", f"{row['cold_speedup']:.1f}",
         "/".join(str(count) for count in row["routes"].values()),
     ) for row in rows])
@@ -167,7 +180,8 @@ def main(argv=None) -> int:
              f"{args.captions} captions per call; warm = median of {args.repeats} alternating calls; cold = "
              f"first call of a freshly built tokenizer (building it, ~0.3-0.5 s once, is not counted: see the "
              f"JSON); worker processes = `clean_workers=N` processes each tokenizing slices of the batch, the "
-             f"caller one too; ids identical "
+             f"caller one too (x: warm rate over the in-process tokenizer's, same alternation; pool start: its "
+             f"first call, starting the processes); ids identical "
              f"(torch.equal) on every set. Host: {usable_cores()} usable cores, load average "
              f"{load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after the run (other work shares the host "
              f"when it is above 0).")

@@ -20,9 +20,8 @@ _BACKENDS: Dict[str, AttentionBackend] = {
 BACKEND_NAMES: Tuple[str, ...] = tuple(_BACKENDS)
 
 # Without a measured table for this GPU, ``auto`` tries these in order and takes the first that serves the
-# site. SDPA comes first: on the H100 torch's cuDNN attention measured faster than FA2 on ViT-L-14's attention
-# shape (the shipped table in attention_tables/ has the numbers), and SDPA serves every device and dtype. The
-# reference backend is never automatic.
+# site. SDPA comes first: torch's cuDNN attention is faster than FA2 on ViT-L-14's attention shape (the shipped
+# tables in attention_tables/), and SDPA serves every device and dtype. The reference backend is never automatic.
 AUTO_ORDER: Tuple[str, ...] = ("sdpa", "flash_attn")
 FALLBACK = "sdpa"
 

@@ -57,8 +57,8 @@ class _HeldFlags:
     """Hold the lock and, when pinned, ``sdpa_kernel([backend])``'s flags for the with-block; restore on exit.
 
     The flags set and restored are exactly sdpa_kernel's; this skips its per-call Python work (building and
-    deduplicating lists, name lookups, a generator context), which at launch-bound batch sizes cost as much as
-    the attention kernel itself on the hosts we measured.
+    deduplicating lists, name lookups, a generator context), which at launch-bound batch sizes costs about as
+    much as the attention kernel itself.
     """
 
     __slots__ = ("_wanted", "_previous")

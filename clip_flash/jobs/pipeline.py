@@ -99,7 +99,8 @@ class PipelineStats:
 
 MAIN_THREAD_STEPS = ("waiting for inputs", "launching", "waiting for the device", "handing to the writer")
 # Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoder, then waits; with
-# decode="gpu" each also runs its batch's hardware JPEG decode). Two keep the GPU fed; more measured no faster.
+# decode="gpu" each also runs its batch's hardware JPEG decode). Two keep the GPU fed: one batch is decoded
+# while the other is handed over; more only hold more batches in memory.
 DEFAULT_DECODE_THREADS = 2
 
 
@@ -118,7 +119,8 @@ class EmbeddingPipeline:
     ``pixels``, ``indices`` and ``failures`` (clip_flash's ImagePreprocessor); ``tokenizer`` is called on
     a list of strings and returns a LongTensor of token ids. Either may be None when the job has no
     images / no captions. On CUDA, ``cuda_graphs`` replays full image batches from a captured CUDA graph
-    (``clip_flash.GraphedEncoder``, captured at the first full batch); False runs every batch eager.
+    (``clip_flash.GraphedEncoder``, captured by :meth:`warm_up`, else at the first full batch); False runs
+    every batch eager.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, image_preparer: Any = None,
@@ -137,7 +139,7 @@ class EmbeddingPipeline:
         self.prefetch_batches = prefetch_batches
         self.cuda = self.device.type == "cuda"
         # On a CPU a batch's embeddings exist when its launch returns: collected at once, so the progress bar
-        # and the shard hand-over follow every batch (waiting for 2 more held a 3-batch job's bar at 0).
+        # and the shard hand-over follow every batch (else a job of a few batches shows no progress until its end).
         self.batches_in_flight = max(1, batches_in_flight) if self.cuda else 0
         self.wds_key_column = wds_key_column
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -148,7 +150,7 @@ class EmbeddingPipeline:
         self.host_tokens = self.cuda and tokenizer is not None and takes_host_token_ids(model)
         # Full image batches replay one CUDA graph (the same kernels, so the same rows as eager). An eager ViT
         # forward is hundreds of launches, each releasing the GIL to the decoding threads and waiting to take it
-        # back: 28 ms per batch of 256 in bench_clip.py's eager loop on one H100 host; it bounded the exact job.
+        # back, which can bound the whole job; a replay is one launch.
         self.image_graphs = None
         if self.cuda and cuda_graphs and image_preparer is not None:
             from ..graphs import GraphedEncoder
@@ -161,6 +163,14 @@ class EmbeddingPipeline:
         start = getattr(self.image_preparer, "start", None)
         if start is not None:
             start(batch_size=self.batch_size)
+
+    def warm_up(self) -> float:
+        """Pay now, before :meth:`run`, what the first batch would pay once (the decoder's start, the first calls
+        of the decode, resize and encoder kernels, the image graph's capture at ``batch_size``), on synthetic
+        inputs; returns the seconds spent. See :mod:`clip_flash.jobs.warm_up`."""
+        from .warm_up import warm_up_pipeline
+
+        return warm_up_pipeline(self)
 
     # ----- reader and decoders (CPU threads) ------------------------------------------------------
     def _decode(self, items: ItemBatch) -> Tuple[Any, Optional[torch.Tensor]]:

@@ -24,17 +24,17 @@ bytes through Ray's object store (and across nodes when the tasks run elsewhere)
 decode threads spend their time in libjpeg-turbo with the GIL released and the device half of the
 preparation (resize, crop, normalise) runs on the GPU beside the encoder. Each actor gets the node's
 cores divided by its GPUs as decode threads. Decoded arrays are accepted too, for pipelines that decode
-anyway. This placement is reasoned from those sizes and from the single-GPU rates measured on the H100 host
-(per-core decoding is far slower than the patched encoder, so the bytes, not the pixels, should travel);
-the two placements have not been timed against each other through Ray (no Ray on the GPU machine yet).
+anyway. This placement follows from those sizes and from per-core decoding being far slower than the
+patched encoder (so the bytes, not the pixels, should travel); the two placements have not been timed
+against each other through Ray.
 
 N GPUs, N nodes: start Ray on every node (``ray start --head`` on one, ``ray start --address=HEAD:6379``
 on the others), put the inputs and the output folder on storage that every node mounts at the same path,
 and run ``scripts/embed.py --ray HEAD:6379`` (or ``--ray`` with ``RAY_ADDRESS`` set) anywhere. One actor
 per GPU of the cluster by default (``--ray-workers``). Each actor takes whole shards, so have several
 times more shards than GPUs for an even finish. A shard whose actor dies is retried by Ray; what is left
-unfinished is embedded by the next run of the same command. Tested here on a local CPU Ray and planned
-for GPUs; not measured on a cluster yet.
+unfinished is embedded by the next run of the same command. The tests run it on a local CPU Ray; its speed
+on a cluster is not measured.
 """
 from __future__ import annotations
 
@@ -98,6 +98,7 @@ class ShardEmbedder:
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                   job["normalize"], job["out_dtype"], workers, job["executor"],
                                   job["cuda_graphs"], job.get("decode_threads"))
+        self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
         self.output = OutputFolder(job["out"], job["shard_count"])
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:

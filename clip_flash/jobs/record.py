@@ -1,9 +1,10 @@
 """What a finished embedding job reports: the summary it prints and the JSON record it keeps.
 
 Rates count inputs (embedded + failed) from files or strings to committed ``.npy`` files, over the
-pipeline's wall time (model loading excluded, warm-up included); ``steady_items_per_s`` leaves the
-first written shard out, which is the rate a long job runs at; ``job_items_per_s`` counts the setup too
-(planning, model loading, the decoding workers' start: ``setup_seconds``), the rate a user waits for.
+pipeline's wall time (model loading and the pipeline's warm-up excluded: they are setup);
+``steady_items_per_s`` leaves the first written shard out, which is the rate a long job runs at;
+``job_items_per_s`` counts the setup too (planning, model loading, the decoder's start and the pipeline's
+warm-up: ``setup_seconds``, of which ``warm_up_seconds``), the rate a user waits for.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class JobSummary:
     cpu_cores: int
     gpu_peak_mib: Optional[float] = None
     steady_items_per_s: Optional[float] = None
-    setup_seconds: Optional[float] = None       # embed() called to the pipeline's start (model load included)
+    setup_seconds: Optional[float] = None       # embed() called to the pipeline's start (model load, warm-up)
+    warm_up_seconds: Optional[float] = None     # the part of setup_seconds the pipeline's warm-up took
     first_batch_seconds: Optional[float] = None  # the pipeline's start to its first batch's embeddings
     record_path: Optional[str] = None
     main_thread_seconds: Dict[str, float] = field(default_factory=dict)  # what the device stage waited on
@@ -79,7 +81,8 @@ class JobSummary:
             + f", fed by {self.cpu_cores} CPU cores",
         ]
         if self.setup_seconds is not None:
-            lines.append(f"  setup: {self.setup_seconds:.2f} s before the first batch (model load, decoding workers)"
+            lines.append(f"  setup: {self.setup_seconds:.2f} s before the first batch (model load, decoder, warm-up"
+                         + (f" {self.warm_up_seconds:.2f} s" if self.warm_up_seconds is not None else "") + ")"
                          + (f", first batch done {self.first_batch_seconds:.2f} s into the run"
                             if self.first_batch_seconds is not None else "")
                          + f"; {self.job_items_per_s:,.1f} items/s counting it")

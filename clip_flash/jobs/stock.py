@@ -1,4 +1,4 @@
-"""The baseline the job's speed is compared with: the same job the way OpenCLIP users run it today.
+"""The baseline the job's speed is compared with: the same job the way OpenCLIP's users run it.
 
 OpenCLIP's PIL ``preprocess(Image.open(p))`` and its tokenizer in ``DataLoader`` worker processes (as
 clip-retrieval does), the model unpatched, embeddings copied back batch by batch. It writes the same

@@ -10,9 +10,8 @@ so the patched ``conv1`` gathers the patches with one copy and calls cuBLAS. The
 For 16-bit CUDA inputs whose patch length is not a multiple of 8 (14x14 patches: 588), the patch matrix
 and the kernel are padded with zero columns to the next multiple of 8, which lets cuBLAS use its 16-byte
 aligned kernels; zeros add nothing to the products, so the result is the same. Padding costs three more
-launches, so it is done only from ``PAD_MIN_PATCHES`` patches on: on the H100 the padded GEMM of ViT-L/H/g-14
-was ahead from batch 64 (16384 patches) on, the unpadded one at batch 16 (4096 patches) and below
-(benchmarks/results/h100/patch_embedding.md has the timings).
+launches, which small batches do not earn back, so it is done only from ``PAD_MIN_PATCHES`` patches on (the
+crossover for ViT-L/H/g-14: benchmarks/results/h100/patch_embedding.md).
 """
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ from .context import PlanContext, Site
 __all__ = ["patch_embedding_blockers", "patch_embedding", "PatchEmbeddingConv2d"]
 
 _ALIGN_ELEMENTS = 8  # 16 bytes of fp16/bf16
-PAD_MIN_PATCHES = 8192  # between the measured crossover's ends, 4096 and 16384 patches (see above)
+PAD_MIN_PATCHES = 8192  # inside the crossover's range in benchmarks/results/h100/patch_embedding.md
 
 
 def patch_embedding_blockers(conv: nn.Module) -> List[str]:

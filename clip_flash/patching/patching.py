@@ -144,13 +144,12 @@ def patch(model: nn.Module, backend: str = "auto", *, skip_padding: bool = True,
             run the norms outside the blocks (ln_pre, ln_post, ln_final) in one pass each.
         gemm_epilogue: with ``fuse_blocks``, let c_fc's bias and activation run in a Triton GEMM epilogue where
             that measures faster than cuBLAS + a separate pass (CUDA fp16/bf16 inference; timed once per
-            shape, see ``clip_flash.ops.experimental.gemm_epilogue``). Off by default: on the H100 the Triton
-            kernels lost to cuBLAS + the bias_act pass at every ViT MLP shape but the two largest, where they
-            broke even (benchmarks/results/h100/gemm_epilogue_fp16.txt), so turning it on there buys little beyond the
-            one-time calibration.
+            shape, see ``clip_flash.ops.experimental.gemm_epilogue``). Off by default: the Triton kernels do not
+            beat cuBLAS + the bias_act pass at ViT MLP shapes (benchmarks/results/h100/gemm_epilogue_fp16.txt),
+            so turning it on buys little beyond the one-time calibration.
         patch_embedding_gemm: run a ViT's patch embedding (conv1: stride = kernel, no padding) as one GEMM
             over the patches instead of cuDNN's convolution (``clip_flash.patching.patch_embedding``; the same
-            products, faster at every measured batch on the H100: benchmarks/results/h100/patch_embedding.md).
+            products, and faster: benchmarks/results/h100/patch_embedding.md).
 
     Returns:
         A ``PatchReport``: each attention site, the backend that runs there or why it stayed stock.

@@ -172,7 +172,7 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
         ln_2, mlp, out_proj = self.ln_2, self.mlp, self.attn.out_proj
         attended = self._attend(h, causal, attn_mask, kv, packing)
         # Biases stay in the GEMMs, as in stock: cuBLAS adds them in its epilogue, and the rounding matches stock
-        # (moving them into our kernels saved no GEMM time beyond the run-to-run spread on the H100).
+        # (moving them into our kernels saves no GEMM time).
         x, h = fused_ops.add_layer_norm(
             x, out_proj(attended), _scale_of(self.ls_1), ln_2.weight, ln_2.bias, ln_2.eps,
         )

@@ -1,6 +1,6 @@
 """``--workers N``: N HTTP frontend processes in front of one engine process, never one model copy per frontend.
 
-One Python process answers about 10,000 small requests/s with no model behind it (design notes, section 9), so
+One Python process's HTTP work caps the small requests it answers, model or not (design notes, section 9), so
 past that rate the HTTP work is spread over processes while the model stays in one: this process loads the
 engines (one per GPU) and serves them on a Unix socket; each frontend (spawned, accepting on one listening
 socket this process opened and handed to them, so the kernel spreads connections) runs the same routes over a

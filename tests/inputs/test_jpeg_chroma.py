@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from clip_flash.inputs.image.gpu_jpeg import _refine_chroma
-from clip_flash.inputs.image.image_decoding import DecodedItem
+from clip_flash.inputs.image.image_decoding import EncodedJpeg
 from clip_flash.inputs.image.jpeg_chroma import fancy_upsample, refine_nearest_chroma, ycc_to_rgb
 from photo_corpus import skimage_photo
 
@@ -92,12 +92,17 @@ def test_batched_refinement_equals_one_by_one():
     assert torch.equal(refine_nearest_chroma(images[0], 0), images[0])  # 4:4:4 is left alone
 
 
+def _header(index, image_size, sampling):
+    """A colour JPEG's item as the CPU step gives it (the refinement reads only its header fields)."""
+    return EncodedJpeg(index, torch.empty(0, dtype=torch.uint8), image_size, 3, sampling, False)
+
+
 def test_refinement_groups_images_by_size_and_sampling():
     shapes = [(40, 30), (40, 30), (20, 30), (40, 30)]
     samplings = [2, 1, 2, 0]
     pairs = []
     for index, ((height, width), sampling) in enumerate(zip(shapes, samplings)):
-        item = DecodedItem(index, image_size=(height, width), channels=3, jpeg_sampling=sampling)
+        item = _header(index, (height, width), sampling)
         pairs.append((item, torch.randint(0, 256, (height, width, 3), dtype=torch.uint8)))
     refined, refused = _refine_chroma(pairs)
     assert refused == []
@@ -122,7 +127,7 @@ def test_refinement_stays_in_bounds_at_photo_sizes(monkeypatch):
         # Extremes too: pure black/white blocks (all channels clipped) and random colours.
         pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=generator)
         pixels[: height // 3] = 255 if index % 2 else 0
-        item = DecodedItem(index, image_size=(height, width), channels=3, jpeg_sampling=2 if index % 3 else 1)
+        item = _header(index, (height, width), 2 if index % 3 else 1)
         pairs.append((item, pixels))
     refined, refused = gpu_jpeg._refine_chroma(pairs)
     assert refused == [] and [item.index for item, _ in refined] == list(range(len(pairs)))
@@ -140,7 +145,7 @@ def test_a_failing_refinement_chunk_is_refused_not_raised(monkeypatch):
         return refine_nearest_chroma(rgb, sampling)
 
     monkeypatch.setattr(gpu_jpeg, "refine_nearest_chroma", out_of_memory)
-    pairs = [(DecodedItem(index, image_size=(height, 30), channels=3, jpeg_sampling=2),
+    pairs = [(_header(index, (height, 30), 2),
               torch.randint(0, 256, (height, 30, 3), dtype=torch.uint8))
              for index, height in enumerate((40, 20, 40))]
     refined, refused = gpu_jpeg._refine_chroma(pairs)

@@ -8,6 +8,7 @@ import torch
 
 import clip_flash
 from clip_flash.inputs.image import nvjpeg_packed
+from clip_flash.inputs.image.image_decoding import EncodedJpeg
 from clip_flash.inputs.image.jpeg_chroma import refine_nearest_chroma
 
 # GPUs with hardware JPEG decoders (A100, H100/H200): there the route must run.
@@ -22,7 +23,7 @@ def _fast(preprocess, **options):
 def _jpeg_items(preprocess, paths):
     with _fast(preprocess, nvjpeg_hardware=False) as prep:
         decoded = prep.decode(list(paths))
-    return [item for item in decoded.items if item.encoded is not None], prep.resize.spec
+    return [item for item in decoded.items if isinstance(item, EncodedJpeg)], prep.resize.spec
 
 
 def _packed_or_skip(items, spec, chroma, decoders=nvjpeg_packed.HARDWARE_DECODERS):
@@ -175,7 +176,7 @@ def test_reading_natively_gives_the_same_rows(vit_b32_preprocess, photo_files):
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, decode="gpu",
                                       workers=2, executor="native") as prep:
         decoded = prep.decode(photo_files)
-        assert any(item.encoded is not None for item in decoded.items)
+        assert any(isinstance(item, EncodedJpeg) for item in decoded.items)
         native = prep.prepare(decoded)
     assert native.indices == threads.indices and native.failures == threads.failures
     assert torch.equal(native.pixels, threads.pixels)

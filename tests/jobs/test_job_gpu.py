@@ -62,14 +62,40 @@ def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cud
                                out_dtype="float32", shard_size=20, batch_size=8, cuda_graphs=cuda_graphs,
                                progress=False)
     assert summary.rows == 45 and summary.precision == "fp16" and summary.patched and summary.gpu_peak_mib > 0
-    # Full batches (two per shard of 20, batches of 8) replay the graph; the rest run eager. Rows equal either way.
-    assert replayed == ([8] * 4 if cuda_graphs else [])
+    # The warm-up's batch of zeros captures the graph, then full batches (two per shard of 20, batches of 8)
+    # replay it; the rest run eager. Rows equal either way.
+    assert replayed == ([8] * 5 if cuda_graphs else [])
     assert json.loads(open(summary.record_path).read())["options"]["image_cuda_graphs"] is cuda_graphs
     output = read_output(tmp_path / "out")
     images, texts = _reference_rows([str(path) for path in ordered], captions, _batches(45, 20, 8))
     np.testing.assert_array_equal(output["img_emb"], images)
     np.testing.assert_array_equal(output["text_emb"], texts)
     assert output["metadata"]["image_path"] == [str(path) for path in ordered]
+
+
+def test_the_image_graph_is_captured_in_the_setup_not_in_the_run(tmp_path, monkeypatch):
+    from clip_flash.graphs.capture import CaptureSpace
+    from clip_flash.jobs.pipeline import EmbeddingPipeline
+
+    events = []
+    capture, run = CaptureSpace.capture, EmbeddingPipeline.run
+
+    def capturing(self, key, function, warmup_iters):
+        events.append(("capture", key.tower, key.batch))
+        return capture(self, key, function, warmup_iters)
+
+    def running(self, *args, **kwargs):
+        events.append(("run",))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(CaptureSpace, "capture", capturing)
+    monkeypatch.setattr(EmbeddingPipeline, "run", running)
+    write_photos(tmp_path / "photos", count=20, captions=False)
+    summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", GPU_MODEL, device="cuda", shard_size=10,
+                               batch_size=8, progress=False)
+    assert summary.rows == 20
+    assert events == [("capture", "image", 8), ("run",)]
+    assert 0 < summary.warm_up_seconds < summary.setup_seconds
 
 
 def _smooth_jpegs(folder, count=12, seed=0):

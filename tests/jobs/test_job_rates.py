@@ -20,13 +20,15 @@ def test_summary_and_record_give_setup_first_batch_and_every_rate(tmp_path, chec
                                shard_size=4, batch_size=2, executor=executor, progress=False)
     assert (summary.rows, summary.failures, summary.shards_written) == (9, 1, 3)
     assert summary.setup_seconds > 0 and 0 < summary.first_batch_seconds <= summary.seconds
+    assert 0 < summary.warm_up_seconds < summary.setup_seconds  # the decoder's start, within the setup
     assert summary.steady_items_per_s > 0  # three shards: the rate after the first one
     assert summary.job_items_per_s == pytest.approx(10 / (summary.setup_seconds + summary.seconds))
     assert summary.job_items_per_s < summary.items_per_s
     text = summary.format()
     assert "after the first shard" in text and "setup:" in text and "counting it" in text
     record = json.loads(open(summary.record_path).read())
-    for key in ("items_per_s", "steady_items_per_s", "job_items_per_s", "setup_seconds", "first_batch_seconds"):
+    for key in ("items_per_s", "steady_items_per_s", "job_items_per_s", "setup_seconds", "warm_up_seconds",
+                "first_batch_seconds"):
         assert record["summary"][key] == pytest.approx(getattr(summary, key))
     options = record["options"]
     assert options["executor"] == executor

@@ -6,16 +6,15 @@ the chroma is recovered and re-upsampled the libjpeg-turbo way (:mod:`.jpeg_chro
 close (not exact). ``benchmarks/image_fast_path_deviation.py`` measures both against the exact path.
 Whatever nvJPEG refuses, and any group whose chroma step fails, goes back to the exact CPU decode.
 
-torchvision's batched call takes the GIL back about once per image (``scripts/probe_nvjpeg_gil.py``:
-1.0-1.5 s for 256 photos beside a busy Python thread, 13.5 ms alone), so it runs on the thread that launches
-the model. Where clip_flash's own call runs (:mod:`.nvjpeg_packed`: the hardware decoder, straight into the
+torchvision's batched call takes the GIL back about once per image, so beside a busy Python thread it
+crawls; it runs on the thread that launches the model, between launches. Where clip_flash's own call runs (:mod:`.nvjpeg_packed`: the hardware decoder, straight into the
 resize kernel's layout, ahead on a decoding thread), this module decodes only what that one leaves.
 
 Streams: torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
 writes them from its own decoder stream, which does not wait for the current one. Memory that kernels
 still queued on the current stream read (freed by Python, reusable there in stream order) can thus be
-overwritten before they run: under a busy GPU this corrupted the chroma step's int64 index planes (an
-out-of-bounds device assert). So the decode runs with a private stream current, on which nothing else
+overwritten before they run (under a busy GPU: the chroma step's int64 index planes, say, then read out of
+bounds). So the decode runs with a private stream current, on which nothing else
 runs, and its outputs are recorded on the stream that uses them next, so that their memory is handed out
 again only after that work is done. That next stream is a second private one, for the copies and the
 chroma step: :meth:`ImagePreprocessor.prepare` queues all of it, then makes its own stream wait for it
@@ -30,14 +29,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .image_decoding import DecodedItem, describe_error
+from .image_decoding import EncodedJpeg, describe_error
 from .jpeg_chroma import SUBSAMPLING, refine_nearest_chroma
 
 logger = logging.getLogger(__name__)
 
 
 CHROMA = ("nvjpeg", "libjpeg")
-Decoded = Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]  # (pixels, refused)
+Decoded = Tuple[List[Tuple[EncodedJpeg, torch.Tensor]], List[Tuple[EncodedJpeg, str]]]  # (pixels, refused)
 # Images refined together: bounds the chroma step's temporaries (a few int64 / float32 planes per image).
 REFINE_CHUNK = 32
 
@@ -47,14 +46,14 @@ class GpuDecoded:
     """nvJPEG's work for one batch, queued on the fast path's streams; :meth:`hand_over` gives it to the
     current stream."""
 
-    decoded: List[Tuple[DecodedItem, torch.Tensor]]  # (item, (H, W, C) uint8 on the device)
-    refused: List[Tuple[DecodedItem, str]]           # what nvJPEG or the chroma step could not do, and why
+    decoded: List[Tuple[EncodedJpeg, torch.Tensor]]  # (item, (H, W, C) uint8 on the device)
+    refused: List[Tuple[EncodedJpeg, str]]           # what nvJPEG or the chroma step could not do, and why
     ready: "torch.cuda.Event"                        # recorded after the last of that work
     device: torch.device
     packed: Optional[Tuple[Any, torch.Tensor]] = None  # the decoded pixels laid out for the resize kernel
 
     def hand_over(self, use_packed: bool = False
-                  ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
+                  ) -> Tuple[List[Tuple[EncodedJpeg, torch.Tensor]], List[Tuple[EncodedJpeg, str]]]:
         """Make the current stream wait for the work, and keep the memory it will read until it is done:
         the packed buffer when ``use_packed`` (the per-image pixels were read only by the packing, on the
         work stream), else each image's pixels."""
@@ -68,7 +67,7 @@ class GpuDecoded:
         return self.decoded, self.refused
 
 
-def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: str = "nvjpeg",
+def decode_jpegs_on_gpu(items: List[EncodedJpeg], device: torch.device, chroma: str = "nvjpeg",
                         pack: Optional[Callable[[List[torch.Tensor]], Tuple[Any, torch.Tensor]]] = None) -> GpuDecoded:
     """Queue torchvision's nvJPEG decode of ``items`` and, with
     ``chroma="libjpeg"``, the chroma step on the fast path's own streams, without waiting for it on the
@@ -91,8 +90,8 @@ def decode_jpegs_on_gpu(items: List[DecodedItem], device: torch.device, chroma: 
     return GpuDecoded(decoded, refused, ready, device, packed)
 
 
-def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]
-                   ) -> Tuple[List[Tuple[DecodedItem, torch.Tensor]], List[Tuple[DecodedItem, str]]]:
+def _refine_chroma(decoded: List[Tuple[EncodedJpeg, torch.Tensor]]
+                   ) -> Tuple[List[Tuple[EncodedJpeg, torch.Tensor]], List[Tuple[EncodedJpeg, str]]]:
     """libjpeg-style chroma for the subsampled colour JPEGs, batched over images of one size and sampling
     (at most ``REFINE_CHUNK`` at a time); a chunk that fails (e.g. out of memory) is returned as refused,
     with the reason, for the exact CPU decode."""
@@ -101,7 +100,7 @@ def _refine_chroma(decoded: List[Tuple[DecodedItem, torch.Tensor]]
         if item.channels == 3 and item.jpeg_sampling in SUBSAMPLING:
             groups.setdefault((tuple(pixels.shape), item.jpeg_sampling), []).append(position)
     result: List = list(decoded)
-    refused: List[Tuple[DecodedItem, str]] = []
+    refused: List[Tuple[EncodedJpeg, str]] = []
     for (_, sampling), positions in groups.items():
         for first in range(0, len(positions), REFINE_CHUNK):
             chunk = positions[first:first + REFINE_CHUNK]
@@ -145,7 +144,7 @@ def _nvjpeg(encoded: "torch.Tensor | Sequence[torch.Tensor]", device: torch.devi
     return outputs
 
 
-def _decode_with_torchvision(items: List[DecodedItem], device: torch.device) -> Decoded:
+def _decode_with_torchvision(items: List[EncodedJpeg], device: torch.device) -> Decoded:
     try:
         outputs = _nvjpeg([item.encoded for item in items], device)
         pairs = list(zip(items, outputs))

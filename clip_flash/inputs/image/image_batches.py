@@ -31,9 +31,10 @@ class PackedPixels:
 class DecodedImages:
     """The CPU step's result for one call of :meth:`ImagePreprocessor.decode`.
 
-    ``items`` holds each readable input's pixels (uint8 ``(H, W, C)``; with the GPU kernel, views of the
-    one page-locked buffer ``packed`` laid out for it), the output of ``preprocess`` for inputs that ran
-    it on the CPU, or JPEG bytes for nvJPEG; ``failures`` the unreadable ones.
+    ``items`` holds one item per readable input (see :data:`.image_decoding.DecodedItem`): its pixels
+    (:class:`.image_decoding.DecodedPixels`), or where they or its DCT coefficients lie in the page-locked buffer
+    ``packed`` laid out for the GPU kernel, the output of ``preprocess`` for inputs that ran it on the CPU, or
+    JPEG bytes for nvJPEG; ``failures`` the unreadable ones.
     """
 
     count: int

@@ -27,6 +27,11 @@ EXIF transpose, as ``Image.open`` applies none):
 The first three routes (and ``jpeg-dct``, on the device) end in uint8 ``(H, W, C)`` pixels, C = 3 (RGB) or
 1 (L), that the exact resize turns into the model's input. A uint8 array or tensor passed in is taken as
 those pixels (the reference being ``preprocess(Image.fromarray(array))``).
+
+The CPU step's result for one input is one of a few frozen types (:data:`DecodedItem`), one per kind of
+result, so that each consumer sees only the fields its route has: :class:`DecodedPixels`, :class:`PixelsInLayout`
+and :class:`DctCoefficients` (in the batch's packed buffer), :class:`EncodedJpeg`, :class:`PreparedByPreprocess`,
+:class:`DecodeFailure`.
 """
 from __future__ import annotations
 
@@ -34,8 +39,8 @@ import enum
 import io
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -77,27 +82,92 @@ class DecodeOptions:
     spec: Optional[ImageTransformSpec] = None  # when given, sizes the transform cannot take fail here
 
 
-@dataclass
-class DecodedItem:
-    """One input after the CPU step: exactly one of ``pixels``, ``prepared``, ``encoded``, ``reason``, or none
-    of them for an image the native decoder put in the batch's packed buffer (:class:`.image_batches.PackedPixels`)."""
+class _Decoded:
+    """What every decoded item answers: whether it became an image (a :class:`DecodeFailure` did not)."""
+
+    ok: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class DecodedPixels(_Decoded):
+    """uint8 ``(H, W, C)`` pixels on the CPU, C in {1, 3} (route ``jpeg``, ``png``, ``pillow-pixels``, ``tensor``);
+    without the native decoder, possibly a view of the batch's packed buffer (:class:`.image_batches.PackedPixels`)."""
 
     index: int
-    route: Optional[Route] = None
-    pixels: Optional[torch.Tensor] = None  # uint8 (H, W, C), C in {1, 3}
-    prepared: Optional[torch.Tensor] = None  # float32 (3, S, S): preprocess's own output
-    encoded: Optional[torch.Tensor] = None  # uint8 1-D JPEG bytes, for nvJPEG
-    image_size: Tuple[int, int] = (0, 0)  # (height, width) as decoded
-    channels: int = 0
-    jpeg_sampling: int = -1  # for nvJPEG: Pillow's get_sampling (0: 4:4:4, 1: 4:2:2, 2: 4:2:0, -1: other)
-    jpeg_progressive: bool = False  # for nvJPEG: its hardware decoder takes baseline frames only
-    reason: Optional[str] = None  # why the input could not be read
-    notes: List[str] = field(default_factory=list)  # why a slower route was taken
-    index_in_scan: int = -1  # its row in the native decoder's scan, where it went that way
+    route: Route
+    pixels: torch.Tensor
+    notes: Tuple[str, ...] = ()  # why a slower route was taken
 
     @property
-    def ok(self) -> bool:
-        return self.reason is None
+    def image_size(self) -> Tuple[int, int]:
+        """(height, width)."""
+        return int(self.pixels.shape[0]), int(self.pixels.shape[1])
+
+    @property
+    def channels(self) -> int:
+        return int(self.pixels.shape[2])
+
+
+@dataclass(frozen=True)
+class PixelsInLayout(_Decoded):
+    """Pixels the native decoder wrote (or Pillow's pixels copied) into the batch's packed buffer
+    (:class:`.image_batches.PackedPixels`): only their size is kept here."""
+
+    index: int
+    route: Route
+    image_size: Tuple[int, int]  # (height, width)
+    channels: int
+    notes: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DctCoefficients(_Decoded):
+    """A JPEG entropy-decoded into its DCT coefficients, held by the batch's packed buffer
+    (:attr:`.image_batches.PackedPixels.dct`); the GPU finishes its decode."""
+
+    route: ClassVar[Route] = Route.JPEG_DCT
+    index: int
+    image_size: Tuple[int, int]  # (height, width)
+    channels: int
+    notes: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EncodedJpeg(_Decoded):
+    """A JPEG kept encoded for nvJPEG (``decode="gpu"``), with what its header says."""
+
+    route: ClassVar[Route] = Route.GPU_JPEG
+    index: int
+    encoded: torch.Tensor  # uint8 1-D JPEG bytes
+    image_size: Tuple[int, int]  # (height, width)
+    channels: int
+    jpeg_sampling: int  # Pillow's get_sampling (0: 4:4:4, 1: 4:2:2, 2: 4:2:0, -1: other)
+    jpeg_progressive: bool  # nvJPEG's hardware decoder takes baseline frames only
+    notes: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PreparedByPreprocess(_Decoded):
+    """An image Pillow resizes its own way: OpenCLIP's ``preprocess`` ran on the CPU; float32 ``(3, S, S)``."""
+
+    route: ClassVar[Route] = Route.PILLOW_PREPROCESS
+    index: int
+    prepared: torch.Tensor
+    notes: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecodeFailure(_Decoded):
+    """An input that could not be read, and why."""
+
+    ok: ClassVar[bool] = False
+    route: ClassVar[Optional[Route]] = None
+    index: int
+    reason: str
+
+
+DecodedItem = Union[DecodedPixels, PixelsInLayout, DctCoefficients, EncodedJpeg, PreparedByPreprocess, DecodeFailure]
+"""One input after the CPU step: one type per kind of result, each with ``index``, ``route`` and ``ok``."""
 
 
 def describe_error(error: BaseException) -> str:
@@ -116,70 +186,70 @@ def input_kind(item: Any) -> str:
 
 
 def decode_item(index: int, item: Any, options: DecodeOptions) -> DecodedItem:
-    """The CPU step for one input. Never raises for a bad input: the reason goes in ``reason``."""
-    result = DecodedItem(index)
+    """The CPU step for one input. Never raises for a bad input: a :class:`DecodeFailure` says why."""
+    notes: List[str] = []
     try:
         if isinstance(item, (str, os.PathLike)):
             with open(item, "rb") as handle:
                 data = handle.read()
-            _decode_encoded(data, options, result)
+            result = _decode_encoded(index, data, options, notes)
         elif isinstance(item, (bytes, bytearray, memoryview)):
-            _decode_encoded(bytes(item), options, result)
+            result = _decode_encoded(index, bytes(item), options, notes)
         elif isinstance(item, Image.Image):
-            _decode_pil(item, options, result)
+            result = _decode_pil(index, item, options, notes)
         elif isinstance(item, (torch.Tensor, np.ndarray)):
-            _take_array(item, result)
+            result = _take_array(index, item)
         else:
-            result.reason = (f"unsupported input type {type(item).__name__}: pass a path, bytes, "
-                             "a PIL image or a uint8 (H, W, C) array")
-        if result.reason is None and result.prepared is None and options.spec is not None:
+            result = DecodeFailure(index, f"unsupported input type {type(item).__name__}: pass a path, bytes, "
+                                          "a PIL image or a uint8 (H, W, C) array")
+        if not isinstance(result, (DecodeFailure, PreparedByPreprocess)) and options.spec is not None:
             # An image the transform cannot resize (as OpenCLIP's fails on it) is a failure now, not
             # in the middle of a batch; this also caches its tap tables for the batch plan.
             plan_image(options.spec, *result.image_size)
     except UnidentifiedImageError:
-        result.reason = "UnidentifiedImageError: Pillow cannot identify an image format in it"
+        result = DecodeFailure(index, "UnidentifiedImageError: Pillow cannot identify an image format in it")
     except Exception as error:  # noqa: BLE001 - a bad input is reported, never raised
-        result.reason = describe_error(error)
-    if result.reason is not None:
-        result.pixels = result.prepared = result.encoded = None
+        result = DecodeFailure(index, describe_error(error))
+    if isinstance(result, DecodeFailure):
         logger.debug("input %d (%s) failed: %s", index, input_kind(item), result.reason)
     return result
 
 
-def _decode_encoded(data: bytes, options: DecodeOptions, result: DecodedItem) -> None:
+def _decode_encoded(index: int, data: bytes, options: DecodeOptions, notes: List[str]) -> DecodedItem:
     """Encoded bytes: Pillow reads the header, then the route by format and mode."""
-    if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9") and _route_to_nvjpeg(data, result):
-        return
+    if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9"):
+        scanned = _route_to_nvjpeg(index, data)
+        if scanned is not None:
+            return scanned
     image = Image.open(io.BytesIO(data))
     mode, form = image.mode, image.format
     channels = EXACT_MODES.get(mode)
     if channels is not None and form == "JPEG":
         if options.keep_jpeg_bytes and data.endswith(b"\xff\xd9"):
             # Only complete-looking files go to nvJPEG; the CPU decode decides about the others, as Pillow would.
-            result.route, result.encoded = Route.GPU_JPEG, torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            result.image_size, result.channels = (image.height, image.width), channels
-            result.jpeg_sampling = JpegImagePlugin.get_sampling(image)
-            result.jpeg_progressive = bool(image.info.get("progressive"))
-            return
-        if options.use_torchvision_jpeg and _try_torchvision(data, image, channels, result, Route.JPEG):
-            return
+            return EncodedJpeg(index, torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                               (image.height, image.width), channels, JpegImagePlugin.get_sampling(image),
+                               bool(image.info.get("progressive")), tuple(notes))
+        if options.use_torchvision_jpeg:
+            decoded = _try_torchvision(index, data, image, channels, Route.JPEG, notes)
+            if decoded is not None:
+                return decoded
     elif channels is not None and form == "PNG" and options.use_torchvision_png and _plain_png(image):
-        if _try_torchvision(data, image, channels, result, Route.PNG):
-            return
-    _decode_pil(image, options, result)
+        decoded = _try_torchvision(index, data, image, channels, Route.PNG, notes)
+        if decoded is not None:
+            return decoded
+    return _decode_pil(index, image, options, notes)
 
 
-def _route_to_nvjpeg(data: bytes, result: DecodedItem) -> bool:
-    """The fast path's CPU step without Pillow's header parse (see :mod:`.jpeg_header`): False for any JPEG
+def _route_to_nvjpeg(index: int, data: bytes) -> Optional[EncodedJpeg]:
+    """The fast path's CPU step without Pillow's header parse (see :mod:`.jpeg_header`): None for any JPEG
     the scan declines or Pillow's decompression-bomb limit would warn about; Pillow's route then decides."""
     header = scan_jpeg_header(data)
     limit = Image.MAX_IMAGE_PIXELS
     if header is None or (limit is not None and header.height * header.width > limit):
-        return False
-    result.route, result.encoded = Route.GPU_JPEG, torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    result.image_size, result.channels = (header.height, header.width), header.channels
-    result.jpeg_sampling, result.jpeg_progressive = header.sampling, header.progressive
-    return True
+        return None
+    return EncodedJpeg(index, torch.frombuffer(bytearray(data), dtype=torch.uint8), (header.height, header.width),
+                       header.channels, header.sampling, header.progressive)
 
 
 def _plain_png(image: Image.Image) -> bool:
@@ -191,46 +261,41 @@ def _plain_png(image: Image.Image) -> bool:
     return rawmode == image.mode
 
 
-def _try_torchvision(data: bytes, image: Image.Image, channels: int, result: DecodedItem, route: Route) -> bool:
-    """torchvision's CPU decoder; False (and a note) when it refuses or disagrees on the shape."""
+def _try_torchvision(index: int, data: bytes, image: Image.Image, channels: int, route: Route,
+                     notes: List[str]) -> Optional[DecodedPixels]:
+    """torchvision's CPU decoder; None (and a note) when it refuses or disagrees on the shape."""
     from torchvision.io import decode_jpeg, decode_png
 
     decoder = decode_jpeg if route == Route.JPEG else decode_png
     try:
         decoded = decoder(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     except Exception as error:  # noqa: BLE001 - Pillow decides what this file is
-        result.notes.append(f"torchvision {route} decoder refused ({describe_error(error)}); Pillow decodes")
-        return False
+        notes.append(f"torchvision {route} decoder refused ({describe_error(error)}); Pillow decodes")
+        return None
     if decoded.dtype != torch.uint8 or tuple(decoded.shape) != (channels, image.height, image.width):
-        result.notes.append(f"torchvision {route} decoder gave {tuple(decoded.shape)} {decoded.dtype}; "
-                            "Pillow decodes")
-        return False
+        notes.append(f"torchvision {route} decoder gave {tuple(decoded.shape)} {decoded.dtype}; Pillow decodes")
+        return None
     # decode_* return a (C, H, W) view of (H, W, C) memory: the permute back is free.
-    result.pixels = decoded.permute(1, 2, 0)
-    result.route, result.image_size, result.channels = route, (image.height, image.width), channels
-    return True
+    return DecodedPixels(index, route, decoded.permute(1, 2, 0), tuple(notes))
 
 
-def _decode_pil(image: Image.Image, options: DecodeOptions, result: DecodedItem) -> None:
+def _decode_pil(index: int, image: Image.Image, options: DecodeOptions, notes: List[str]) -> DecodedItem:
     """A PIL image (opened lazily or not): its pixels when its mode is RGB/L, else preprocess itself."""
-    channels = EXACT_MODES.get(image.mode)
-    if channels is not None:
+    if image.mode in EXACT_MODES:
         image.load()
         array = np.array(image, dtype=np.uint8)  # a writable copy
         if array.ndim == 2:
             array = array[:, :, None]
-        result.pixels = torch.from_numpy(array)
-        result.route, result.image_size, result.channels = Route.PILLOW_PIXELS, array.shape[:2], channels
-        return
+        return DecodedPixels(index, Route.PILLOW_PIXELS, torch.from_numpy(array), tuple(notes))
     # Pillow treats this mode specially (premultiplied alpha, NEAREST for P/1, conversions): run the
     # user's own transform, which is exact by definition.
-    result.prepared = options.preprocess(image)
-    result.route = Route.PILLOW_PREPROCESS
-    result.notes.append(f"mode {image.mode} ({image.format or 'in-memory'}): preprocess ran on the CPU")
-    logger.debug("input %d: mode %s runs OpenCLIP's preprocess on the CPU", result.index, image.mode)
+    prepared = options.preprocess(image)
+    notes.append(f"mode {image.mode} ({image.format or 'in-memory'}): preprocess ran on the CPU")
+    logger.debug("input %d: mode %s runs OpenCLIP's preprocess on the CPU", index, image.mode)
+    return PreparedByPreprocess(index, prepared, tuple(notes))
 
 
-def _take_array(array: Any, result: DecodedItem) -> None:
+def _take_array(index: int, array: Any) -> DecodedPixels:
     """A uint8 (H, W), (H, W, 1) or (H, W, 3) array or tensor: the pixels of an L or RGB image."""
     if isinstance(array, np.ndarray):
         array = np.ascontiguousarray(array)
@@ -243,8 +308,7 @@ def _take_array(array: Any, result: DecodedItem) -> None:
         tensor = tensor.unsqueeze(-1)
     if tensor.dim() != 3 or tensor.shape[-1] not in (1, 3) or tensor.shape[0] == 0 or tensor.shape[1] == 0:
         raise ValueError(f"pixel arrays must be (H, W), (H, W, 1) or (H, W, 3); got shape {tuple(tensor.shape)}")
-    result.pixels = tensor.contiguous()
-    result.route, result.image_size, result.channels = Route.TENSOR, tuple(tensor.shape[:2]), tensor.shape[-1]
+    return DecodedPixels(index, Route.TENSOR, tensor.contiguous())
 
 
 def route_counts(items: List[DecodedItem]) -> Dict[str, int]:

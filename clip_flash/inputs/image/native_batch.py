@@ -21,7 +21,8 @@ import torch
 
 from ...ops.image_resample import plan_batch
 from .image_batches import DecodedImages, PackedPixels
-from .image_decoding import DecodedItem, DecodeOptions, Route, decode_item, describe_error
+from .image_decoding import (DctCoefficients, DecodedItem, DecodedPixels, DecodeFailure, DecodeOptions, EncodedJpeg,
+                             PixelsInLayout, Route, decode_item, describe_error)
 from .image_resize import ExactResize
 from .jpeg_dct import ALIGN, plan_dct_batch
 from .native_decode import (CHANNELS, ENCODED_BYTES, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH, COEFFICIENT_BYTES,
@@ -104,15 +105,13 @@ class NativeBatch:
             if encoded:
                 decoded += self._keep_encoded(scanned, native_pairs, encoded)
             retry: List[Tuple[int, Any]] = []
-            if pixels or coefficients or (self.resize.packs and any(item.pixels is not None for item in python_items)):
-                more, packed, retry = self._decode_packed(scanned, native_pairs, pixels, coefficients, python_items)
+            if pixels or coefficients or (self.resize.packs and _has_pixels(python_items)):
+                more, python_items, packed, retry = self._decode_packed(scanned, native_pairs, pixels, coefficients,
+                                                                        python_items)
                 decoded += more
-            for item in decoded:
-                if item.index_in_scan >= 0 and scanned.notes[item.index_in_scan]:
-                    item.notes.append(scanned.notes[item.index_in_scan])
             python_items += self._python(sorted(retry, key=lambda pair: pair[0]), failures)
-        elif self.resize.packs and any(item.pixels is not None for item in python_items):
-            _, packed, _ = self._decode_packed(None, [], [], [], python_items)
+        elif self.resize.packs and _has_pixels(python_items):
+            _, python_items, packed, _ = self._decode_packed(None, [], [], [], python_items)
         decoded += python_items
         decoded.sort(key=lambda item: item.index)
         failures.sort()
@@ -122,10 +121,10 @@ class NativeBatch:
         """Pillow's way, in the Python threads; failures noted, the rest returned."""
         good = []
         for item in python_decode(pairs, self.options, self.threads):
-            if item.ok:
-                good.append(item)
-            else:
+            if isinstance(item, DecodeFailure):
                 failures.append((item.index, item.reason))
+            else:
+                good.append(item)
         return good
 
     def _keep_encoded(self, scanned, pairs, positions: List[int]) -> List[DecodedItem]:
@@ -140,22 +139,19 @@ class NativeBatch:
         self.native.copy_data(scanned, data, offsets)
         items = []
         for position, start, size in zip(positions, starts.tolist(), sizes.tolist()):
-            item = DecodedItem(pairs[position][0], Route.GPU_JPEG, index_in_scan=position)
-            item.encoded = data[start:start + size]
-            item.image_size = (int(info[position, HEIGHT]), int(info[position, WIDTH]))
-            item.channels = int(info[position, CHANNELS])
-            item.jpeg_sampling = int(info[position, SAMPLING])
-            item.jpeg_progressive = bool(info[position, PROGRESSIVE])
-            items.append(item)
+            items.append(EncodedJpeg(pairs[position][0], data[start:start + size],
+                                     (int(info[position, HEIGHT]), int(info[position, WIDTH])),
+                                     int(info[position, CHANNELS]), int(info[position, SAMPLING]),
+                                     bool(info[position, PROGRESSIVE]), _scan_notes(scanned, position)))
         return items
 
     def _decode_packed(self, scanned, pairs, pixels: List[int], coefficients: List[int],
                        python_items: List[DecodedItem]
-                       ) -> Tuple[List[DecodedItem], Optional[PackedPixels], List[Tuple[int, Any]]]:
-        """Pixels (and coefficients) decoded into their places; the items, the packed batch (None: the pixels
-        are plain tensors for a resize on the CPU) and the inputs to hand to Pillow after all. With the
-        kernel's layout, the pixels Pillow gave (``python_items`` with CPU pixels) are copied in after the
-        native images', and their items then point there."""
+                       ) -> Tuple[List[DecodedItem], List[DecodedItem], Optional[PackedPixels], List[Tuple[int, Any]]]:
+        """Pixels (and coefficients) decoded into their places; the native items, ``python_items`` again, the
+        packed batch (None: the pixels are plain tensors for a resize on the CPU) and the inputs to hand to
+        Pillow after all. With the kernel's layout, the pixels Pillow gave (``python_items`` with CPU pixels)
+        are copied in after the native images', and their items come back as :class:`PixelsInLayout`."""
         info = scanned.info if scanned is not None else np.zeros((0, 8), dtype=np.int64)
         shapes = [tuple(int(value) for value in info[position, HEIGHT:CHANNELS + 1]) for position in pixels]
         count = len(pairs)
@@ -165,7 +161,7 @@ class NativeBatch:
         plan = None
         joining: List[DecodedItem] = []
         if self.resize.packs:
-            joining = [item for item in python_items if item.pixels is not None and item.pixels.device.type == "cpu"]
+            joining = [item for item in python_items if _cpu_pixels(item)]
             joining_shapes = [tuple(int(size) for size in item.pixels.shape) for item in joining]
             dct_shapes = [tuple(int(value) for value in info[position, HEIGHT:CHANNELS + 1])
                           for position in coefficients]
@@ -183,10 +179,12 @@ class NativeBatch:
         declined = [""] * count
         if pixels or coefficients:
             declined = self.native.decode(scanned, host, pixel_offsets, coefficient_host, coefficient_offsets)
+        in_layout: Dict[int, PixelsInLayout] = {}
         for number, item in enumerate(joining):
             slot = plan.pixel_slot(host, len(pixels) + number)
             np.copyto(slot.numpy(), item.pixels.numpy())
-            item.pixels = None  # in the layout now
+            in_layout[item.index] = PixelsInLayout(item.index, item.route, item.image_size, item.channels, item.notes)
+        python_items = [in_layout.get(item.index, item) for item in python_items]
         items, retry, keep = [], [], []
         for number, position in enumerate(pixels):
             index = pairs[position][0]
@@ -194,15 +192,17 @@ class NativeBatch:
                 retry.append((index, pairs[position][1]))
                 continue
             keep.append(number)
-            item = DecodedItem(index, Route.JPEG, index_in_scan=position)
-            item.image_size = (int(info[position, HEIGHT]), int(info[position, WIDTH]))
-            item.channels = int(info[position, CHANNELS])
+            image_size = (int(info[position, HEIGHT]), int(info[position, WIDTH]))
+            channels = int(info[position, CHANNELS])
             if plan is None:
                 start = int(pixel_offsets[position])
-                item.pixels = host[start:start + int(sizes[number])].view(*item.image_size, item.channels)
-            items.append(item)
+                items.append(DecodedPixels(index, Route.JPEG,
+                                           host[start:start + int(sizes[number])].view(*image_size, channels),
+                                           _scan_notes(scanned, position)))
+            else:
+                items.append(PixelsInLayout(index, Route.JPEG, image_size, channels, _scan_notes(scanned, position)))
         if plan is None:
-            return items, None, retry
+            return items, python_items, None, retry
         keep += range(len(pixels), len(pixels) + len(joining))
         first_dct = len(pixels) + len(joining)
         for number, position in enumerate(coefficients):
@@ -211,10 +211,8 @@ class NativeBatch:
                 retry.append((index, pairs[position][1]))
                 continue
             keep.append(first_dct + number)
-            item = DecodedItem(index, Route.JPEG_DCT, index_in_scan=position)
-            item.image_size = (int(info[position, HEIGHT]), int(info[position, WIDTH]))
-            item.channels = int(info[position, CHANNELS])
-            items.append(item)
+            items.append(DctCoefficients(index, (int(info[position, HEIGHT]), int(info[position, WIDTH])),
+                                         int(info[position, CHANNELS]), _scan_notes(scanned, position)))
         dct = None
         if coefficients:
             dct = plan_dct_batch([scanned.layout(position) for position in coefficients],
@@ -223,4 +221,18 @@ class NativeBatch:
         indices = ([pairs[position][0] for position in pixels] + [item.index for item in joining]
                    + [pairs[position][0] for position in coefficients])
         kept = None if len(keep) == len(indices) else keep
-        return items, PackedPixels(plan, host, indices, dct=dct, keep=kept), retry
+        return items, python_items, PackedPixels(plan, host, indices, dct=dct, keep=kept), retry
+
+
+def _has_pixels(items: List[DecodedItem]) -> bool:
+    return any(isinstance(item, DecodedPixels) for item in items)
+
+
+def _cpu_pixels(item: DecodedItem) -> bool:
+    return isinstance(item, DecodedPixels) and item.pixels.device.type == "cpu"
+
+
+def _scan_notes(scanned, position: int) -> Tuple[str, ...]:
+    """What the native decoder noted about the input at ``position`` of its scan."""
+    note = scanned.notes[position]
+    return (note,) if note else ()

@@ -5,15 +5,14 @@ A batch then costs a few calls, none of them per image: the layout from the head
 (:func:`~clip_flash.ops.image_resample.plan_batch`), one device buffer, one copy of its head, one decode
 (``csrc/nvjpeg_decode.cpp``) and one chroma launch pair (``csrc/jpeg_chroma.cu``); :meth:`ImagePreprocessor.prepare`
 adds one resize launch. Every per-image tensor operation costs the thread that runs it a GIL hand-off,
-and beside busy Python threads each hand-off waits up to the interpreter's switch interval: the per-image
-route (decode, then per-image chroma and packing) spent 75-80 ms per batch of 256 there.
+and beside busy Python threads each hand-off waits up to the interpreter's switch interval: a per-image
+route (decode, then per-image chroma and packing) pays that several times per image.
 
-The decode call releases the GIL for the whole batch (measured: a 256-photo decode took 25.6 ms beside a
-busy Python thread, 14.2 ms alone; torchvision's batched call 1,090 ms and 14.1 ms), so :meth:`decode` runs
-it on a decoding thread, ahead of the batch on the device. Each decoding thread queues its batch on a stream
-of its own, and the extension gives concurrent calls separate decoder states (up to ``HARDWARE_DECODERS``).
-Measured on an H200 (``benchmarks/probe_nvjpeg_concurrency.py``): one thread 16,200 photos/s, two 20,600 (the
-second thread's host work overlaps the first's decode), with one decoder state or two alike.
+The decode call releases the GIL for the whole batch (torchvision's batched call takes it back per image, so
+beside a busy Python thread it crawls), so :meth:`decode` runs it on a decoding thread, ahead of the batch on
+the device. Each decoding thread queues its batch on a stream of its own, and the extension gives concurrent
+calls separate decoder states (up to ``HARDWARE_DECODERS``). Two threads decode faster than one, as the
+second's host work overlaps the first's decode (``benchmarks/probe_nvjpeg_concurrency.py`` measures it).
 
 It takes baseline 3-component JPEGs; the rest (progressive, grayscale) and anything it leaves go to
 torchvision's decoder in ``prepare`` (:mod:`.gpu_jpeg`). The pixels are torchvision's hardware-decoded
@@ -38,7 +37,7 @@ import torch
 
 from ...ops._extension import load_extension
 from ...ops.image_resample import BatchPlan, plan_batch
-from .image_decoding import DecodedItem, describe_error
+from .image_decoding import DecodedItem, EncodedJpeg, describe_error
 from .jpeg_chroma import SUBSAMPLING
 from .resample_plan import plan_image
 from .transform_spec import ImageTransformSpec
@@ -57,7 +56,7 @@ class PackedJpegs:
 
     plan: BatchPlan
     buffer: torch.Tensor
-    items: List[DecodedItem]
+    items: List[EncodedJpeg]
     written: List[bool]
     ready: "torch.cuda.Event"
 
@@ -83,7 +82,7 @@ def hardware_decoder_usable() -> bool:
 
 def takes(item: DecodedItem) -> bool:
     """Whether an item goes to the hardware decoder: a baseline colour JPEG, as the CPU step's header says."""
-    return item.encoded is not None and item.channels == 3 and not item.jpeg_progressive
+    return isinstance(item, EncodedJpeg) and item.channels == 3 and not item.jpeg_progressive
 
 
 def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: ImageTransformSpec,
@@ -140,10 +139,10 @@ def _thread_stream(device: torch.device) -> "torch.cuda.Stream":
     return streams[device]
 
 
-def _plan(candidates: List[DecodedItem], spec: ImageTransformSpec) -> Tuple[BatchPlan, List[DecodedItem]]:
+def _plan(candidates: List[EncodedJpeg], spec: ImageTransformSpec) -> Tuple[BatchPlan, List[EncodedJpeg]]:
     """The layout of the candidates the transform can resize (the others are left out, for the paths that
     report why)."""
-    def shapes(group: List[DecodedItem]) -> List[Tuple[int, int, int]]:
+    def shapes(group: List[EncodedJpeg]) -> List[Tuple[int, int, int]]:
         return [(int(item.image_size[0]), int(item.image_size[1]), 3) for item in group]
 
     try:
@@ -161,7 +160,7 @@ def _plan(candidates: List[DecodedItem], spec: ImageTransformSpec) -> Tuple[Batc
         return plan_batch(shapes(kept), spec), kept
 
 
-def _refine_chroma_in_place(extension, buffer: torch.Tensor, items: List[DecodedItem], written: List[int],
+def _refine_chroma_in_place(extension, buffer: torch.Tensor, items: List[EncodedJpeg], written: List[int],
                             offsets: np.ndarray, plan: BatchPlan) -> str:
     """One launch pair for the written subsampled images; returns why it could not (empty: done)."""
     rows = [(int(offsets[position]), int(plan.meta[position, 1]), int(plan.meta[position, 2]),

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -26,7 +27,8 @@ from .image_batches import DecodedImages, PackedPixels, PreparedImages
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
-from .image_decoding import DecodedItem, DecodeOptions, decode_item, describe_error
+from .image_decoding import (DecodedItem, DecodedPixels, DecodeFailure, DecodeOptions, EncodedJpeg, PreparedByPreprocess,
+                             decode_item, describe_error)
 from .image_resize import ExactResize
 from .native_batch import NativeBatch, python_decode, default_workers
 from .native_decode import NativeBatchDecoder, ScanMode
@@ -34,8 +36,7 @@ from .native_decode import NativeBatchDecoder, ScanMode
 logger = logging.getLogger(__name__)
 
 # Python threads decoding what Pillow prepares its own way (or everything, without the native decoder): beside
-# the thread that launches the model, more of them only compete for the GIL (measured on 16 cores with
-# decode="gpu": 4 threads 5,123 img/s for ViT-B-32, 16 threads 4,066).
+# the thread that launches the model, more than a few only compete for the GIL and slow the whole job.
 PYTHON_DECODE_THREADS = 4
 EXECUTORS = ("auto", "native", "thread")
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
@@ -209,14 +210,14 @@ class ImagePreprocessor:
         """Without the native decoder: Python threads with Pillow (and torchvision's CPU decoders, which
         release the GIL); the pixels then go into one page-locked buffer laid out for the kernel."""
         decoded = python_decode(list(enumerate(items)), self.options, self._python_threads())
-        failures = [(item.index, item.reason) for item in decoded if not item.ok]
-        good = [item for item in decoded if item.ok]
+        failures = [(item.index, item.reason) for item in decoded if isinstance(item, DecodeFailure)]
+        good = [item for item in decoded if not isinstance(item, DecodeFailure)]
         packed = None
-        pixel_items = [item for item in good if item.pixels is not None and item.pixels.device.type == "cpu"]
+        pixel_items = [item for item in good if isinstance(item, DecodedPixels) and item.pixels.device.type == "cpu"]
         if self.resize.packs and pixel_items:
             plan, buffer, slots = self.resize.pack_on_host([item.pixels for item in pixel_items])
-            for item, slot in zip(pixel_items, slots):
-                item.pixels = slot
+            in_buffer = {item.index: replace(item, pixels=slot) for item, slot in zip(pixel_items, slots)}
+            good = [in_buffer.get(item.index, item) for item in good]
             packed = PackedPixels(plan, buffer, [item.index for item in pixel_items])
         return DecodedImages(len(items), good, failures, packed)
 
@@ -225,16 +226,14 @@ class ImagePreprocessor:
 
         With ``decode="gpu"`` it resizes what :meth:`decode` put in the kernel's layout on the hardware route
         with one launch, and queues torchvision's nvJPEG decode of the rest, the chroma step and the packing
-        on side streams. torchvision's decode runs here, on the thread that also
-        launches the model, not ahead on a decoding thread: its batched call takes the GIL again for each
-        image, so beside a thread running Python (launches) both crawl (measured: a 256-photo decode took
-        1.0-1.5 s beside a busy Python thread, 13.5 ms alone; ViT-B-32 end to end 4,492 img/s with it ahead,
-        5,123 here)."""
+        on side streams. torchvision's decode runs here, on the thread that also launches the model, not
+        ahead on a decoding thread: its batched call takes the GIL again for each image, so beside a thread
+        running Python (launches) both crawl."""
         failures = list(decoded.failures)
         route_of = {item.index: str(item.route) for item in decoded.items}
-        pixel_items = [item for item in decoded.items if item.pixels is not None]
-        jpeg_items = [item for item in decoded.items if item.encoded is not None]
-        prepared_items = [item for item in decoded.items if item.prepared is not None]
+        pixel_items = [item for item in decoded.items if isinstance(item, DecodedPixels)]
+        jpeg_items = [item for item in decoded.items if isinstance(item, EncodedJpeg)]
+        prepared_items = [item for item in decoded.items if isinstance(item, PreparedByPreprocess)]
         groups: List[Tuple[List[int], torch.Tensor]] = []
         if decoded.packed is not None:
             packed = decoded.packed
@@ -270,9 +269,9 @@ class ImagePreprocessor:
                 logger.debug("input %d: nvJPEG refused (%s); decoding on the CPU", item.index, reason)
                 fallback = decode_item(item.index, bytes(item.encoded.numpy()), self._cpu_options)
                 route_of[item.index] = str(fallback.route)
-                if not fallback.ok:
+                if isinstance(fallback, DecodeFailure):
                     failures.append((item.index, fallback.reason))
-                elif fallback.prepared is not None:
+                elif isinstance(fallback, PreparedByPreprocess):
                     prepared_items.append(fallback)
                 else:
                     pixel_items.append(fallback)

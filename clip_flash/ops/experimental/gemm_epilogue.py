@@ -13,8 +13,8 @@ Two variants: plain pointer loads, and (sm90+) tiles loaded by the tensor memory
 runs is measured, not assumed: the first call for a (rows bucket, N, K, dtype, device) times both (Triton
 autotunes each one's tile over a few configs) against cuBLAS + ``bias_act`` and keeps the fastest for that shape
 for the process's lifetime (logged at INFO). Below ``MIN_ROWS`` rows, during CUDA-graph capture and when Triton
-is missing, the cuBLAS path runs without calibrating. On the H100 the kernels win nothing that matters (see
-``patch(gemm_epilogue=...)``), so patch() only routes here when asked.
+is missing, the cuBLAS path runs without calibrating. The kernels win nothing that matters at ViT MLP shapes
+(``benchmarks/results/h100/gemm_epilogue_fp16.txt``), so patch() only routes here when asked.
 """
 from __future__ import annotations
 

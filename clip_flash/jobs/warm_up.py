@@ -1,0 +1,123 @@
+"""What a pipeline's first batch would otherwise pay once, paid in the job's setup, on inputs of its own.
+
+The first batch of a run is the first use of everything on its path: the decoder's native threads and
+Pillow's libjpeg, the kernels of the decode and resize path (CUDA loads each module on its first launch), the
+nvJPEG decoders of ``decode="gpu"`` (the hardware decoder's states, one per decoding thread, and torchvision's
+decoder for the JPEGs it leaves), cuBLAS's and cuDNN's first calls, and the image tower's CUDA graph, captured
+at the job's batch size after eager warm-up passes. None of it depends on the job's inputs, so
+:func:`warm_up_pipeline` does it on a few synthetic images and a batch of zeros before the run starts: the run
+is then steady from its first batch, and the time moves into the job's ``setup_seconds`` (counted in the
+"with setup" rate), not out of the accounts. Nothing of the job's inputs is read or decoded here.
+
+The graph captured here is the one the run replays: same batch size, row shape and dtype (those of the rows
+the preparer returned for the synthetic images), captured from zeros as a capture at the first batch is.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List
+
+import numpy as np
+import torch
+from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+WARM_UP_SIZE = (480, 640)  # (height, width): a common photo size, larger than any model's input
+WARM_UP_CAPTIONS = 8
+
+
+def synthetic_images() -> List[bytes]:
+    """In-memory images taking each route a photo may take: a baseline 4:2:0 colour JPEG (the DCT route; on
+    ``decode="gpu"`` the hardware decoder), a progressive and a grayscale JPEG (torchvision's nvJPEG on
+    ``decode="gpu"``), and an RGB PNG (decoded in Python threads, joining the packed layout)."""
+    height, width = WARM_UP_SIZE
+    rows = np.linspace(0, 255, height, dtype=np.float32)[:, None]
+    columns = np.linspace(0, 255, width, dtype=np.float32)[None, :]
+    rgb = np.stack([rows + 0 * columns, columns + 0 * rows, (rows + columns) / 2], axis=-1).astype(np.uint8)
+    colour = Image.fromarray(rgb)
+
+    def encoded(image: Image.Image, form: str, **options: Any) -> bytes:
+        buffer = io.BytesIO()
+        image.save(buffer, form, **options)
+        return buffer.getvalue()
+
+    return [encoded(colour, "JPEG", quality=90, subsampling=2),
+            encoded(colour, "JPEG", quality=90, progressive=True),
+            encoded(colour.convert("L"), "JPEG", quality=90),
+            encoded(colour, "PNG")]
+
+
+def warm_up_pipeline(pipeline: Any) -> float:
+    """Warm ``pipeline`` (an :class:`~clip_flash.jobs.pipeline.EmbeddingPipeline`) up; returns the seconds spent.
+
+    Off CUDA only the decoder's threads are started (there is no graph, and a CPU's first calls cost little
+    beside its batches)."""
+    started = time.perf_counter()
+    steps: Dict[str, float] = {}
+
+    def lap(step: str) -> None:
+        steps[step] = time.perf_counter() - started - sum(steps.values())
+
+    preparer = pipeline.image_preparer
+    start = getattr(preparer, "start", None)
+    if start is not None:
+        try:
+            start(batch_size=pipeline.batch_size, wait=True)
+        except TypeError:  # a preparer of another kind, whose start() does not wait
+            start(batch_size=pipeline.batch_size)
+        lap("decoder start")
+    if pipeline.cuda:
+        device = pipeline.device
+        compute = torch.cuda.current_stream(device)
+        with torch.inference_mode():
+            if preparer is not None:
+                pixels = _warm_up_images(pipeline)
+                lap("synthetic images decoded and prepared")
+                if pixels is not None:
+                    zeros = torch.zeros((pipeline.batch_size, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
+                    # Through the run's own call: the graph key (batch size, row shape, dtype) is the run's.
+                    pipeline._to_host(pipeline._finish(pipeline._encode_image(zeros)))
+                    compute.synchronize()
+                    lap(f"image encoder at batch {pipeline.batch_size}")
+            if pipeline.tokenizer is not None:
+                tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
+                if not pipeline.host_tokens:
+                    tokens = tokens.to(device, non_blocking=True)
+                pipeline._to_host(pipeline._finish(pipeline.model.encode_text(tokens)))
+                compute.synchronize()
+                lap("text encoder")
+    seconds = time.perf_counter() - started
+    logger.info("pipeline warmed up in %.2f s (%s)", seconds,
+                ", ".join(f"{step} {step_seconds:.2f} s" for step, step_seconds in steps.items()))
+    return seconds
+
+
+def _warm_up_images(pipeline: Any) -> "torch.Tensor | None":
+    """The synthetic images decoded by as many threads at once as the run decodes with (so that each gets the
+    per-thread state it would make on its first batch), then prepared on the copy stream, as a batch is; the
+    prepared rows (None if the preparer returned none)."""
+    images = synthetic_images()
+    threads = max(1, pipeline.decode_threads)
+    together = threading.Barrier(threads)
+
+    def decode(_: int) -> Any:
+        together.wait(timeout=60)
+        return pipeline.image_preparer.decode(images)
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="clip_flash-warm-up") as pool:
+        decoded = list(pool.map(decode, range(threads)))
+    pixels = None
+    with torch.cuda.stream(pipeline.copy_stream):
+        for batch in decoded:
+            prepared = pipeline.image_preparer.prepare(batch)
+            if prepared.failures:
+                logger.debug("warm-up images the preparer refused: %s", prepared.failures)
+            if len(prepared.indices):
+                pixels = prepared.pixels
+    pipeline.copy_stream.synchronize()
+    return pixels
