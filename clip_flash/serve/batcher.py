@@ -62,11 +62,12 @@ class TowerBatcher:
         on_dequeue: called (under ``lock``) with how many items left the queue, taken or dropped.
         metrics: a ``ServeMetrics`` or None.
         device: the CUDA device the threads work on (None: the CPU).
+        close_when_idle: close a batch at once when none of this tower is in flight (else wait ``max_wait``).
     """
 
     def __init__(self, tower: str, inputs: Any, encode: Callable[[torch.Tensor], torch.Tensor], max_batch: int,
                  max_wait: float, lock: threading.Lock, on_dequeue: Callable[[int], None], metrics: Any = None,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, close_when_idle: bool = True) -> None:
         self.tower = tower
         self.inputs = inputs
         self.encode = encode
@@ -79,6 +80,7 @@ class TowerBatcher:
         self.ready = threading.Condition(lock)
         self.items: Deque[Item] = deque()
         self.stopping = False
+        self.close_when_idle = close_when_idle
         self.in_flight = 0  # batches taken and not yet answered (under lock)
         self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
@@ -122,7 +124,8 @@ class TowerBatcher:
             if not self.items:
                 return None
             closes = self.items[0].enqueued + self.max_wait
-            while len(self.items) < self.max_batch and not self.stopping and self.in_flight:
+            while len(self.items) < self.max_batch and not self.stopping and (
+                    self.in_flight or not self.close_when_idle):
                 remaining = closes - time.monotonic()
                 if remaining <= 0:
                     break

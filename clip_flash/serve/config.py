@@ -22,7 +22,10 @@ class ServeConfig:
         precision: ``fp32``, ``fp16`` or ``bf16``; None: fp16 on CUDA, fp32 on the CPU.
         max_batch: largest image batch (and a CUDA-graph bucket); a batch closes at it or at ``max_wait_ms``.
         max_text_batch: largest caption batch (captions are cheap; graphs are captured up to it).
-        max_wait_ms: how long the first item of a batch waits for others.
+        max_wait_ms: how long the first item of a batch waits for others while a batch of its tower is in flight
+            (with none in flight a batch closes at once: waiting would only add latency).
+        wait_when_idle: wait ``max_wait_ms`` even with no batch in flight (fuller batches at low load, at the cost
+            of that much latency).
         max_queue: items waiting in all towers together (split evenly between engines); a request that would
             pass it gets 429.
         request_timeout: seconds from arrival; past it the request gets 503 and its items are dropped.
@@ -48,6 +51,7 @@ class ServeConfig:
     max_batch: int = 64
     max_text_batch: int = 256
     max_wait_ms: float = 2.0
+    wait_when_idle: bool = False
     max_queue: int = 4096
     request_timeout: float = 30.0
     max_request_bytes: int = 64 * 1024 * 1024
