@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="fast: clip_flash's exact image preparer and tokenizer; stock: OpenCLIP's own preprocess and "
              "tokenizer (a baseline) (default: %(default)s)")
     add("--workers", type=int, default=defaults.workers,
-        help="HTTP frontend processes in front of the engine process (default: %(default)s: one process)")
+        help="HTTP frontend processes in front of the engine process; 1: one process does everything "
+             "(default: one per 4 cores, at most 4: %(default)s here)")
     add("--log-level", default=defaults.log_level, choices=("critical", "error", "warning", "info", "debug"),
         help="(default: %(default)s)")
     return parser
