@@ -243,8 +243,8 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         return json_response(status, body)
 
     def check_ready(route: str, started: float) -> Optional[Response]:
-        if pool.state == READY:
-            return None
+        if pool.state == READY or (remote and pool.state != FAILED):
+            return None  # a remote engine answers for itself: this frontend's view of it may be 0.25 s old
         message = pool.error if pool.state == FAILED else "the model is still loading; see GET /ready"
         return refuse(route, started, RequestError(503, message, kind="server_error", headers={"Retry-After": "1"}))
 

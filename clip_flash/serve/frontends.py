@@ -229,8 +229,11 @@ class RemotePool:
         return self.depths.get(tower, 0)
 
     def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item]) -> RemoteHandle:
-        if self.state != "ready":
-            raise NotReady(self.error or "the model is still loading")
+        # Forwarded unless the engine process is gone: the state polled here lags the engine's by up to
+        # STATE_POLL_SECONDS (another frontend may have answered /ready already), and the engine refuses
+        # (503) what it cannot take yet.
+        if self.state == "failed":
+            raise NotReady(self.error or "the engine process is not reachable")
         request_id = next(self._ids)
         inputs = [(item.index, IMAGE, item.payload) for item in images]
         inputs += [(item.index, TEXT, item.payload) for item in texts]
