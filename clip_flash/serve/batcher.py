@@ -94,8 +94,12 @@ class TowerBatcher:
     def put_locked(self, items: Sequence[Item], now: float) -> None:
         for item in items:
             item.enqueued = now
+        # The collector waits for a first item, then for a full batch (or its deadline, or the batch in flight
+        # to land): waking it for every request in between would only make it take the GIL to go back to sleep.
+        wake = not self.items or len(self.items) < self.max_batch <= len(self.items) + len(items)
         self.items.extend(items)
-        self.ready.notify()
+        if wake:
+            self.ready.notify()
 
     def __len__(self) -> int:
         return len(self.items)
