@@ -7,11 +7,11 @@ socket this process opened and handed to them, so the kernel spreads connections
 ``RemotePool`` that forwards each request's inputs through that socket and gets their embeddings back.
 
 Frames are length-prefixed pickles of message lists, one frame per event-loop pass and direction (both ends
-are this package, on this host, over a socket only this user can open). Frontend to engine: ``("embed", id, seconds_left, [(index, kind, payload)])``, ``("abandon", id)``,
-``("state", id, observations)`` (what the frontend's routes observed since: the engine process holds the one
-metrics registry), ``("metrics", id, observations)``. Engine to frontend: ``("done", id, [(index, result)])``,
-``("refused", id, "busy"|"not_ready", message)``, ``("state", id, state, error, description, depths)``,
-``("metrics", id, text)``.
+are this package, on this host, over a socket only this user can open). Frontend to engine: ``("embed", id,
+seconds_left, [(index, kind, payload)])``, ``("abandon", id)``, ``("state", id, observations)`` (what the
+frontend's routes observed since: the engine process holds the one metrics registry), ``("metrics", id,
+observations)``. Engine to frontend: ``("done", id, *pack_results(...))``, ``("refused", id,
+"busy"|"not_ready", message)``, ``("state", id, state, error, description, depths)``, ``("metrics", id, text)``.
 
 SIGTERM (or Ctrl-C) here: the frontends stop accepting and answer what they accepted, then the engines stop.
 """

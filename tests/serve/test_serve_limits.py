@@ -23,7 +23,8 @@ WAIT_MS = 3000  # --max-wait-ms with --wait-when-idle: a batch of fewer than --m
 @pytest.fixture(scope="module")
 def server():
     process = ServerProcess(["--device", "cpu", "--max-request-bytes", "20000", "--request-timeout", str(TIMEOUT),
-                             "--max-wait-ms", str(WAIT_MS), "--wait-when-idle", "--max-batch", "64", "--max-queue", "3"], api_key=KEY)
+                             "--max-wait-ms", str(WAIT_MS), "--wait-when-idle", "--max-batch", "64",
+                             "--max-queue", "3"], api_key=KEY)
     try:
         yield process.wait_ready()
     finally:
