@@ -75,6 +75,46 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+ANSWERED, TIMED_OUT, CLIENT_LEFT = "answered", "timed out", "client left"
+# A request answered sooner needs no task watching its connection (most are, and a task per request costs the
+# event loop more than the rest of the wait); one still waiting then has its client watched, so items of a
+# client that left are still dropped before compute while they queue.
+WATCH_CLIENT_AFTER_S = 0.05
+
+
+async def _wait_for_job(job: EmbeddingJob, receive: Callable, seconds: float) -> str:
+    """Wait for the job's results, at most ``seconds``, or until the client disconnects: ANSWERED, TIMED_OUT or
+    CLIENT_LEFT. Timers, not ``asyncio.wait``: this runs once per request."""
+    loop, future = job.loop, job.future
+    ended = [ANSWERED]
+    watcher: List[asyncio.Task] = []
+
+    def end(how: str) -> None:
+        if not future.done():
+            ended[0] = how
+            future.set_result(None)
+
+    def watched(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is None:
+            end(CLIENT_LEFT)
+
+    def watch() -> None:
+        if not future.done():
+            watcher.append(loop.create_task(_client_gone(receive)))
+            watcher[0].add_done_callback(watched)
+
+    seconds = max(0.0, seconds)
+    timers = (loop.call_later(seconds, end, TIMED_OUT), loop.call_later(min(WATCH_CLIENT_AFTER_S, seconds), watch))
+    try:
+        await future
+    finally:
+        for timer in timers:
+            timer.cancel()
+        for task in watcher:
+            task.cancel()
+    return ended[0]
+
+
 async def _client_gone(receive: Callable) -> None:
     """Returns when the client disconnects (the body is read already, so nothing else arrives)."""
     while True:
@@ -178,16 +218,11 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
                 return refuse(route, started, RequestError(503, str(not_ready), kind="server_error",
                                                            headers={"Retry-After": "1"}))
         if not job.future.done():
-            watcher = asyncio.ensure_future(_client_gone(request.receive))
-            try:
-                await asyncio.wait((job.future, watcher), timeout=max(0.0, deadline - time.monotonic()),
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                watcher.cancel()
-            if not job.future.done():
+            ended = await _wait_for_job(job, request.receive, deadline - time.monotonic())
+            if ended != ANSWERED:
                 job.abandoned = True
                 engine.abandon(images + texts)
-                if watcher.done() and not watcher.cancelled():
+                if ended == CLIENT_LEFT:
                     return finish(route, started, Response(status_code=CLIENT_GONE))
                 return refuse(route, started, RequestError(
                     503, f"not answered within {config.request_timeout:g} s (--request-timeout); its queued "
@@ -208,8 +243,8 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         return json_response(status, body)
 
     def check_ready(route: str, started: float) -> Optional[Response]:
-        if pool.state == READY:
-            return None
+        if pool.state == READY or (remote and pool.state != FAILED):
+            return None  # a remote engine answers for itself: this frontend's view of it may be 0.25 s old
         message = pool.error if pool.state == FAILED else "the model is still loading; see GET /ready"
         return refuse(route, started, RequestError(503, message, kind="server_error", headers={"Retry-After": "1"}))
 

@@ -1,5 +1,7 @@
 """One dynamic batcher per tower: items from every request join one queue; a batch closes at ``max_batch``
-items or ``max_wait`` seconds after its first item, whichever comes first.
+items or ``max_wait`` seconds after its first item, whichever comes first, and at once when no batch of this
+tower is in flight (nothing to overlap with: waiting would only add latency; under load a batch is always in
+flight, so batches still fill for up to ``max_wait``).
 
 Three threads, each a stage, with at most one batch waiting between stages, so that while the device encodes
 batch N the next batch is already decoded (or tokenized) and launched behind it:
@@ -60,11 +62,12 @@ class TowerBatcher:
         on_dequeue: called (under ``lock``) with how many items left the queue, taken or dropped.
         metrics: a ``ServeMetrics`` or None.
         device: the CUDA device the threads work on (None: the CPU).
+        close_when_idle: close a batch at once when none of this tower is in flight (else wait ``max_wait``).
     """
 
     def __init__(self, tower: str, inputs: Any, encode: Callable[[torch.Tensor], torch.Tensor], max_batch: int,
                  max_wait: float, lock: threading.Lock, on_dequeue: Callable[[int], None], metrics: Any = None,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, close_when_idle: bool = True) -> None:
         self.tower = tower
         self.inputs = inputs
         self.encode = encode
@@ -77,6 +80,8 @@ class TowerBatcher:
         self.ready = threading.Condition(lock)
         self.items: Deque[Item] = deque()
         self.stopping = False
+        self.close_when_idle = close_when_idle
+        self.in_flight = 0  # batches taken and not yet answered (under lock)
         self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._threads = [threading.Thread(target=self._run, args=(stage,), daemon=True,
@@ -89,8 +94,12 @@ class TowerBatcher:
     def put_locked(self, items: Sequence[Item], now: float) -> None:
         for item in items:
             item.enqueued = now
+        # The collector waits for a first item, then for a full batch (or its deadline, or the batch in flight
+        # to land): waking it for every request in between would only make it take the GIL to go back to sleep.
+        wake = not self.items or len(self.items) < self.max_batch <= len(self.items) + len(items)
         self.items.extend(items)
-        self.ready.notify()
+        if wake:
+            self.ready.notify()
 
     def __len__(self) -> int:
         return len(self.items)
@@ -119,7 +128,8 @@ class TowerBatcher:
             if not self.items:
                 return None
             closes = self.items[0].enqueued + self.max_wait
-            while len(self.items) < self.max_batch and not self.stopping:
+            while len(self.items) < self.max_batch and not self.stopping and (
+                    self.in_flight or not self.close_when_idle):
                 remaining = closes - time.monotonic()
                 if remaining <= 0:
                     break
@@ -140,6 +150,8 @@ class TowerBatcher:
                     batch.append(item)
             if left:
                 self.on_dequeue(left)
+            if batch:
+                self.in_flight += 1
             return batch, dropped, now
 
     # -- the stages ----------------------------------------------------------------------------------------------
@@ -223,11 +235,20 @@ class TowerBatcher:
                 results[position] = Embedded(rows[row, :width], rows[row, width:], tokens)
         missing = ItemError("no embedding was produced")
         deliver_batch([(item, result if result is not None else missing) for item, result in zip(batch, results)])
+        self._landed()
         return True
 
     def _fail(self, batch: List[Item], reason: str) -> None:
         logger.error("%s", reason)
         deliver_batch([(item, ItemError(reason)) for item in batch])
+        self._landed()
+
+    def _landed(self) -> None:
+        """A batch left the pipeline: if the queue waits on it, the next batch may close now."""
+        with self.lock:
+            self.in_flight -= 1
+            if not self.in_flight and self.items:
+                self.ready.notify()
 
     # -- stopping ------------------------------------------------------------------------------------------------
     def close(self, timeout: Optional[float] = None) -> None:

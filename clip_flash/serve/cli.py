@@ -44,7 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--max-text-batch", type=int, default=defaults.max_text_batch,
         help="largest caption batch (default: %(default)s)")
     add("--max-wait-ms", type=float, default=defaults.max_wait_ms,
-        help="how long a batch's first input waits for more (default: %(default)s)")
+        help="how long a batch's first input waits for more while a batch is in flight; with none in flight it "
+             "closes at once (default: %(default)s)")
+    add("--wait-when-idle", action="store_true",
+        help="wait --max-wait-ms for more inputs even when no batch is in flight (fuller batches, more latency)")
     add("--max-queue", type=int, default=defaults.max_queue,
         help="inputs waiting, all towers; past it requests get 429 with Retry-After (default: %(default)s)")
     add("--request-timeout", type=float, default=defaults.request_timeout,
@@ -61,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="fast: clip_flash's exact image preparer and tokenizer; stock: OpenCLIP's own preprocess and "
              "tokenizer (a baseline) (default: %(default)s)")
     add("--workers", type=int, default=defaults.workers,
-        help="HTTP frontend processes in front of the engine process (default: %(default)s: one process)")
+        help="HTTP frontend processes in front of the engine process; 1: one process does everything "
+             "(default: one per 4 cores, at most 4: %(default)s here)")
     add("--log-level", default=defaults.log_level, choices=("critical", "error", "warning", "info", "debug"),
         help="(default: %(default)s)")
     return parser
@@ -71,7 +75,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         model=args.model, host=args.host, port=args.port, device=args.device, devices=args.devices,
         precision=args.precision, max_batch=args.max_batch, max_text_batch=args.max_text_batch,
-        max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, request_timeout=args.request_timeout,
+        max_wait_ms=args.max_wait_ms, wait_when_idle=args.wait_when_idle, max_queue=args.max_queue,
+        request_timeout=args.request_timeout,
         max_request_bytes=args.max_request_bytes, api_key=args.api_key, decode=args.decode, patch=args.patch,
         inputs=args.inputs, cuda_graphs=args.cuda_graphs, decode_workers=args.decode_workers,
         workers=args.workers, log_level=args.log_level, served_name=args.served_name)

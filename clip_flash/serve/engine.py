@@ -105,9 +105,9 @@ class Engine:
             encode_image, encode_text = self._graphed(model, loaded, device)
         self.batchers = {
             IMAGE: TowerBatcher(IMAGE, image_inputs, encode_image, config.max_batch, config.max_wait_ms / 1e3,
-                                self.lock, self._dequeued, self.metrics, device),
+                                self.lock, self._dequeued, self.metrics, device, not config.wait_when_idle),
             TEXT: TowerBatcher(TEXT, text_inputs, encode_text, config.max_text_batch, config.max_wait_ms / 1e3,
-                               self.lock, self._dequeued, self.metrics, device),
+                               self.lock, self._dequeued, self.metrics, device, not config.wait_when_idle),
         }
         self.description = (f"{spec.text} {spec.weights_note}".strip() + f" on {device}, {precision}, "
                             f"{'patched' if config.patch else 'stock model'}, "

@@ -6,12 +6,12 @@ engines (one per GPU) and serves them on a Unix socket; each frontend (spawned, 
 socket this process opened and handed to them, so the kernel spreads connections) runs the same routes over a
 ``RemotePool`` that forwards each request's inputs through that socket and gets their embeddings back.
 
-Messages are length-prefixed pickles (both ends are this package, on this host, over a socket only this user
-can open). Frontend to engine: ``("embed", id, seconds_left, [(index, kind, payload)])``, ``("abandon", id)``,
-``("state", id, observations)`` (what the frontend's routes observed since: the engine process holds the one
-metrics registry), ``("metrics", id, observations)``. Engine to frontend: ``("done", id, [(index, result)])``,
-``("refused", id, "busy"|"not_ready", message)``, ``("state", id, state, error, description, depths)``,
-``("metrics", id, text)``.
+Frames are length-prefixed pickles of message lists, one frame per event-loop pass and direction (both ends
+are this package, on this host, over a socket only this user can open). Frontend to engine: ``("embed", id,
+seconds_left, [(index, kind, payload)])``, ``("abandon", id)``, ``("state", id, observations)`` (what the
+frontend's routes observed since: the engine process holds the one metrics registry), ``("metrics", id,
+observations)``. Engine to frontend: ``("done", id, *pack_results(...))``, ``("refused", id,
+"busy"|"not_ready", message)``, ``("state", id, state, error, description, depths)``, ``("metrics", id, text)``.
 
 SIGTERM (or Ctrl-C) here: the frontends stop accepting and answer what they accepted, then the engines stop.
 """
@@ -50,14 +50,37 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-async def read_message(reader: asyncio.StreamReader) -> Any:
+async def read_messages(reader: asyncio.StreamReader) -> List[Any]:
+    """The next frame's messages (a frame carries every message one side queued in one event-loop pass)."""
     header = await reader.readexactly(HEADER.size)
     return pickle.loads(await reader.readexactly(HEADER.unpack(header)[0]))
 
 
-def frame(message: Any) -> bytes:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+def frame(messages: List[Any]) -> bytes:
+    data = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
     return HEADER.pack(len(data)) + data
+
+
+class Outbox:
+    """Messages to one socket, sent together once per event-loop pass: one pickle and one write for every
+    request that arrived (or finished) in that pass, not one each."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._messages: List[Any] = []
+
+    def send(self, message: Any) -> None:
+        if not self._messages:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._messages.append(message)
+
+    def _flush(self) -> None:
+        messages, self._messages = self._messages, []
+        if messages and not self.writer.is_closing():
+            self.writer.write(frame(messages))
+
+    def is_closing(self) -> bool:
+        return self.writer.is_closing()
 
 
 def pack_results(inputs: Sequence[Tuple[int, str, Any]], results: Sequence[Any]) -> Tuple[Any, ...]:
@@ -109,26 +132,11 @@ class EngineServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         waiting: Dict[int, Tuple[Any, List[Item]]] = {}
+        outbox = Outbox(writer)
         try:
             while True:
-                message = await read_message(reader)
-                kind, request_id = message[0], message[1]
-                if kind == "embed":
-                    self._embed(writer, waiting, request_id, message[2], message[3])
-                elif kind == "abandon":
-                    engine, items = waiting.pop(request_id, (None, []))
-                    if engine is not None:
-                        for item in items:
-                            item.job.abandoned = True
-                        engine.abandon(items)
-                elif kind == "state":
-                    pool = self.pool
-                    pool.metrics.apply(message[2])
-                    writer.write(frame(("state", request_id, pool.state, pool.error, pool.description,
-                                        {tower: pool.queue_depth(tower) for tower in TOWERS})))
-                elif kind == "metrics":
-                    self.pool.metrics.apply(message[2])
-                    writer.write(frame(("metrics", request_id, self.pool.metrics.render())))
+                for message in await read_messages(reader):
+                    self._handle(message, outbox, waiting)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the frontend went away: its queued inputs are dropped
         finally:
@@ -136,24 +144,43 @@ class EngineServer:
                 engine.abandon(items)
             writer.close()
 
-    def _embed(self, writer, waiting, request_id: int, seconds_left: float, inputs) -> None:
+    def _handle(self, message: Any, outbox: Outbox, waiting: Dict[int, Tuple[Any, List[Item]]]) -> None:
+        kind, request_id = message[0], message[1]
+        if kind == "embed":
+            self._embed(outbox, waiting, request_id, message[2], message[3])
+        elif kind == "abandon":
+            engine, items = waiting.pop(request_id, (None, []))
+            if engine is not None:
+                for item in items:
+                    item.job.abandoned = True
+                engine.abandon(items)
+        elif kind == "state":
+            pool = self.pool
+            pool.metrics.apply(message[2])
+            outbox.send(("state", request_id, pool.state, pool.error, pool.description,
+                         {tower: pool.queue_depth(tower) for tower in TOWERS}))
+        elif kind == "metrics":
+            self.pool.metrics.apply(message[2])
+            outbox.send(("metrics", request_id, self.pool.metrics.render()))
+
+    def _embed(self, outbox: Outbox, waiting, request_id: int, seconds_left: float, inputs) -> None:
         job = EmbeddingJob(self.loop, len(inputs), time.monotonic() + seconds_left)
         images = [Item(job, position, payload) for position, (_, kind, payload) in enumerate(inputs) if kind == IMAGE]
         texts = [Item(job, position, payload) for position, (_, kind, payload) in enumerate(inputs) if kind == TEXT]
         try:
             engine = self.pool.submit(job, images, texts)
         except ServerBusy as error:
-            writer.write(frame(("refused", request_id, "busy", str(error))))
+            outbox.send(("refused", request_id, "busy", str(error)))
             return
         except NotReady as error:
-            writer.write(frame(("refused", request_id, "not_ready", str(error))))
+            outbox.send(("refused", request_id, "not_ready", str(error)))
             return
         waiting[request_id] = (engine, images + texts)
 
         def answer(_: Any) -> None:
             if waiting.pop(request_id, None) is None:
                 return  # abandoned
-            writer.write(frame(("done", request_id) + pack_results(inputs, job.results)))
+            outbox.send(("done", request_id) + pack_results(inputs, job.results))
 
         job.future.add_done_callback(answer)
 
@@ -184,10 +211,12 @@ class RemotePool:
         self._jobs: Dict[int, EmbeddingJob] = {}
         self._replies: Dict[int, asyncio.Future] = {}
         self._writer: Optional[asyncio.StreamWriter] = None
+        self._outbox: Optional[Outbox] = None
         self._tasks: List[asyncio.Task] = []
 
     async def connect(self) -> None:
         reader, self._writer = await asyncio.open_unix_connection(self.path)
+        self._outbox = Outbox(self._writer)
         self._tasks = [asyncio.ensure_future(self._read(reader)), asyncio.ensure_future(self._poll_state())]
 
     async def disconnect(self) -> None:
@@ -200,8 +229,11 @@ class RemotePool:
         return self.depths.get(tower, 0)
 
     def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item]) -> RemoteHandle:
-        if self.state != "ready":
-            raise NotReady(self.error or "the model is still loading")
+        # Forwarded unless the engine process is gone: the state polled here lags the engine's by up to
+        # STATE_POLL_SECONDS (another frontend may have answered /ready already), and the engine refuses
+        # (503) what it cannot take yet.
+        if self.state == "failed":
+            raise NotReady(self.error or "the engine process is not reachable")
         request_id = next(self._ids)
         inputs = [(item.index, IMAGE, item.payload) for item in images]
         inputs += [(item.index, TEXT, item.payload) for item in texts]
@@ -216,9 +248,9 @@ class RemotePool:
             raise NotReady("the engine process did not answer") from None
 
     def _send(self, message: Any) -> None:
-        if self._writer is None or self._writer.is_closing():
+        if self._outbox is None or self._outbox.is_closing():
             raise NotReady("the engine process is not reachable")
-        self._writer.write(frame(message))
+        self._outbox.send(message)
 
     def _forget(self, request_id: int) -> None:
         self._jobs.pop(request_id, None)
@@ -238,24 +270,27 @@ class RemotePool:
                 self.state, self.error = "failed", "the engine process is not reachable"
             await asyncio.sleep(STATE_POLL_SECONDS)
 
+    def _receive(self, message: Any) -> None:
+        kind, request_id = message[0], message[1]
+        if kind == "done":
+            job = self._jobs.pop(request_id, None)
+            if job is not None:
+                for index, result in unpack_results(*message[2:]):
+                    job.settle(index, result)
+        elif kind == "refused":
+            job = self._jobs.pop(request_id, None)
+            if job is not None:
+                job.refuse(ServerBusy(message[3]) if message[2] == "busy" else NotReady(message[3]))
+        else:
+            reply = self._replies.pop(request_id, None)
+            if reply is not None and not reply.done():
+                reply.set_result(message[2] if kind == "metrics" else message[2:])
+
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                message = await read_message(reader)
-                kind, request_id = message[0], message[1]
-                if kind == "done":
-                    job = self._jobs.pop(request_id, None)
-                    if job is not None:
-                        for index, result in unpack_results(*message[2:]):
-                            job.settle(index, result)
-                elif kind == "refused":
-                    job = self._jobs.pop(request_id, None)
-                    if job is not None:
-                        job.refuse(ServerBusy(message[3]) if message[2] == "busy" else NotReady(message[3]))
-                else:
-                    reply = self._replies.pop(request_id, None)
-                    if reply is not None and not reply.done():
-                        reply.set_result(message[2] if kind == "metrics" else message[2:])
+                for message in await read_messages(reader):
+                    self._receive(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             self.state, self.error = "failed", "the engine process went away"
             for job in self._jobs.values():

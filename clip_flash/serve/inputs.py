@@ -105,7 +105,15 @@ class TextInputs:
         # Tokens stay on the CPU: the encoder picks its length bucket from them without a device sync.
         if not self.group_by_length or len(counts) <= MIN_TEXT_GROUP:
             return [(list(range(len(counts))), tokens)], []
-        return [(positions, tokens[positions]) for positions in length_groups(counts)], []
+        groups = length_groups(counts)
+        # One gather into length order, then views: an index per group costs more than its tensor.
+        order = [position for positions in groups for position in positions]
+        ordered = tokens.index_select(0, torch.tensor(order))
+        out, start = [], 0
+        for positions in groups:
+            out.append((positions, ordered[start:start + len(positions)]))
+            start += len(positions)
+        return out, []
 
     def close(self) -> None:
         pass

@@ -113,3 +113,50 @@ def test_frontend_results_round_trip_packed():
     assert pairs[7].raw.tolist() == rows[0].tolist() and pairs[9].normalized.tolist() == (rows[2] / 2).tolist()
     assert pairs[7].tokens == 5
     assert unpack_results(*pack_results(inputs[1:2], results[1:2]))[0][1].message == "bad"
+
+
+def _one_item_seconds(close_when_idle: bool, max_wait: float) -> float:
+    """Seconds from queueing one item into an idle batcher to its result."""
+    lock = threading.Lock()
+    batcher = TowerBatcher("image", FakeTower(), lambda x: x, max_batch=64, max_wait=max_wait, lock=lock,
+                           on_dequeue=lambda count: None, close_when_idle=close_when_idle)
+
+    async def main():
+        job = EmbeddingJob(asyncio.get_running_loop(), 1, time.monotonic() + 30)
+        started = time.monotonic()
+        with lock:
+            batcher.put_locked([Item(job, 0, 3)], time.monotonic())
+        await asyncio.wait_for(job.future, 10)
+        assert isinstance(job.results[0], Embedded)
+        return time.monotonic() - started
+
+    try:
+        return asyncio.run(main())
+    finally:
+        batcher.close()
+
+
+def test_idle_batcher_closes_a_batch_at_once():
+    assert _one_item_seconds(close_when_idle=True, max_wait=5.0) < 2.0  # not the 5 s wait
+    assert _one_item_seconds(close_when_idle=False, max_wait=0.3) >= 0.3  # --wait-when-idle: the full wait
+
+
+def test_text_groups_are_the_tokens_of_their_positions():
+    from clip_flash.serve.inputs import TextInputs
+
+    counts = [5, 70, 9, 12, 30] * 10
+    tokens = torch.arange(len(counts)).unsqueeze(1).repeat(1, 4)
+    groups, failures = TextInputs(None, 77, group_by_length=True).device((tokens, counts))
+    assert not failures and len(groups) > 1
+    for positions, rows in groups:
+        assert rows[:, 0].tolist() == positions
+
+
+def test_default_workers_leave_small_machines_one_process(monkeypatch):
+    import os
+
+    from clip_flash.serve import config
+
+    for cores, workers in ((2, 1), (7, 1), (8, 2), (16, 4), (128, 4)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
+        assert config.default_workers() == workers

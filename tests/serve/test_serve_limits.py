@@ -16,13 +16,15 @@ from tests.serve.server_process import ServerProcess  # noqa: E402
 
 KEY = "test-key"
 TIMEOUT = 1.0  # --request-timeout
-WAIT_MS = 3000  # --max-wait-ms: a batch of fewer than --max-batch inputs closes this late, past the deadline
+WAIT_MS = 3000  # --max-wait-ms with --wait-when-idle: a batch of fewer than --max-batch inputs closes this late,
+# past the deadline
 
 
 @pytest.fixture(scope="module")
 def server():
     process = ServerProcess(["--device", "cpu", "--max-request-bytes", "20000", "--request-timeout", str(TIMEOUT),
-                             "--max-wait-ms", str(WAIT_MS), "--max-batch", "64", "--max-queue", "3"], api_key=KEY)
+                             "--max-wait-ms", str(WAIT_MS), "--wait-when-idle", "--max-batch", "64",
+                             "--max-queue", "3"], api_key=KEY)
     try:
         yield process.wait_ready()
     finally:
