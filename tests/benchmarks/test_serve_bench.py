@@ -65,6 +65,7 @@ def test_latency_counts_from_the_scheduled_time_when_the_server_queues():
     assert 40.0 * 0.6 < heavy.arrival_rps < 40.0 * 1.4  # Poisson arrivals at the offered rate kept coming
 
 
+@pytest.mark.slow
 def test_errors_are_counted_by_status_and_fail_the_point():
     with stub_server("--fail-every", "4", "--fail-status", "503") as url:
         point = run_point(url, caption_workload(), 60.0, SETTINGS)
@@ -76,6 +77,7 @@ def test_errors_are_counted_by_status_and_fail_the_point():
     assert not curve.meets(curve.points[0]) and curve.best is None  # fast or not, failures fail the point
 
 
+@pytest.mark.slow
 def test_rising_rates_stop_past_the_target_and_report_the_best_point():
     # Serial 5 ms requests: at most 200 req/s. Rates grow 4x from 12.5 until p99 passes 100 ms, then bisect.
     with stub_server("--delay-ms", "5", "--serial") as url:
@@ -95,6 +97,7 @@ def test_rising_rates_stop_past_the_target_and_report_the_best_point():
     assert summary["throughput_at_target"]["offered_rps"] == round(best.offered_rps, 2)
 
 
+@pytest.mark.slow
 def test_a_first_rate_past_capacity_searches_down():
     # Serial 20 ms requests: at most 50 req/s. Starting at 200 req/s, rates shrink 4x until one meets p99.
     with stub_server("--delay-ms", "20", "--serial") as url:

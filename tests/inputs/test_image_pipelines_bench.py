@@ -1,12 +1,14 @@
 """bench_clip's end-to-end image pipelines on the CPU: a bad file is reported and skipped, never fatal."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from benchmarks.harness.image_pipelines import format_image_pipelines, measure_image_pipelines
 from photo_corpus import skimage_photo
 
 
+@pytest.mark.slow
 def test_pipelines_skip_and_report_a_bad_file(build_model, vit_b32_preprocess, tmp_path):
     for number, name in enumerate(("astronaut.png", "coffee.png", "chelsea.png")):
         skimage_photo(name).convert("RGB").resize((160, 120)).save(tmp_path / f"photo{number}.jpg", quality=90)

@@ -149,7 +149,8 @@ class EmulatedExtension:
 
 
 @pytest.mark.parametrize("mode, chunk_columns",
-                         [("shortest", 4096), ("longest", 4096), ("squash", 4096), ("squash", 7)])
+                         [("shortest", 4096), pytest.param("longest", 4096, marks=pytest.mark.slow),
+                          pytest.param("squash", 4096, marks=pytest.mark.slow), ("squash", 7)])
 def test_emulated_kernel_on_packed_batch_is_exact(mode, chunk_columns, corpora, monkeypatch):
     """Small chunks make the vertical-first rows span many shared-memory chunks."""
     from open_clip.transform import image_transform

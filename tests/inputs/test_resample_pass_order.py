@@ -41,7 +41,9 @@ def _thin_corpus(corpora, preprocess):
 
 @pytest.mark.parametrize("vertical_first", [False, True], ids=["horizontal-first", "vertical-first"])
 @pytest.mark.parametrize("interpolation", INTERPOLATIONS)
-@pytest.mark.parametrize("mode", RESIZE_MODES)
+# OpenCLIP's default resize mode in CI; the others with --run-slow (the resample tests cover them at each order).
+@pytest.mark.parametrize("mode", [mode if mode == "shortest" else pytest.param(mode, marks=pytest.mark.slow)
+                                  for mode in RESIZE_MODES])
 def test_forced_order_cpu_and_emulated_kernel(mode, interpolation, vertical_first, corpora, monkeypatch,
                                               single_thread_torch):
     """Every mode x filter x order on thin/tiny L, RGB and RGBA images (padding wider than the image,
