@@ -1,6 +1,6 @@
 // Batched JPEG decoding on nvJPEG's hardware decoder (A100/H100 and later), without the GIL: the fast path's
-// decode (clip_flash/inputs/gpu_jpeg.py). torchvision's batched decode takes the GIL back about once per image,
-// which stalls it beside any thread running Python; this call releases the GIL once for the whole batch.
+// decode (clip_flash/inputs/image/nvjpeg_packed.py). torchvision's batched decode takes the GIL back about once
+// per image, which stalls it beside any thread running Python; this call releases the GIL once for the whole batch.
 //
 // nvJPEG is opened with dlopen at first use (the library path comes from Python), so the extension neither
 // links against it nor needs it to import; without <nvjpeg.h> at build time only a stub is compiled.
