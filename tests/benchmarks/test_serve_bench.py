@@ -111,6 +111,7 @@ def test_a_first_rate_past_capacity_searches_down():
     assert len(offered) == 4 and abs(offered[3] - 25.0) < 1e-9  # one bisection between 12.5 (met) and 50
 
 
+@pytest.mark.slow
 def test_driver_writes_results_against_the_stub(tmp_path):
     results = tmp_path / "results"
     status = bench_serve.main([

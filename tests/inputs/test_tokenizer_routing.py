@@ -80,6 +80,7 @@ def test_word_memory_bound_keeps_results_exact():
     assert len(fast.word_ids.ids) <= 50 + 8 and len(fast.chunk_ids) <= 40 + 8
 
 
+@pytest.mark.slow
 def test_tokenizing_pool_gives_the_same_ids():
     """Worker processes tokenize slices of large batches; forced on here (it is off by default)."""
     from clip_flash.inputs.text.tokenizing_pool import MIN_TEXTS_FOR_POOL
