@@ -236,6 +236,7 @@ def test_unreachable_tag_is_one_clear_message(monkeypatch, capsys):
     assert "--model ViT-B-32\n" in err and "--model ViT-B-32::/path/to/" in err
 
 
+@pytest.mark.slow
 def test_unreachable_tag_real_process_offline(tmp_path):
     """No mocks: the hub in offline mode fails as it does without network; no traceback escapes."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}

@@ -60,6 +60,7 @@ def test_ray_job_writes_what_the_one_device_job_writes_and_resumes(tmp_path, che
     assert clip_flash.embed(tmp_path / "photos", tmp_path / "ray_out", model, **options).shards_skipped == 3
 
 
+@pytest.mark.slow
 def test_clip_embedder_in_map_batches(tmp_path, checkpoint, stock_model, local_ray):
     import open_clip
     from PIL import Image
