@@ -88,7 +88,7 @@ class Engine:
 
             clip_flash.patch(model)
         if config.inputs == "fast":
-            from clip_flash.inputs.tokenizer import get_tokenizer
+            from clip_flash.inputs.text.tokenizer import get_tokenizer
 
             image_inputs = FastImageInputs(loaded.preprocess, device, loaded.dtype, config.decode,
                                            config.decode_workers, config.max_batch)

@@ -35,7 +35,7 @@ class FastImageInputs:
 
     def __init__(self, preprocess: Any, device: torch.device, dtype: torch.dtype, decode: str,
                  workers: Optional[int], batch_size: int) -> None:
-        from clip_flash.inputs.images import ImagePreprocessor
+        from clip_flash.inputs.image.preprocessor import ImagePreprocessor
 
         self.preparer = ImagePreprocessor(preprocess, device=device, dtype=dtype, decode=decode, workers=workers,
                                           start=False)
