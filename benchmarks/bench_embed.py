@@ -15,12 +15,13 @@ For each case it runs ``clip_flash.embed`` (the job ``scripts/embed.py`` runs) i
 ``--cases`` picks the image jobs run after stock, in order (``exact-native-eager`` is the exact job with
 ``cuda_graphs=False``); name two cases alternately to compare them.
 
-Rates are inputs per second over the pipeline's wall time after its first shard (the first file reads
-excluded), over the whole run, and with the setup (model load, the decoder's start, the pipeline's warm-up on
-synthetic inputs: :mod:`clip_flash.jobs.warm_up`) counted too; the setup's seconds, the warm-up's part of them
-and the first batch's (from the pipeline's start) are given beside them, and the
-number of CPU cores that fed them is recorded. The
-embeddings of each clip_flash run are compared with the stock run of the same inputs (cosine, max |diff|).
+Rates are inputs per second: after the run's first shard (the steady rate), over the whole run (the
+pipeline's wall time; on CUDA it begins with the device half of the warm-up, :mod:`clip_flash.jobs.warm_up`,
+beside the first reads), from the model loaded to the end (the decoder's start, the warm-up and the run: what
+the job costs beyond loading its model), and with all of the setup. Beside them: the model load's and the
+warm-up's seconds, the first batch's from the model loaded, and the page-locked host blocks the run had to make;
+the number of CPU cores that fed them is recorded. The embeddings of each clip_flash run are compared with the
+stock run of the same inputs (cosine, max |diff|).
 Writes ``embed_bench.json`` and ``embed_bench.md`` under ``--results``.
 """
 from __future__ import annotations
@@ -62,8 +63,9 @@ IMAGE_CASES = {"stock": ("stock", "cpu", "thread", False),
 DEFAULT_CASES = ("exact-native", "gpu-decode")
 
 COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)", "items/s (whole run)",
-           "items/s (with setup)", "setup s", "warm-up s", "first batch s",
-           "x stock", "of encoder-only", "GPU peak MiB",
+           "items/s (after the model load)", "items/s (with setup)", "model load s", "warm-up s",
+           "first batch s after the load", "pinned blocks made (s)",
+           "x stock", "after the load, of encoder-only", "GPU peak MiB",
            "cos vs stock (min)", "max abs diff vs stock")
 
 
@@ -140,6 +142,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cases", nargs="+", choices=tuple(IMAGE_CASES)[1:], default=list(DEFAULT_CASES),
                         help="the image jobs run after stock, in this order (a case named twice runs twice: "
                              "alternate two to compare them)")
+    parser.add_argument("--no-stock", action="store_true",
+                        help="skip the stock image job (no x stock, no comparison with it): alternation runs")
     parser.add_argument("--captions", type=int, default=240_000, help="captions for the ViT-L-14 text job")
     parser.add_argument("--caption-model", default="ViT-L-14")
     parser.add_argument("--shard-size", type=int, default=2048)
@@ -166,13 +170,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for model in args.models:
             ceilings[model] = encoder_only_rates(model, device, precision, calls=args.encoder_calls)
             done = []  # (case, its result), in the order run
-            for count, case in enumerate(["stock"] + args.cases):
+            for count, case in enumerate(["stock"] * (not args.no_stock) + args.cases):
                 pipeline, decode, executor, graphs = IMAGE_CASES[case]
                 if decode == "gpu" and device.type != "cuda":
                     continue
                 done.append((case, run_case(scratch, f"{model}-{case}-{count}", args.photos, model, pipeline, decode,
                                             repeats[model], args.shard_size, None, device, executor, graphs)))
-            stock = done[0][1]
+            stock = done[0][1] if not args.no_stock else None
             for case_name, case in done:
                 pipeline, decode, executor, graphs = IMAGE_CASES[case_name]
                 photos = case["summary"]["items"] // repeats[model]
@@ -182,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if pipeline != "stock" and not graphs:
                     label += ", no CUDA graphs"
                 rows.append(_row(model, f"{photos} photos x {repeats[model]}", label, case, stock,
-                                 ceilings[model]["image"], compare(case["out"], stock["out"])))
+                                 ceilings[model]["image"], compare(case["out"], stock["out"]) if stock else {}))
             for _, case in done:
                 shutil.rmtree(case["out"], ignore_errors=True)
         if args.captions:
@@ -222,25 +226,35 @@ def _maybe(value: Optional[float], form: str) -> str:
     return "n/a" if value is None else form.format(value)
 
 
-def _row(model: str, inputs: str, pipeline: str, case: Dict[str, Any], stock: Dict[str, Any], ceiling: float,
+def _row(model: str, inputs: str, pipeline: str, case: Dict[str, Any], stock: Optional[Dict[str, Any]], ceiling: float,
          versus_stock: Dict[str, float]) -> Dict[str, Any]:
     summary = case["summary"]
     steady = summary["steady_items_per_s"] or summary["items_per_s"]
-    stock_steady = stock["summary"]["steady_items_per_s"] or stock["summary"]["items_per_s"]
+    stock_steady = (stock["summary"]["steady_items_per_s"] or stock["summary"]["items_per_s"]) if stock else None
     same = case is stock
+    after_load = summary.get("after_load_items_per_s")
+    first_batch = None  # from the model loaded to the first batch's embeddings on the host
+    if summary.get("first_batch_seconds") is not None and summary.get("model_load_seconds") is not None:
+        first_batch = summary["setup_seconds"] - summary["model_load_seconds"] + summary["first_batch_seconds"]
     return {
         "model": model, "inputs": inputs, "pipeline": pipeline, "items": summary["items"],
         "failures": summary["failures"], "items/s (steady)": f"{steady:,.0f}",
         "items/s (whole run)": f"{summary['items_per_s']:,.0f}",
+        "items/s (after the model load)": _maybe(after_load, "{:,.0f}"),
         "items/s (with setup)": _maybe(summary.get("job_items_per_s"), "{:,.0f}"),
-        "setup s": _maybe(summary.get("setup_seconds"), "{:.2f}"),
+        "model load s": _maybe(summary.get("model_load_seconds"), "{:.2f}"),
         "warm-up s": _maybe(summary.get("warm_up_seconds"), "{:.2f}"),
-        "first batch s": _maybe(summary.get("first_batch_seconds"), "{:.2f}"),
-        "x stock": f"{steady / stock_steady:.2f}",
-        "of encoder-only": f"{steady / ceiling:.1%} of {ceiling:,.0f}",
+        "first batch s after the load": _maybe(first_batch, "{:.2f}"),
+        "pinned blocks made (s)": (f"{summary['pinned_blocks_created']} ({summary['pinned_block_seconds']:.2f})"
+                                   if summary.get("pinned_blocks_created") is not None else "n/a"),
+        "x stock": f"{steady / stock_steady:.2f}" if stock_steady else "n/a",
+        "after the load, of encoder-only": _maybe(after_load and after_load / ceiling * 100, "{:.1f}%")
+                                           + f" of {ceiling:,.0f}",
         "GPU peak MiB": f"{summary['gpu_peak_mib']:,.0f}" if summary["gpu_peak_mib"] else "n/a",
-        "cos vs stock (min)": "-" if same else f"{versus_stock.get('cos_min', float('nan')):.5f}",
-        "max abs diff vs stock": "-" if same else f"{versus_stock.get('max_abs_diff', float('nan')):.2e}",
+        "cos vs stock (min)": ("-" if same or stock is None
+                               else f"{versus_stock.get('cos_min', float('nan')):.5f}"),
+        "max abs diff vs stock": ("-" if same or stock is None
+                                  else f"{versus_stock.get('max_abs_diff', float('nan')):.2e}"),
         "summary": summary,
     }
 

@@ -214,16 +214,18 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
     try:
         batch_size = batch_size or default_batch_size(job.source.has_images, device.type)
         stats = PipelineStats()
-        setup_seconds = warm_up_seconds = None
+        setup_seconds = warm_up_seconds = model_load_seconds = None
         if job.todo:  # nothing left to embed: no model to load
             loaded = load_job_model(job, device)
+            model_load_seconds = time.perf_counter() - setup_started
             job.output.record_settings(job.settings)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
                                  workers, executor, cuda_graphs, decode_threads)
             if hasattr(runner, "warm_up"):
-                warm_up_seconds = runner.warm_up()  # part of the setup: what the first batch would pay once
+                # The decoder's start; the device half runs at the run's start, beside its first reads.
+                warm_up_seconds = runner.warm_up(device=False)
             elif hasattr(runner, "start"):
                 runner.start()  # the image decoder, in the background while the run begins
             setup_seconds = time.perf_counter() - setup_started
@@ -243,7 +245,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             options["image_cuda_graphs"] = getattr(runner, "image_graphs", None) is not None
         return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
                           command=command, options=options, environment_device=device, setup_seconds=setup_seconds,
-                          warm_up_seconds=warm_up_seconds)
+                          warm_up_seconds=warm_up_seconds, model_load_seconds=model_load_seconds)
     finally:
         job.output.close()
 
@@ -315,7 +317,8 @@ def load_job_model(job: PlannedJob, device: torch.device) -> Any:
 
 def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: str, gpu_peak: Optional[float],
                command: Optional[str], options: Dict[str, Any], environment_device: torch.device,
-               setup_seconds: Optional[float] = None, warm_up_seconds: Optional[float] = None) -> JobSummary:
+               setup_seconds: Optional[float] = None, warm_up_seconds: Optional[float] = None,
+               model_load_seconds: Optional[float] = None) -> JobSummary:
     """Write failures.parquet and the run record; return the summary."""
     failures_total = job.output.collect_failures([shard.index for shard in job.plan])
     summary = JobSummary(
@@ -325,8 +328,11 @@ def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: 
         shards_skipped=len(job.plan) - len(job.todo), shards_written=stats.shards, rows=stats.rows,
         failures=stats.failures, failures_total=failures_total, seconds=stats.seconds, cpu_cores=cpu_cores(),
         gpu_peak_mib=gpu_peak, steady_items_per_s=steady_rate(stats.marks), shard_marks=stats.marks,
-        setup_seconds=setup_seconds, warm_up_seconds=warm_up_seconds, first_batch_seconds=stats.first_batch_seconds,
-        main_thread_seconds=dict(stats.main_thread_seconds))
+        setup_seconds=setup_seconds, model_load_seconds=model_load_seconds,
+        warm_up_seconds=(warm_up_seconds or 0.0) + stats.warm_up_seconds if warm_up_seconds is not None else None,
+        first_batch_seconds=stats.first_batch_seconds,
+        main_thread_seconds=dict(stats.main_thread_seconds), pinned_blocks_created=stats.pinned_blocks_created,
+        pinned_block_seconds=stats.pinned_block_seconds)
     command = command or "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
     record = run_record(summary, job.settings, environment_device, command, options)
     summary.record_path = str(job.output.write_run_record(record_name(), record))

@@ -95,9 +95,24 @@ class PipelineStats:
     first_batch_seconds: Optional[float] = None  # run start to the first batch's embeddings on the host
     # Where the main thread's time went: what it waited on says which stage bounds the run.
     main_thread_seconds: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_THREAD_STEPS, 0.0))
+    warm_up_seconds: float = 0.0  # the device half of the warm-up, when it ran at the start of this run
+    # Page-locked host blocks torch's allocator had to create during the run, and the seconds CUDA took to make
+    # them: a cold allocator shows here (a block is made once per power-of-two size and batch in flight).
+    pinned_blocks_created: int = 0
+    pinned_block_seconds: float = 0.0
 
 
-MAIN_THREAD_STEPS = ("waiting for inputs", "launching", "waiting for the device", "handing to the writer")
+def pinned_allocator_counters() -> Tuple[int, float]:
+    """(blocks created, seconds spent creating them) so far by torch's page-locked host allocator ((0, 0.0)
+    before CUDA is initialised)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0, 0.0
+    stats = torch.cuda.host_memory_stats()
+    return int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1e6
+
+
+MAIN_THREAD_STEPS = ("warming up the device", "waiting for inputs", "launching", "waiting for the device",
+                     "handing to the writer")
 # Threads preparing batches ahead of the GPU (each hands one batch's inputs to the decoder, then waits; with
 # decode="gpu" each also runs its batch's hardware JPEG decode). Two keep the GPU fed: one batch is decoded
 # while the other is handed over; more only hold more batches in memory.
@@ -155,7 +170,10 @@ class EmbeddingPipeline:
         if self.cuda and cuda_graphs and image_preparer is not None:
             from ..graphs import GraphedEncoder
 
-            self.image_graphs = GraphedEncoder(model, batch_sizes=(batch_size,), max_graphs=1)
+            # One eager pass before the capture: enough for this stream's cuBLAS workspace and the kernels'
+            # first loads; each further pass of a large model costs a batch of device time.
+            self.image_graphs = GraphedEncoder(model, batch_sizes=(batch_size,), max_graphs=1, warmup_iters=1)
+        self._device_warm = not self.cuda
 
     def start(self) -> None:
         """Start the image preparer's decoder in the background: call it as early as the preparer exists, so
@@ -164,13 +182,18 @@ class EmbeddingPipeline:
         if start is not None:
             start(batch_size=self.batch_size)
 
-    def warm_up(self) -> float:
-        """Pay now, before :meth:`run`, what the first batch would pay once (the decoder's start, the first calls
-        of the decode, resize and encoder kernels, the image graph's capture at ``batch_size``), on synthetic
-        inputs; returns the seconds spent. See :mod:`clip_flash.jobs.warm_up`."""
-        from .warm_up import warm_up_pipeline
+    def warm_up(self, device: bool = True) -> float:
+        """Pay before :meth:`run` what the first batch would pay once (see :mod:`clip_flash.jobs.warm_up`); returns
+        the seconds spent. ``device=False``: only the decoder's start; the device half (the first calls of the
+        decode, resize and encoder kernels, the image graph's capture at ``batch_size``) then runs at the start
+        of :meth:`run`, while the run's threads read and decode its first batches."""
+        from .warm_up import start_decoder, warm_up_device
 
-        return warm_up_pipeline(self)
+        seconds = start_decoder(self)
+        if device and not self._device_warm:
+            seconds += warm_up_device(self, self.decode_threads)
+            self._device_warm = True
+        return seconds
 
     # ----- reader and decoders (CPU threads) ------------------------------------------------------
     def _decode(self, items: ItemBatch) -> Tuple[Any, Optional[torch.Tensor]]:
@@ -332,6 +355,7 @@ class EmbeddingPipeline:
 
     def _run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None], progress: Any) -> PipelineStats:
         stats = PipelineStats()
+        blocks_before, block_seconds_before = pinned_allocator_counters()
         started = time.perf_counter()
         stop = threading.Event()
         work: "queue.Queue" = queue.Queue(maxsize=self.prefetch_batches)
@@ -391,6 +415,12 @@ class EmbeddingPipeline:
                 lap("handing to the writer")
 
         try:
+            if not self._device_warm:  # the reader and the decoders are at work on the first batches meanwhile
+                from .warm_up import warm_up_device
+
+                stats.warm_up_seconds = warm_up_device(self)
+                self._device_warm = True
+                lap("warming up the device")
             while True:
                 lap("launching")
                 entry = work.get()
@@ -432,4 +462,7 @@ class EmbeddingPipeline:
         if writer_error:
             raise writer_error[0]
         stats.seconds = time.perf_counter() - started
+        blocks, block_seconds = pinned_allocator_counters()
+        stats.pinned_blocks_created = blocks - blocks_before
+        stats.pinned_block_seconds = block_seconds - block_seconds_before
         return stats

@@ -1,10 +1,11 @@
 """What a finished embedding job reports: the summary it prints and the JSON record it keeps.
 
-Rates count inputs (embedded + failed) from files or strings to committed ``.npy`` files, over the
-pipeline's wall time (model loading and the pipeline's warm-up excluded: they are setup);
-``steady_items_per_s`` leaves the first written shard out, which is the rate a long job runs at;
-``job_items_per_s`` counts the setup too (planning, model loading, the decoder's start and the pipeline's
-warm-up: ``setup_seconds``, of which ``warm_up_seconds``), the rate a user waits for.
+Rates count inputs (embedded + failed) from files or strings to committed ``.npy`` files. ``items_per_s``: over
+the pipeline's wall time (the run: on CUDA it starts with the device half of the warm-up, overlapping the first
+reads); ``steady_items_per_s`` leaves the first written shard out, which is the rate a long job runs at;
+``after_load_items_per_s`` from the model loaded to the end (the decoder's start, the warm-up, the run: what a
+job costs beyond its model load); ``job_items_per_s`` counts the whole setup too (planning, model loading), the
+rate a user waits for.
 """
 from __future__ import annotations
 
@@ -38,11 +39,15 @@ class JobSummary:
     cpu_cores: int
     gpu_peak_mib: Optional[float] = None
     steady_items_per_s: Optional[float] = None
-    setup_seconds: Optional[float] = None       # embed() called to the pipeline's start (model load, warm-up)
-    warm_up_seconds: Optional[float] = None     # the part of setup_seconds the pipeline's warm-up took
+    setup_seconds: Optional[float] = None       # embed() called to the pipeline's start (model load, decoder start)
+    model_load_seconds: Optional[float] = None  # embed() called to the model loaded (planning, loading, patching)
+    warm_up_seconds: Optional[float] = None     # the pipeline's warm-up: the decoder's start (in setup_seconds)
+    #                                             and the device half at the run's start (in seconds)
     first_batch_seconds: Optional[float] = None  # the pipeline's start to its first batch's embeddings
     record_path: Optional[str] = None
     main_thread_seconds: Dict[str, float] = field(default_factory=dict)  # what the device stage waited on
+    pinned_blocks_created: int = 0       # page-locked host blocks torch's allocator made during the run
+    pinned_block_seconds: float = 0.0    # and the seconds CUDA took making them
     shard_marks: List[Tuple[int, float]] = field(default_factory=list, repr=False)  # (inputs so far, seconds)
 
     @property
@@ -62,9 +67,25 @@ class JobSummary:
         total = self.setup_seconds + self.seconds
         return self.items / total if total > 0 else 0.0
 
+    @property
+    def after_load_seconds(self) -> Optional[float]:
+        """Seconds from the model loaded to the end: the decoder's start, the warm-up, the run."""
+        if self.setup_seconds is None or self.model_load_seconds is None:
+            return None
+        return self.setup_seconds - self.model_load_seconds + self.seconds
+
+    @property
+    def after_load_items_per_s(self) -> Optional[float]:
+        """Inputs per second from the model loaded to the end (None when the load was not timed)."""
+        seconds = self.after_load_seconds
+        if seconds is None:
+            return None
+        return self.items / seconds if seconds > 0 else 0.0
+
     def to_dict(self) -> Dict[str, Any]:
         record = asdict(self)
-        record.update(items=self.items, items_per_s=self.items_per_s, job_items_per_s=self.job_items_per_s)
+        record.update(items=self.items, items_per_s=self.items_per_s, job_items_per_s=self.job_items_per_s,
+                      after_load_seconds=self.after_load_seconds, after_load_items_per_s=self.after_load_items_per_s)
         return record
 
     def format(self) -> str:
@@ -81,14 +102,21 @@ class JobSummary:
             + f", fed by {self.cpu_cores} CPU cores",
         ]
         if self.setup_seconds is not None:
-            lines.append(f"  setup: {self.setup_seconds:.2f} s before the first batch (model load, decoder, warm-up"
-                         + (f" {self.warm_up_seconds:.2f} s" if self.warm_up_seconds is not None else "") + ")"
-                         + (f", first batch done {self.first_batch_seconds:.2f} s into the run"
+            lines.append(f"  setup: {self.setup_seconds:.2f} s before the run"
+                         + (f" (model load {self.model_load_seconds:.2f} s)" if self.model_load_seconds is not None
+                            else "")
+                         + (f"; warm-up {self.warm_up_seconds:.2f} s" if self.warm_up_seconds is not None else "")
+                         + (f"; first batch done {self.first_batch_seconds:.2f} s into the run"
                             if self.first_batch_seconds is not None else "")
-                         + f"; {self.job_items_per_s:,.1f} items/s counting it")
+                         + (f"; {self.after_load_items_per_s:,.1f} items/s from the model loaded"
+                            if self.after_load_items_per_s is not None else "")
+                         + f"; {self.job_items_per_s:,.1f} items/s counting all of it")
         if any(self.main_thread_seconds.values()):
             lines.append("  main thread: " + ", ".join(f"{step} {seconds:.2f} s"
                                                        for step, seconds in self.main_thread_seconds.items()))
+        if self.pinned_blocks_created:
+            lines.append(f"  page-locked host memory: {self.pinned_blocks_created} blocks made during the run "
+                         f"({self.pinned_block_seconds:.2f} s)")
         if self.gpu_peak_mib is not None:
             lines.append(f"  GPU memory: {self.gpu_peak_mib:,.0f} MiB peak allocated")
         lines.append(f"  output: {self.out}" + (f"; run record {self.record_path}" if self.record_path else ""))

@@ -1,13 +1,18 @@
-"""What a pipeline's first batch would otherwise pay once, paid in the job's setup, on inputs of its own.
+"""What a pipeline's first batch would otherwise pay once, paid on inputs of its own.
 
 The first batch of a run is the first use of everything on its path: the decoder's native threads and
 Pillow's libjpeg, the kernels of the decode and resize path (CUDA loads each module on its first launch), the
 nvJPEG decoders of ``decode="gpu"`` (the hardware decoder's states, one per decoding thread, and torchvision's
 decoder for the JPEGs it leaves), cuBLAS's and cuDNN's first calls, and the image tower's CUDA graph, captured
-at the job's batch size after eager warm-up passes. None of it depends on the job's inputs, so
-:func:`warm_up_pipeline` does it on a few synthetic images and a batch of zeros before the run starts: the run
-is then steady from its first batch, and the time moves into the job's ``setup_seconds`` (counted in the
-"with setup" rate), not out of the accounts. Nothing of the job's inputs is read or decoded here.
+at the job's batch size after an eager warm-up pass. None of it depends on the job's inputs, so it is done on a
+few synthetic images and a batch of zeros, in two halves:
+
+- :func:`start_decoder` (the CPU half) before the run: the decoder's threads must exist before the first read.
+- :func:`warm_up_device` (the device half): in a job, at the start of the run, on the main thread while the
+  run's own threads already read and decode the first batches (the page-locked blocks those batches need are
+  made meanwhile), so the GPU's warm-up and the first reads overlap instead of adding up; a Ray actor does it
+  with its model load, before it takes shards. Either way it is inside the accounts: the job's rate "after the
+  model load" counts it.
 
 The graph captured here is the one the run replays: same batch size, row shape and dtype (those of the rows
 the preparer returned for the synthetic images), captured from zeros as a capture at the first batch is.
@@ -52,57 +57,61 @@ def synthetic_images() -> List[bytes]:
             encoded(colour, "PNG")]
 
 
-def warm_up_pipeline(pipeline: Any) -> float:
-    """Warm ``pipeline`` (an :class:`~clip_flash.jobs.pipeline.EmbeddingPipeline`) up; returns the seconds spent.
+def start_decoder(pipeline: Any) -> float:
+    """Start ``pipeline``'s image decoder (its native threads) and wait for it; returns the seconds spent."""
+    started = time.perf_counter()
+    start = getattr(pipeline.image_preparer, "start", None)
+    if start is not None:
+        try:
+            start(batch_size=pipeline.batch_size, wait=True)
+        except TypeError:  # a preparer of another kind, whose start() does not wait
+            start(batch_size=pipeline.batch_size)
+    return time.perf_counter() - started
 
-    Off CUDA only the decoder's threads are started (there is no graph, and a CPU's first calls cost little
-    beside its batches)."""
+
+def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
+    """The device half on ``pipeline`` (an :class:`~clip_flash.jobs.pipeline.EmbeddingPipeline`) on CUDA: the
+    synthetic images decoded by ``decode_threads`` threads at once and prepared, the image encoder (its graph
+    captured) at the batch size, the text encoder; returns the seconds spent (0 off CUDA)."""
+    if not pipeline.cuda:
+        return 0.0
     started = time.perf_counter()
     steps: Dict[str, float] = {}
 
     def lap(step: str) -> None:
         steps[step] = time.perf_counter() - started - sum(steps.values())
 
-    preparer = pipeline.image_preparer
-    start = getattr(preparer, "start", None)
-    if start is not None:
-        try:
-            start(batch_size=pipeline.batch_size, wait=True)
-        except TypeError:  # a preparer of another kind, whose start() does not wait
-            start(batch_size=pipeline.batch_size)
-        lap("decoder start")
-    if pipeline.cuda:
-        device = pipeline.device
-        compute = torch.cuda.current_stream(device)
-        with torch.inference_mode():
-            if preparer is not None:
-                pixels = _warm_up_images(pipeline)
-                lap("synthetic images decoded and prepared")
-                if pixels is not None:
-                    zeros = torch.zeros((pipeline.batch_size, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
-                    # Through the run's own call: the graph key (batch size, row shape, dtype) is the run's.
-                    pipeline._to_host(pipeline._finish(pipeline._encode_image(zeros)))
-                    compute.synchronize()
-                    lap(f"image encoder at batch {pipeline.batch_size}")
-            if pipeline.tokenizer is not None:
-                tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
-                if not pipeline.host_tokens:
-                    tokens = tokens.to(device, non_blocking=True)
-                pipeline._to_host(pipeline._finish(pipeline.model.encode_text(tokens)))
+    device = pipeline.device
+    compute = torch.cuda.current_stream(device)
+    with torch.inference_mode():
+        if pipeline.image_preparer is not None:
+            pixels = _warm_up_images(pipeline, decode_threads)
+            lap("synthetic images decoded and prepared")
+            if pixels is not None:
+                zeros = torch.zeros((pipeline.batch_size, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
+                # Through the run's own call: the graph key (batch size, row shape, dtype) is the run's.
+                pipeline._to_host(pipeline._finish(pipeline._encode_image(zeros)))
                 compute.synchronize()
-                lap("text encoder")
+                lap(f"image encoder at batch {pipeline.batch_size}")
+        if pipeline.tokenizer is not None:
+            tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
+            if not pipeline.host_tokens:
+                tokens = tokens.to(device, non_blocking=True)
+            pipeline._to_host(pipeline._finish(pipeline.model.encode_text(tokens)))
+            compute.synchronize()
+            lap("text encoder")
     seconds = time.perf_counter() - started
-    logger.info("pipeline warmed up in %.2f s (%s)", seconds,
+    logger.info("device warmed up in %.2f s (%s)", seconds,
                 ", ".join(f"{step} {step_seconds:.2f} s" for step, step_seconds in steps.items()))
     return seconds
 
 
-def _warm_up_images(pipeline: Any) -> "torch.Tensor | None":
-    """The synthetic images decoded by as many threads at once as the run decodes with (so that each gets the
-    per-thread state it would make on its first batch), then prepared on the copy stream, as a batch is; the
-    prepared rows (None if the preparer returned none)."""
+def _warm_up_images(pipeline: Any, threads: int) -> "torch.Tensor | None":
+    """The synthetic images decoded by ``threads`` threads at once (each gets the per-thread state it would make
+    on its first batch), then prepared on the copy stream, as a batch is; the prepared rows (None if the preparer
+    returned none)."""
     images = synthetic_images()
-    threads = max(1, pipeline.decode_threads)
+    threads = max(1, threads)
     together = threading.Barrier(threads)
 
     def decode(_: int) -> Any:

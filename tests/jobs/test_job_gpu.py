@@ -73,12 +73,13 @@ def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cud
     assert output["metadata"]["image_path"] == [str(path) for path in ordered]
 
 
-def test_the_image_graph_is_captured_in_the_setup_not_in_the_run(tmp_path, monkeypatch):
+def test_the_image_graph_is_captured_at_the_run_start_before_its_first_batch(tmp_path, monkeypatch):
+    """The device half of the warm-up runs inside the run (its reader already decoding), before any launch."""
     from clip_flash.graphs.capture import CaptureSpace
     from clip_flash.jobs.pipeline import EmbeddingPipeline
 
     events = []
-    capture, run = CaptureSpace.capture, EmbeddingPipeline.run
+    capture, run, launch = CaptureSpace.capture, EmbeddingPipeline.run, EmbeddingPipeline._launch
 
     def capturing(self, key, function, warmup_iters):
         events.append(("capture", key.tower, key.batch))
@@ -88,14 +89,22 @@ def test_the_image_graph_is_captured_in_the_setup_not_in_the_run(tmp_path, monke
         events.append(("run",))
         return run(self, *args, **kwargs)
 
+    def launching(self, *args, **kwargs):
+        events.append(("launch",))
+        return launch(self, *args, **kwargs)
+
     monkeypatch.setattr(CaptureSpace, "capture", capturing)
     monkeypatch.setattr(EmbeddingPipeline, "run", running)
+    monkeypatch.setattr(EmbeddingPipeline, "_launch", launching)
     write_photos(tmp_path / "photos", count=20, captions=False)
     summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", GPU_MODEL, device="cuda", shard_size=10,
                                batch_size=8, progress=False)
     assert summary.rows == 20
-    assert events == [("capture", "image", 8), ("run",)]
-    assert 0 < summary.warm_up_seconds < summary.setup_seconds
+    assert events[:3] == [("run",), ("capture", "image", 8), ("launch",)]
+    assert events.count(("capture", "image", 8)) == 1
+    assert summary.main_thread_seconds["warming up the device"] > 0
+    assert 0 < summary.warm_up_seconds < summary.setup_seconds + summary.seconds
+    assert 0 < summary.after_load_seconds < summary.setup_seconds + summary.seconds
 
 
 def _smooth_jpegs(folder, count=12, seed=0):

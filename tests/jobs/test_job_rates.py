@@ -1,6 +1,6 @@
-"""What a job reports about its speed: the setup before its first batch (model load, decoding workers), the
-first batch's time, the whole-run rate, the rate after the first shard and the rate counting the setup, in
-the summary and in the run record; and the decoding workers it ran with."""
+"""What a job reports about its speed: the setup before its run (model load, the decoder's start), the first
+batch's time, the run's rate, the rate after the first shard, the rate from the model loaded and the rate counting
+the whole setup, in the summary and in the run record; and the decoding workers it ran with."""
 from __future__ import annotations
 
 import json
@@ -23,12 +23,16 @@ def test_summary_and_record_give_setup_first_batch_and_every_rate(tmp_path, chec
     assert 0 < summary.warm_up_seconds < summary.setup_seconds  # the decoder's start, within the setup
     assert summary.steady_items_per_s > 0  # three shards: the rate after the first one
     assert summary.job_items_per_s == pytest.approx(10 / (summary.setup_seconds + summary.seconds))
-    assert summary.job_items_per_s < summary.items_per_s
+    assert 0 < summary.model_load_seconds < summary.setup_seconds
+    assert summary.after_load_seconds == pytest.approx(summary.setup_seconds - summary.model_load_seconds
+                                                       + summary.seconds)
+    assert summary.job_items_per_s < summary.after_load_items_per_s < summary.items_per_s
     text = summary.format()
-    assert "after the first shard" in text and "setup:" in text and "counting it" in text
+    assert "after the first shard" in text and "setup:" in text and "from the model loaded" in text
+    assert "counting all of it" in text
     record = json.loads(open(summary.record_path).read())
     for key in ("items_per_s", "steady_items_per_s", "job_items_per_s", "setup_seconds", "warm_up_seconds",
-                "first_batch_seconds"):
+                "first_batch_seconds", "model_load_seconds", "after_load_items_per_s"):
         assert record["summary"][key] == pytest.approx(getattr(summary, key))
     options = record["options"]
     assert options["executor"] == executor
