@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, PipelineStats
+from .pipeline import DEFAULT_DECODE_THREADS, DEFAULT_PREFETCH_BATCHES, EmbeddingPipeline, PipelineStats
 from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
 from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
 from .weights_identity import checkpoint_sha256
@@ -215,7 +215,16 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         batch_size = batch_size or default_batch_size(job.source.has_images, device.type)
         stats = PipelineStats()
         setup_seconds = warm_up_seconds = model_load_seconds = None
+        reserved = None  # page-locked blocks made while the model loaded (None: not asked for)
         if job.todo:  # nothing left to embed: no model to load
+            reservation = None
+            if (device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and decode == "cpu"
+                    and executor != "thread"):
+                from .pinned_reserve import PinnedReservation
+
+                # Blocks for the batches alive at once (queued, decoding, copying), made while the model loads.
+                alive = DEFAULT_PREFETCH_BATCHES + (decode_threads or DEFAULT_DECODE_THREADS) + 1
+                reservation = PinnedReservation(batch_size, alive).start()
             loaded = load_job_model(job, device)
             model_load_seconds = time.perf_counter() - setup_started
             job.output.record_settings(job.settings)
@@ -228,6 +237,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 warm_up_seconds = runner.warm_up(device=False)
             elif hasattr(runner, "start"):
                 runner.start()  # the image decoder, in the background while the run begins
+            if reservation is not None:
+                reservation.join()  # its blocks are not made beside the run's first batches
+                reserved = {"blocks": reservation.blocks_made, "seconds": round(reservation.seconds, 3)}
             setup_seconds = time.perf_counter() - setup_started
             known = [shard.size for shard in job.todo]
             total = sum(known) if all(size is not None for size in known) else None
@@ -243,6 +255,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             options.update(decoding_workers(runner))
             # Whether full image batches replayed a CUDA graph (asked for, on CUDA, with images to encode).
             options["image_cuda_graphs"] = getattr(runner, "image_graphs", None) is not None
+            if reserved is not None:
+                options["pinned_blocks_made_before_the_run"] = reserved
         return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
                           command=command, options=options, environment_device=device, setup_seconds=setup_seconds,
                           warm_up_seconds=warm_up_seconds, model_load_seconds=model_load_seconds)

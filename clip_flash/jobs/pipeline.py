@@ -117,6 +117,9 @@ MAIN_THREAD_STEPS = ("warming up the device", "waiting for inputs", "launching",
 # decode="gpu" each also runs its batch's hardware JPEG decode). Two keep the GPU fed: one batch is decoded
 # while the other is handed over; more only hold more batches in memory.
 DEFAULT_DECODE_THREADS = 2
+# Decoded batches queued for the device. Each holds a page-locked block (~230 MB for 256 web photos) until its
+# upload: the decoders only need to stay a batch or two ahead (at most 2 decode at once).
+DEFAULT_PREFETCH_BATCHES = 3
 
 
 def finish_features(features: torch.Tensor, normalize: bool, out_dtype: np.dtype) -> torch.Tensor:
@@ -141,8 +144,8 @@ class EmbeddingPipeline:
     def __init__(self, model: torch.nn.Module, device: torch.device, image_preparer: Any = None,
                  tokenizer: Optional[Callable] = None, batch_size: int = 256, normalize: bool = True,
                  out_dtype: np.dtype = np.float16, decode_threads: int = DEFAULT_DECODE_THREADS,
-                 prefetch_batches: int = 6, batches_in_flight: int = 2, wds_key_column: bool = False,
-                 cuda_graphs: bool = True) -> None:
+                 prefetch_batches: int = DEFAULT_PREFETCH_BATCHES, batches_in_flight: int = 2,
+                 wds_key_column: bool = False, cuda_graphs: bool = True) -> None:
         self.model = model
         self.device = torch.device(device)
         self.image_preparer = image_preparer

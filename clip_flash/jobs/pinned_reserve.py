@@ -1,0 +1,81 @@
+"""Page-locked host blocks for a job's image batches, made before its run, while its model loads.
+
+The native decoder writes each batch's JPEG coefficients into one page-locked block from torch's allocator,
+which caches a freed block for reuse (per power-of-two size) but makes each new one with ``cudaHostAlloc``.
+Making one holds a lock of the CUDA driver: measured on an H100 host, a 256 MiB block takes ~100 ms, and
+another thread's launch-and-sync round waited for all four blocks made meanwhile (514 ms;
+``benchmarks/results/h100/job_start_63aab05/pinned_host.md``). Left to the run, the blocks are made during its
+first batches (19-27 blocks, 0.5-1.2 s per run, measured) and stall the encoder and the warm-up with them.
+:class:`PinnedReservation` makes them beforehand in a thread of its own, while the model is built on the CPU,
+and frees them into the allocator's cache, where the run's batches find them.
+
+The blocks are sized for a batch of web photos as the run's decoder asks for them: the coefficient bytes of a
+640x480 4:2:0 JPEG (what the decoder's own scan reports), times the batch size. Batches of larger photos land in
+a larger power-of-two size and make their blocks in the run as before: nothing else changes.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import List, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def coefficient_block_bytes(batch_size: int) -> Optional[int]:
+    """Bytes the native decoder asks for to hold a batch of ``batch_size`` 640x480 JPEGs' coefficients (None
+    where the native decoder cannot run)."""
+    from ..inputs.image.jpeg_dct import ALIGN
+    from ..inputs.image.native_decode import COEFFICIENT_BYTES, NativeBatchDecoder, ScanMode
+    from .warm_up import synthetic_images
+
+    decoder = NativeBatchDecoder.create(1)
+    if decoder is None:
+        return None
+    scanned = decoder.scan([synthetic_images()[0]], ScanMode.COEFFICIENTS)
+    per_image = int(scanned.info[0, COEFFICIENT_BYTES])
+    if per_image <= 0:
+        return None
+    return -(-per_image // ALIGN) * ALIGN * batch_size
+
+
+class PinnedReservation:
+    """Makes ``count`` page-locked blocks for batches of ``batch_size`` in a background thread, then frees them
+    into torch's cache. ``start()`` it before the model load; ``join()`` before the run (its blocks must not be
+    made beside the run's first batches: that is the stall it removes)."""
+
+    def __init__(self, batch_size: int, count: int) -> None:
+        self.batch_size = batch_size
+        self.count = count
+        self.blocks_made = 0
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._reserve, daemon=True, name="clip_flash-pinned-reserve")
+
+    def start(self) -> "PinnedReservation":
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _reserve(self) -> None:
+        started = time.perf_counter()
+        try:
+            size = coefficient_block_bytes(self.batch_size)
+            if size is None:
+                return
+            blocks: List[torch.Tensor] = []
+            for _ in range(self.count):
+                blocks.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
+            self.blocks_made = len(blocks)
+            del blocks  # into the allocator's cache: no copy was queued from them, so they are free at once
+        except Exception as error:  # noqa: BLE001 - an optimisation: without it the run makes its own blocks
+            logger.warning("page-locked blocks for the image batches were not made ahead: %s", error)
+        finally:
+            self.seconds = time.perf_counter() - started
+            if self.blocks_made:
+                logger.info("made %d page-locked blocks for batches of %d images in %.2f s, beside the model load",
+                            self.blocks_made, self.batch_size, self.seconds)
