@@ -190,7 +190,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         executor: ``auto`` (the native batch decoder where the extension is built, else Python threads),
             ``native`` or ``thread`` (see :class:`~clip_flash.inputs.image.preprocessor.ImagePreprocessor`).
         cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
-            kernels, so the same rows; it frees the main thread from launching them); False runs them eager.
+            kernels, so the same rows; it frees the main thread from launching them) where launching an eager
+            batch takes ``warm_up.GRAPH_LAUNCH_SHARE`` of its time or more (measured at the warm-up; the run
+            record's ``image_cuda_graphs`` says what ran); False runs them eager.
         decode_threads: batches prepared at once ahead of the GPU (default ``DEFAULT_DECODE_THREADS``, 2).
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).

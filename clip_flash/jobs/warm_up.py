@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 WARM_UP_SIZE = (480, 640)  # (height, width): a common photo size, larger than any model's input
 WARM_UP_CAPTIONS = 8
+# A job replays full image batches from a CUDA graph when launching an eager batch takes at least this share
+# of its time (measured at the warm-up): measured on an H100 host, ViT-B-32 at batch 256 ran 10,900-12,900
+# img/s replayed and 9,200 eager; ViT-L-14 2,600 and 2,610 (results/h100/job_start_63aab05/).
+GRAPH_LAUNCH_SHARE = 0.25
 
 
 def synthetic_images() -> List[bytes]:
@@ -89,10 +93,19 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
             lap("synthetic images decoded and prepared")
             if pixels is not None:
                 zeros = torch.zeros((pipeline.batch_size, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
-                # Through the run's own call: the graph key (batch size, row shape, dtype) is the run's.
-                pipeline._to_host(pipeline._finish(pipeline._encode_image(zeros)))
-                compute.synchronize()
-                lap(f"image encoder at batch {pipeline.batch_size}")
+                launch_share = _eager_launch_share(pipeline, zeros)
+                if pipeline.image_graphs is not None and launch_share < GRAPH_LAUNCH_SHARE:
+                    pipeline.image_graphs.release()
+                    pipeline.image_graphs = None
+                    logger.info("image batches run eager: launching an eager batch takes %.0f%% of its time, under "
+                                "the %.0f%% where a graph's replay pays for its capture", 100 * launch_share,
+                                100 * GRAPH_LAUNCH_SHARE)
+                lap(f"image encoder at batch {pipeline.batch_size}, eager")
+                if pipeline.image_graphs is not None:
+                    # Through the run's own call: the graph key (batch size, row shape, dtype) is the run's.
+                    pipeline._to_host(pipeline._finish(pipeline._encode_image(zeros)))
+                    compute.synchronize()
+                    lap("its graph captured")
         if pipeline.tokenizer is not None:
             tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
             if not pipeline.host_tokens:
@@ -104,6 +117,20 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
     logger.info("device warmed up in %.2f s (%s)", seconds,
                 ", ".join(f"{step} {step_seconds:.2f} s" for step, step_seconds in steps.items()))
     return seconds
+
+
+def _eager_launch_share(pipeline: Any, zeros: torch.Tensor) -> float:
+    """One eager batch of the image tower (after one row, which pays the kernels' first loads): the share of its
+    time the host spent launching it. A graph replays those launches in one; when the device's work dwarfs them
+    (a large model at a large batch), replaying saves nothing and capturing costs a batch of device time."""
+    compute = torch.cuda.current_stream(pipeline.device)
+    pipeline.model.encode_image(zeros[:1])
+    compute.synchronize()
+    started = time.perf_counter()
+    pipeline._to_host(pipeline._finish(pipeline.model.encode_image(zeros)))
+    launched = time.perf_counter()
+    compute.synchronize()
+    return (launched - started) / max(time.perf_counter() - started, 1e-9)
 
 
 def _warm_up_images(pipeline: Any, threads: int) -> "torch.Tensor | None":
