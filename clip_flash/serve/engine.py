@@ -98,7 +98,9 @@ class Engine:
 
             image_inputs = StockImageInputs(loaded.preprocess, device, loaded.dtype, loaded.image_size)
             tokenizer = open_clip.get_tokenizer(spec.name)
-        text_inputs = TextInputs(tokenizer, loaded.context_length, group_by_length=config.patch)
+        # fast inputs: get_tokenizer(spec.name) gives the same ids in any process, so frontends may tokenize
+        text_inputs = TextInputs(tokenizer, loaded.context_length, group_by_length=config.patch,
+                                 name=spec.name if config.inputs == "fast" else None)
         encode_image, encode_text = model.encode_image, model.encode_text
         graphs = device.type == "cuda" and config.cuda_graphs
         if graphs:
@@ -179,15 +181,16 @@ class Engine:
             if texts:
                 self.batchers[TEXT].put_locked(texts, now)
 
-    def abandon(self, items: Sequence[Item]) -> int:
+    def abandon(self, images: Sequence[Item], texts: Sequence[Item] = ()) -> int:
         """Drop a request's items still queued (its client went away, or its deadline passed): they are never
         computed. Returns how many were dropped."""
         dropped = {IMAGE: 0, TEXT: 0}
         with self.lock:
-            for item in items:
-                if item.state == QUEUED:
-                    item.state = DROPPED
-                    dropped[IMAGE if isinstance(item.payload, bytes) else TEXT] += 1
+            for tower, items in ((IMAGE, images), (TEXT, texts)):
+                for item in items:
+                    if item.state == QUEUED:
+                        item.state = DROPPED
+                        dropped[tower] += 1
             self.queued -= dropped[IMAGE] + dropped[TEXT]
         if self.metrics is not None:
             for tower, count in dropped.items():
@@ -243,6 +246,14 @@ class EnginePool:
 
     def queue_depth(self, tower: str) -> int:
         return sum(engine.queue_depth(tower) for engine in self.engines)
+
+    @property
+    def text_tokenizer(self) -> Optional[Tuple[str, int]]:
+        """(``get_tokenizer`` name, context length) that reproduce every ready engine's caption ids in another
+        process; None when there is none (still loading, ``--inputs stock``, engines that differ)."""
+        specs = {getattr(engine.batchers[TEXT].inputs, "remote_spec", None)
+                 for engine in self.engines if engine.state == READY}
+        return specs.pop() if len(specs) == 1 else None
 
     def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item]) -> Engine:
         ready = [engine for engine in self.engines if engine.state == READY]
