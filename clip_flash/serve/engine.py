@@ -181,6 +181,39 @@ class Engine:
             if texts:
                 self.batchers[TEXT].put_locked(texts, now)
 
+    def submit_many(self, requests: Sequence[Tuple[EmbeddingJob, Sequence[Item], Sequence[Item]]],
+                    limit: int) -> List[Tuple[int, Exception]]:
+        """``submit`` for several requests under one lock hold and one wake-up of each tower's collector (a
+        frame's worth from a frontend). Each request is still queued all or none; returns the refused ones as
+        (position in ``requests``, ``ServerBusy``/``NotReady``)."""
+        if self.state != READY:
+            error = NotReady("the server is shutting down" if self.state == STOPPED
+                             else self.error or "the model is still loading")
+            return [(position, error) for position in range(len(requests))]
+        refused: List[Tuple[int, Exception]] = []
+        images_all: List[Item] = []
+        texts_all: List[Item] = []
+        now = time.monotonic()
+        with self.lock:
+            if self.batchers[IMAGE].stopping:
+                error = NotReady("the server is shutting down")
+                return [(position, error) for position in range(len(requests))]
+            for position, (_, images, texts) in enumerate(requests):
+                count = len(images) + len(texts)
+                if self.queued + count > limit:
+                    refused.append((position, ServerBusy(
+                        f"{self.queued} inputs are queued already; this request's {count} would pass the limit "
+                        f"of {limit} (--max-queue)")))
+                    continue
+                self.queued += count
+                images_all.extend(images)
+                texts_all.extend(texts)
+            if images_all:
+                self.batchers[IMAGE].put_locked(images_all, now)
+            if texts_all:
+                self.batchers[TEXT].put_locked(texts_all, now)
+        return refused
+
     def abandon(self, images: Sequence[Item], texts: Sequence[Item] = ()) -> int:
         """Drop a request's items still queued (its client went away, or its deadline passed): they are never
         computed. Returns how many were dropped."""
@@ -262,6 +295,27 @@ class EnginePool:
         engine = min(ready, key=lambda e: e.queued)
         engine.submit(job, images, texts, self.limit)
         return engine
+
+    def submit_many(self, requests: Sequence[Tuple[EmbeddingJob, Sequence[Item], Sequence[Item]]]
+                    ) -> Tuple[List[Optional[Engine]], List[Tuple[int, Exception]]]:
+        """Queue several requests (each whole to one engine): (the engine each went to, None if refused;
+        the refusals as (position, error)). With one engine, one lock hold for them all."""
+        ready = [engine for engine in self.engines if engine.state == READY]
+        if len(self.engines) == 1 or not ready:
+            engine = ready[0] if ready else self.engines[0]
+            refused = engine.submit_many(requests, self.limit)
+            engines: List[Optional[Engine]] = [engine] * len(requests)
+            for position, _ in refused:
+                engines[position] = None
+            return engines, refused
+        engines, refused = [], []
+        for position, (job, images, texts) in enumerate(requests):
+            try:
+                engines.append(self.submit(job, images, texts))
+            except (ServerBusy, NotReady) as error:
+                engines.append(None)
+                refused.append((position, error))
+        return engines, refused
 
     def close(self) -> None:
         for engine in self.engines:

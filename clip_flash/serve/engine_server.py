@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
-from .jobs import TOWERS, Item, NotReady, Result, ServerBusy
+from .jobs import TOWERS, Item, Result, ServerBusy
 from .wire import Outbox, pack_batch, read_messages
 
 logger = logging.getLogger(__name__)
@@ -149,18 +149,23 @@ class EngineServer:
             connection.outbox.send(("metrics", message[1], self.pool.metrics.render()))
 
     def _embed(self, connection: FrontendConnection, requests: Sequence[Tuple[int, float, list, list]]) -> None:
-        """Queue every request of one frame (refusals answered one by one)."""
+        """Queue every request of one frame together (refusals answered one by one)."""
         now = time.monotonic()
-        waiting, submit, send = connection.waiting, self.pool.submit, connection.outbox.send
+        waiting = connection.waiting
+        made: List[Tuple[RemoteRequest, List[Item], List[Item]]] = []
         for request_id, seconds_left, images, texts in requests:
             request = RemoteRequest(connection, request_id, now + seconds_left, now)
             request.images = [Item(request, index, payload) for index, payload in images]
             request.texts = [Item(request, index, payload) for index, payload in texts]
             request.pending = len(images) + len(texts)
             # in ``waiting`` before the batchers can answer it, so its last result finds it there
-            waiting[request_id] = request
-            try:
-                request.engine = submit(request, request.images, request.texts)
-            except (ServerBusy, NotReady) as error:
-                waiting.pop(request_id, None)
-                send(("refused", request_id, "busy" if isinstance(error, ServerBusy) else "not_ready", str(error)))
+            waiting[request.request_id] = request
+            made.append((request, request.images, request.texts))
+        engines, refused = self.pool.submit_many(made)
+        for request, engine in zip(made, engines):
+            request[0].engine = engine
+        for position, error in refused:
+            request_id = made[position][0].request_id
+            waiting.pop(request_id, None)
+            connection.outbox.send(("refused", request_id, "busy" if isinstance(error, ServerBusy) else "not_ready",
+                                    str(error)))

@@ -8,7 +8,7 @@ queued, each batch preparing and encoding, and each request being answered.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -19,6 +19,7 @@ from .jobs import TOWERS
 SECONDS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+VECTORIZE_FROM = 16  # waits in one call from which numpy bucketing beats observe() each (16: 13 us vs 19 us)
 
 
 class ServeMetrics:
@@ -86,10 +87,18 @@ class ServeMetrics:
             children[6].inc(errors)
 
     # -- from the batchers -----------------------------------------------------------------------------------------
-    def queued(self, tower: str, waits: Iterable[float]) -> None:
+    def queued(self, tower: str, waits: Sequence[float]) -> None:
         histogram = self._tower[tower][1]
-        for seconds in waits:
-            histogram.observe(seconds)
+        if len(waits) < VECTORIZE_FROM:
+            for seconds in waits:
+                histogram.observe(seconds)
+            return
+        import numpy as np  # a batch of many requests: bucket them in one call, add O(buckets)
+
+        values = np.asarray(waits, dtype=np.float64)
+        counts = np.bincount(np.searchsorted(SECONDS_BUCKETS, values, side="left"),
+                             minlength=len(SECONDS_BUCKETS) + 1)
+        _add_observations(histogram, counts.tolist(), float(values.sum()))
 
     def batch(self, tower: str, size: int, prepare_seconds: float) -> None:
         children = self._tower[tower]

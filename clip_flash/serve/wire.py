@@ -16,8 +16,8 @@ Frontend to engine:
 Engine to frontend:
 
 - ``("results", ids, indices, raw, normalized, tokens, errors)``: one message per batch and connection; row
-  ``r`` of the float32 matrices ``raw``/``normalized`` is item ``indices[r]`` of request ``ids[r]``, and
-  ``errors`` is ``[(id, index, message)]``.
+  ``r`` of the float32 matrices ``raw``/``normalized`` (their bytes, row-major) is item ``indices[r]`` of
+  request ``ids[r]``, and ``errors`` is ``[(id, index, message)]``.
 - ``("refused", id, "busy"|"not_ready", message)``; ``("state", id, state, error, description, depths,
   text_tokenizer)``; ``("metrics", id, text)``.
 """
@@ -110,7 +110,8 @@ def padded_tokens(payloads: Sequence[bytes], context_length: int) -> np.ndarray:
 # -- results of one batch to one connection ---------------------------------------------------------------------
 def pack_batch(pairs: Sequence[Tuple[int, int, Any]]) -> Tuple[Any, ...]:
     """``[(request id, item index, result)]`` as one ``results`` message: the embeddings as two float32
-    matrices (one pickle each, not one per row), errors as (id, index, message)."""
+    matrices' bytes (a bytes object pickles as one copy; an ndarray costs a reduce call), errors as
+    (id, index, message)."""
     from .jobs import Embedded
 
     ids: List[int] = []
@@ -129,15 +130,21 @@ def pack_batch(pairs: Sequence[Tuple[int, int, Any]]) -> Tuple[Any, ...]:
         else:
             errors.append((request_id, index, getattr(result, "message", "no embedding was produced")))
     if not ids:
-        return ("results", ids, indices, None, None, tokens, errors)
-    return ("results", ids, indices, np.stack(raws), np.stack(normalized), tokens, errors)
+        return ("results", ids, indices, b"", b"", tokens, errors)
+    return ("results", ids, indices, np.stack(raws).astype(np.float32, copy=False).tobytes(),
+            np.stack(normalized).astype(np.float32, copy=False).tobytes(), tokens, errors)
 
 
 def unpack_batch(message: Tuple[Any, ...]) -> List[Tuple[int, int, Any]]:
-    """A ``results`` message back into ``[(request id, item index, result)]``."""
+    """A ``results`` message back into ``[(request id, item index, result)]`` (embeddings: read-only float32
+    rows of the message's buffers)."""
     from .jobs import Embedded, ItemError
 
-    _, ids, indices, raw, normalized, tokens, errors = message
-    out: List[Tuple[int, int, Any]] = [(request_id, indices[row], Embedded(raw[row], normalized[row], tokens[row]))
-                                       for row, request_id in enumerate(ids)]
+    _, ids, indices, raw_bytes, normalized_bytes, tokens, errors = message
+    out: List[Tuple[int, int, Any]] = []
+    if ids:
+        raw = np.frombuffer(raw_bytes, dtype=np.float32).reshape(len(ids), -1)
+        normalized = np.frombuffer(normalized_bytes, dtype=np.float32).reshape(len(ids), -1)
+        out = [(request_id, indices[row], Embedded(raw[row], normalized[row], tokens[row]))
+               for row, request_id in enumerate(ids)]
     return out + [(request_id, index, ItemError(text)) for request_id, index, text in errors]
