@@ -38,8 +38,11 @@ def _frontend_main(config: ServeConfig, path: str, listener: socket.socket) -> N
     from .cli import uvicorn_config
 
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .engine import freeze_loaded_objects
+
     app = build_app(config, RemotePool(path))
     server = uvicorn.Server(uvicorn_config(app, config))
+    freeze_loaded_objects()  # the imported libraries stay out of every full collection (see there)
     server.run(sockets=[listener])
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 HEADER = struct.Struct("!I")
 TOKEN_DTYPE = np.int32  # every OpenCLIP vocabulary fits; the engine widens to int64 per batch
+SCATTER_FROM = 16  # rows from which padded_tokens scatters them all at once
 
 
 async def read_messages(reader: asyncio.StreamReader) -> List[Any]:
@@ -96,13 +97,21 @@ def token_bytes(tokens: Any) -> List[bytes]:
 
 
 def padded_tokens(payloads: Sequence[bytes], context_length: int) -> np.ndarray:
-    """``token_bytes`` rows back into one zero-padded int64 ``[n, context_length]`` array (a few numpy calls
-    per batch, none per caption but a length)."""
+    """``token_bytes`` rows back into one zero-padded int64 ``[n, context_length]`` array: row by row for a
+    few rows, one masked scatter for more (about 15 us from 16 rows on, where the loop's per-row cost passes it;
+    the loop is 2 us for one row)."""
+    out = np.zeros((len(payloads), context_length), dtype=np.int64)
+    if len(payloads) < SCATTER_FROM:
+        for row, payload in enumerate(payloads):
+            ids = np.frombuffer(payload, dtype=TOKEN_DTYPE)
+            if ids.size > context_length:
+                raise ValueError(f"a caption has {ids.size} token ids; the context length is {context_length}")
+            out[row, :ids.size] = ids
+        return out
     itemsize = np.dtype(TOKEN_DTYPE).itemsize
     lengths = np.fromiter((len(payload) // itemsize for payload in payloads), dtype=np.int64, count=len(payloads))
-    if lengths.size and int(lengths.max()) > context_length:
+    if int(lengths.max()) > context_length:
         raise ValueError(f"a caption has {int(lengths.max())} token ids; the context length is {context_length}")
-    out = np.zeros((len(payloads), context_length), dtype=np.int64)
     out[np.arange(context_length) < lengths[:, None]] = np.frombuffer(b"".join(payloads), dtype=TOKEN_DTYPE)
     return out
 

@@ -65,8 +65,11 @@ def test_padded_tokens_refuses_rows_past_the_context():
     payloads = token_bytes(rows)
     assert [len(payload) // 4 for payload in payloads] == [3, 4, 0]
     assert np.array_equal(padded_tokens(payloads, 4), rows.numpy())
-    with pytest.raises(ValueError):
-        padded_tokens(payloads, 3)
+    many = rows.repeat(7, 1)  # past SCATTER_FROM rows: the one-scatter path
+    assert np.array_equal(padded_tokens(token_bytes(many), 4), many.numpy())
+    for few_or_many in (payloads, payloads * 7):
+        with pytest.raises(ValueError):
+            padded_tokens(few_or_many, 3)
 
 
 class _Outbox:
