@@ -209,3 +209,21 @@ def test_queue_waits_bucketed_at_once_match_observe():
     expected, got = _samples(one), _samples(many)
     assert {k: v for k, v in got.items() if k[0].endswith("_bucket")} == \
         {k: v for k, v in expected.items() if k[0].endswith("_bucket")}
+
+
+def test_engines_name_a_tokenizer_for_frontends_only_when_its_ids_are_reproducible():
+    """``--inputs fast``: (get_tokenizer name, context length); stock OpenCLIP inputs or a loading engine:
+    None, and frontends send the captions themselves."""
+    from types import SimpleNamespace
+
+    from clip_flash.serve.config import ServeConfig
+    from clip_flash.serve.engine import READY, EnginePool
+
+    pool = EnginePool(ServeConfig(model="ViT-B-32", device="cpu"))
+    assert pool.text_tokenizer is None  # still loading
+    engine = pool.engines[0]
+    engine.state = READY
+    engine.batchers = {"text": SimpleNamespace(inputs=TextInputs(None, 77, True, name="ViT-B-32"))}
+    assert pool.text_tokenizer == ("ViT-B-32", 77)
+    engine.batchers = {"text": SimpleNamespace(inputs=TextInputs(None, 77, True))}  # --inputs stock
+    assert pool.text_tokenizer is None
