@@ -49,7 +49,7 @@ def install(dim: int) -> None:
 
     def load_on(self, device) -> None:
         config = self.config
-        text_inputs = TextInputs(get_tokenizer("ViT-B-32"), 77, group_by_length=True)
+        text_inputs = TextInputs(get_tokenizer("ViT-B-32"), 77, group_by_length=True, name="ViT-B-32")
         self.batchers = {
             IMAGE: TowerBatcher(IMAGE, NoDecodeImageInputs(), encode, config.max_batch, config.max_wait_ms / 1e3,
                                 self.lock, self._dequeued, self.metrics, None, not config.wait_when_idle),

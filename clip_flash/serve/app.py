@@ -221,7 +221,7 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
             ended = await _wait_for_job(job, request.receive, deadline - time.monotonic())
             if ended != ANSWERED:
                 job.abandoned = True
-                engine.abandon(images + texts)
+                engine.abandon(images, texts)
                 if ended == CLIENT_LEFT:
                     return finish(route, started, Response(status_code=CLIENT_GONE))
                 return refuse(route, started, RequestError(

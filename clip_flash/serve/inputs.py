@@ -14,6 +14,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from .wire import padded_tokens
+
 logger = logging.getLogger(__name__)
 
 Group = Tuple[List[int], torch.Tensor]
@@ -88,15 +90,31 @@ class StockImageInputs:
 
 class TextInputs:
     """Captions to token ids (clip_flash's tokenizer, or OpenCLIP's own), grouped by length when the text
-    tower skips padding."""
+    tower skips padding. A payload is a caption (tokenized here) or its ids already (``wire.token_bytes``,
+    from a frontend process that ran the same tokenizer): those are only padded into the batch's tensor.
 
-    def __init__(self, tokenizer: Any, context_length: int, group_by_length: bool) -> None:
+    ``name``: the ``get_tokenizer`` name giving this tokenizer's ids in any process (None: the ids are only
+    computed here); ``remote_spec`` is then (name, context length).
+    """
+
+    def __init__(self, tokenizer: Any, context_length: int, group_by_length: bool,
+                 name: Optional[str] = None) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.group_by_length = group_by_length
+        self.remote_spec = (name, context_length) if name is not None else None
 
-    def host(self, payloads: Sequence[str]) -> Tuple[torch.Tensor, List[int]]:
-        tokens = self.tokenizer(list(payloads), context_length=self.context_length)
+    def host(self, payloads: Sequence[Any]) -> Tuple[torch.Tensor, List[int]]:
+        captions = [position for position, payload in enumerate(payloads) if type(payload) is not bytes]
+        if not captions:
+            tokens = torch.from_numpy(padded_tokens(payloads, self.context_length))
+        elif len(captions) == len(payloads):
+            tokens = self.tokenizer(list(payloads), context_length=self.context_length)
+        else:  # both kinds (a frontend's first requests, before it had loaded the tokenizer)
+            ids = [position for position, payload in enumerate(payloads) if type(payload) is bytes]
+            tokens = torch.zeros((len(payloads), self.context_length), dtype=torch.long)
+            tokens[captions] = self.tokenizer([payloads[p] for p in captions], context_length=self.context_length)
+            tokens[ids] = torch.from_numpy(padded_tokens([payloads[p] for p in ids], self.context_length))
         counts = (tokens != 0).sum(dim=1).tolist()  # id 0 pads; SOT and EOT count, as OpenAI's usage does
         return tokens, counts
 

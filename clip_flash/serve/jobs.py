@@ -77,6 +77,11 @@ class EmbeddingJob:
     def expired(self, now: float) -> bool:
         return self.abandoned or now > self.deadline
 
+    @property
+    def sink(self) -> asyncio.AbstractEventLoop:
+        """Where ``deliver_batch`` sends this job's results: its event loop."""
+        return self.loop
+
     def settle(self, index: int, result: Result) -> None:
         """Record one result (on the loop's thread)."""
         if self.results[index] is None:
@@ -95,7 +100,7 @@ class Item:
     def __init__(self, job: EmbeddingJob, index: int, payload: Any) -> None:
         self.job = job
         self.index = index
-        self.payload = payload  # bytes (an encoded image) or str (a caption)
+        self.payload = payload  # bytes (an encoded image); str (a caption) or its token ids (``wire.token_bytes``)
         self.state = QUEUED
         self.enqueued = 0.0
 
@@ -106,12 +111,18 @@ def _settle_many(pairs: Sequence[Tuple[Item, Result]]) -> None:
 
 
 def deliver_batch(pairs: Sequence[Tuple[Item, Result]]) -> None:
-    """Hand results to their jobs' event loops (from any thread): one wake-up per loop, not per item."""
-    by_loop: Dict[asyncio.AbstractEventLoop, List[Tuple[Item, Result]]] = {}
+    """Hand results to their jobs' sinks (from any thread): one hand-off per sink and batch, not per item. A
+    sink is an event loop (``EmbeddingJob``), or an object with ``deliver_results(pairs)`` (the engine
+    process's connection to a frontend, which sends the batch's rows there in one message)."""
+    by_sink: Dict[Any, List[Tuple[Item, Result]]] = {}
     for pair in pairs:
-        by_loop.setdefault(pair[0].job.loop, []).append(pair)
-    for loop, group in by_loop.items():
+        by_sink.setdefault(pair[0].job.sink, []).append(pair)
+    for sink, group in by_sink.items():
+        deliver = getattr(sink, "deliver_results", None)
+        if deliver is not None:
+            deliver(group)
+            continue
         try:
-            loop.call_soon_threadsafe(_settle_many, group)
+            sink.call_soon_threadsafe(_settle_many, group)
         except RuntimeError:  # the loop is closed: nobody is waiting for these any more
             pass

@@ -7,7 +7,8 @@ queued, each batch preparing and encoding, and each request being answered.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from bisect import bisect_left
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -18,6 +19,7 @@ from .jobs import TOWERS
 SECONDS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+VECTORIZE_FROM = 16  # waits in one call from which numpy bucketing beats observe() each (16: 13 us vs 19 us)
 
 
 class ServeMetrics:
@@ -60,13 +62,17 @@ class ServeMetrics:
                                self.items.labels(tower, "error")) for tower in TOWERS}
 
     # -- from the HTTP side ----------------------------------------------------------------------------------------
-    def answered(self, route: str, status: int, seconds: Optional[float] = None,
-                 answer_seconds: Optional[float] = None) -> None:
+    def _children(self, route: str, status: int) -> Tuple[Any, Any, Any]:
         children = self._request_children.get((route, status))
         if children is None:  # labels() costs a lock and a dict lookup: once per (route, status)
             children = self._request_children[(route, status)] = (
                 self.requests.labels(route, str(status)), self.request_seconds.labels(route),
                 self.answer_seconds.labels(route))
+        return children
+
+    def answered(self, route: str, status: int, seconds: Optional[float] = None,
+                 answer_seconds: Optional[float] = None) -> None:
+        children = self._children(route, status)
         children[0].inc()
         if seconds is not None:
             children[1].observe(seconds)
@@ -81,10 +87,18 @@ class ServeMetrics:
             children[6].inc(errors)
 
     # -- from the batchers -----------------------------------------------------------------------------------------
-    def queued(self, tower: str, waits: Iterable[float]) -> None:
+    def queued(self, tower: str, waits: Sequence[float]) -> None:
         histogram = self._tower[tower][1]
-        for seconds in waits:
-            histogram.observe(seconds)
+        if len(waits) < VECTORIZE_FROM:
+            for seconds in waits:
+                histogram.observe(seconds)
+            return
+        import numpy as np  # a batch of many requests: bucket them in one call, add O(buckets)
+
+        values = np.asarray(waits, dtype=np.float64)
+        counts = np.bincount(np.searchsorted(SECONDS_BUCKETS, values, side="left"),
+                             minlength=len(SECONDS_BUCKETS) + 1)
+        _add_observations(histogram, counts.tolist(), float(values.sum()))
 
     def batch(self, tower: str, size: int, prepare_seconds: float) -> None:
         children = self._tower[tower]
@@ -101,35 +115,82 @@ class ServeMetrics:
         return generate_latest(self.registry)
 
     def apply(self, relayed: "RelayedMetrics.Observations") -> None:
-        """Add a frontend's observations (``RelayedMetrics.take()``) to these metrics."""
-        answered, outcomes = relayed
-        for route, status, seconds, answer_seconds in answered:
-            self.answered(route, status, seconds, answer_seconds)
-        for tower, ok, errors in outcomes:
+        """Add a frontend's aggregated observations (``RelayedMetrics.take()``): work per (route, status),
+        route and bucket, none per request."""
+        answered, request_seconds, answer_seconds, outcomes = relayed
+        for (route, status), count in answered.items():
+            children = self._children(route, status)
+            children[0].inc(count)
+        for route, (counts, total) in request_seconds.items():
+            _add_observations(self.request_seconds.labels(route), counts, total)
+        for route, (counts, total) in answer_seconds.items():
+            _add_observations(self.answer_seconds.labels(route), counts, total)
+        for tower, (ok, errors) in outcomes.items():
             self.outcomes(tower, ok, errors)
 
 
-class RelayedMetrics:
-    """A frontend's half of the metrics with ``--workers N``: it records what the routes observe and hands it to
-    the engine process (``take``), whose one registry /metrics shows, so counts cover every frontend."""
+def _add_observations(histogram: Any, counts: Sequence[int], total: float) -> None:
+    """Add ``counts[i]`` observations in bucket ``i`` (``SECONDS_BUCKETS`` then +Inf) summing to ``total`` to
+    a labelled Histogram: what ``observe`` does for each, in O(buckets). prometheus_client has no public call
+    for it, so this uses the child's ``_buckets``/``_sum`` values (the same ones ``observe`` increments)."""
+    buckets = histogram._buckets
+    if len(buckets) != len(counts):
+        raise ValueError(f"{len(counts)} bucket counts for a histogram of {len(buckets)} buckets")
+    for bucket, count in zip(buckets, counts):
+        if count:
+            bucket.inc(count)
+    histogram._sum.inc(total)
 
-    Observations = Tuple[List[Tuple[str, int, Optional[float], Optional[float]]], List[Tuple[str, int, int]]]
+
+class RelayedMetrics:
+    """A frontend's half of the metrics with ``--workers N``: it aggregates what the routes observe (counts
+    per route and status, histogram bucket counts and sums per route, outcomes per tower) and hands that to the
+    engine process (``take``), whose one registry /metrics shows, so counts cover every frontend."""
+
+    Observations = Tuple[Dict[Tuple[str, int], int], Dict[str, Tuple[List[int], float]],
+                         Dict[str, Tuple[List[int], float]], Dict[str, Tuple[int, int]]]
 
     def __init__(self) -> None:
-        self._answered: List[Tuple[str, int, Optional[float], Optional[float]]] = []
-        self._outcomes: List[Tuple[str, int, int]] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._answered: Dict[Tuple[str, int], int] = {}
+        self._request_seconds: Dict[str, List[Any]] = {}
+        self._answer_seconds: Dict[str, List[Any]] = {}
+        self._outcomes: Dict[str, List[int]] = {}
 
     def answered(self, route: str, status: int, seconds: Optional[float] = None,
                  answer_seconds: Optional[float] = None) -> None:
-        self._answered.append((route, status, seconds, answer_seconds))
+        key = (route, status)
+        self._answered[key] = self._answered.get(key, 0) + 1
+        if seconds is not None:
+            _observe(self._request_seconds, route, seconds)
+        if answer_seconds is not None:
+            _observe(self._answer_seconds, route, answer_seconds)
 
     def outcomes(self, tower: str, ok: int, errors: int) -> None:
-        self._outcomes.append((tower, ok, errors))
+        counts = self._outcomes.get(tower)
+        if counts is None:
+            counts = self._outcomes[tower] = [0, 0]
+        counts[0] += ok
+        counts[1] += errors
 
     def take(self) -> "RelayedMetrics.Observations":
-        taken = (self._answered, self._outcomes)
-        self._answered, self._outcomes = [], []
+        taken = (self._answered, {route: (counts, total) for route, (counts, total) in self._request_seconds.items()},
+                 {route: (counts, total) for route, (counts, total) in self._answer_seconds.items()},
+                 {tower: (ok, errors) for tower, (ok, errors) in self._outcomes.items()})
+        self._reset()
         return taken
+
+
+def _observe(histograms: Dict[str, List[Any]], route: str, seconds: float) -> None:
+    """One observation into an aggregated ``SECONDS_BUCKETS`` histogram: the bucket ``observe`` would pick
+    (the first bound >= seconds; the last is +Inf)."""
+    entry = histograms.get(route)
+    if entry is None:
+        entry = histograms[route] = [[0] * (len(SECONDS_BUCKETS) + 1), 0.0]
+    entry[0][bisect_left(SECONDS_BUCKETS, seconds)] += 1
+    entry[1] += seconds
 
 
 def metric_families(text: str) -> Sequence[str]:

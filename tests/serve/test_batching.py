@@ -102,17 +102,19 @@ def test_tower_batcher_batches_and_scatters_in_order():
 def test_frontend_results_round_trip_packed():
     import numpy as np
 
-    from clip_flash.serve.frontends import pack_results, unpack_results
+    from clip_flash.serve.wire import pack_batch, unpack_batch
 
     rows = np.arange(12, dtype=np.float32).reshape(3, 4)
     results = [Embedded(rows[0], rows[0] / 2, 5), ItemError("bad"), Embedded(rows[2], rows[2] / 2, 0)]
-    inputs = [(7, "text", "a"), (8, "image", b""), (9, "image", b"")]
-    pairs = dict(unpack_results(*pack_results(inputs, results)))
-    assert sorted(pairs) == [7, 8, 9]
-    assert pairs[8].message == "bad"
-    assert pairs[7].raw.tolist() == rows[0].tolist() and pairs[9].normalized.tolist() == (rows[2] / 2).tolist()
-    assert pairs[7].tokens == 5
-    assert unpack_results(*pack_results(inputs[1:2], results[1:2]))[0][1].message == "bad"
+    message = pack_batch([(3, 7, results[0]), (4, 8, results[1]), (3, 9, results[2])])
+    assert len(message[3]) == 2 * 4 * 4  # one float32 matrix per batch, not one array per row
+    pairs = {(request_id, index): result for request_id, index, result in unpack_batch(message)}
+    assert sorted(pairs) == [(3, 7), (3, 9), (4, 8)]
+    assert pairs[(4, 8)].message == "bad"
+    assert pairs[(3, 7)].raw.tolist() == rows[0].tolist()
+    assert pairs[(3, 9)].normalized.tolist() == (rows[2] / 2).tolist()
+    assert pairs[(3, 7)].tokens == 5
+    assert unpack_batch(pack_batch([(4, 8, results[1])]))[0][2].message == "bad"
 
 
 def _one_item_seconds(close_when_idle: bool, max_wait: float) -> float:

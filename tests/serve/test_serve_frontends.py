@@ -19,7 +19,8 @@ from tests.serve.server_process import ServerProcess, data_uri, jpeg_bytes  # no
 
 @pytest.fixture(scope="module")
 def server():
-    process = ServerProcess(["--device", "cpu", "--workers", "2", "--max-wait-ms", "5", "--max-batch", "16"])
+    process = ServerProcess(["--device", "cpu", "--workers", "2", "--max-wait-ms", "5", "--max-batch", "16",
+                             "--max-text-batch", "16"])
     try:
         yield process.wait_ready()
     finally:
@@ -52,6 +53,24 @@ def test_one_engine_behind_both_frontends(server):
     batched = sum(s.value for s in families["clip_flash_batch_size"].samples
                   if s.name == "clip_flash_batch_size_sum" and s.labels["tower"] == "text")
     assert batched >= 40  # every caption went through the engine whichever frontend took it
+
+
+def test_frontend_tokenized_captions_split_across_batches_equal_stock(server, reference, tolerance):
+    """Once each frontend has polled the engine's state (every 0.25 s) it tokenizes captions itself; 40
+    captions go through text batches of 16 and come back in order, as stock computes them, same usage."""
+    import time
+
+    import numpy as np
+
+    from tests.serve.contract import CAPTIONS, post, vectors
+
+    time.sleep(1.0)
+    captions = [f"{caption} {n}" for n in range(8) for caption in CAPTIONS]
+    expected = reference.texts(captions)
+    for _ in range(4):  # connections land on either frontend
+        body = post(server, {"input": captions}).json()
+        np.testing.assert_allclose(vectors(body), expected, atol=tolerance, rtol=0)
+        assert body["usage"]["prompt_tokens"] == reference.token_count(captions)
 
 
 def test_sigterm_answers_every_accepted_request_then_exits(server):

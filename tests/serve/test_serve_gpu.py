@@ -5,6 +5,8 @@ and an fp16 server with ``--decode gpu`` close to the fp32 reference. Marked gpu
 """
 from __future__ import annotations
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -71,5 +73,13 @@ def test_two_frontends_one_engine_on_the_gpu(reference):
         got = vectors(body)
         np.testing.assert_allclose(got[:-1], reference.texts(CAPTIONS), atol=1e-4, rtol=0)
         np.testing.assert_allclose(got[-1], reference.images([photo])[0], atol=1e-4, rtol=0)
+        # Once each frontend has polled the engine's state (every 0.25 s) it tokenizes captions itself: 40
+        # captions, split across text batches of 16, answered as stock computes them, with the same usage.
+        time.sleep(2.0)
+        captions = [f"{caption} {n}" for n in range(8) for caption in CAPTIONS]
+        for _ in range(4):  # connections land on either frontend
+            body = post(process, {"input": captions}).json()
+            np.testing.assert_allclose(vectors(body), reference.texts(captions), atol=1e-4, rtol=0)
+            assert body["usage"]["prompt_tokens"] == reference.token_count(captions)
     finally:
         assert process.stop() == 0

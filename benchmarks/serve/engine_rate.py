@@ -1,0 +1,154 @@
+"""The engine process alone behind its Unix socket: the rate of one-input requests it carries and its CPU time
+per request, with no HTTP in front (``--workers N``'s engine side; the HTTP frontends' cost is another matter).
+
+    python -m benchmarks.serve.engine_rate --rate 5000 --seconds 5 [--workload caption|image] [--connections 2]
+
+This process runs the real ``EngineServer`` and ``EnginePool`` over the no-op model of ``overhead_server`` (no
+model, no image decoding); a driver process speaks the frontends' wire protocol (``clip_flash/serve/wire.py``)
+over ``--connections`` connections, sending each connection's due requests once a millisecond in one frame (as
+a frontend's event-loop pass does) with captions tokenized ahead of time, and reads the per-batch results. The
+engine process's CPU seconds per answered request bound the GIL time it needs per request: 1e6 / (that, in us)
+is the rate one engine process can carry at most, whatever the host's core count.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Sequence
+
+
+def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str, connections: int,
+           started: Any, ended: Any, out: Any) -> None:
+    sys.path.insert(0, os.getcwd())
+    from clip_flash.inputs.text.tokenizer import get_tokenizer
+    from clip_flash.serve.wire import frame, read_messages, token_bytes
+
+    from benchmarks.serve.workloads import request_captions
+
+    captions = request_captions(2000)
+    payloads = token_bytes(get_tokenizer("ViT-B-32")(captions, context_length=77))
+    image = b"\xff" * 60_000  # the no-op image tower counts bytes, never decodes them
+
+    async def connection(number: int, stats: Dict[str, Any]) -> None:
+        reader, writer = await asyncio.open_unix_connection(path)
+        sent: Dict[int, float] = {}
+        next_id = 0
+        per_connection = rate / connections
+
+        async def read() -> None:
+            while True:
+                for message in await read_messages(reader):
+                    if message[0] != "results":
+                        stats["refused"] += 1
+                        sent.pop(message[1], None)
+                        continue
+                    now = time.perf_counter()
+                    for request_id in list(message[1]) + [error[0] for error in message[6]]:
+                        begun = sent.pop(request_id, None)
+                        if begun is not None and stats["measuring"]:
+                            stats["answered"] += 1
+                            stats["latencies"].append(now - begun)
+
+        reading = asyncio.ensure_future(read())
+        start = time.perf_counter()
+        while time.perf_counter() - start < warmup + seconds:
+            due = int((time.perf_counter() - start) * per_connection) - next_id
+            if due > 0:
+                requests: List[Any] = []
+                now = time.perf_counter()
+                for _ in range(due):
+                    if workload == "caption":
+                        requests.append((next_id, 30.0, [], [(0, payloads[next_id % len(payloads)])]))
+                    else:
+                        requests.append((next_id, 30.0, [(0, image)], []))
+                    sent[next_id] = now
+                    next_id += 1
+                writer.write(frame([("embed", requests)]))
+                if stats["measuring"]:
+                    stats["sent"] += due
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(1.0)  # the last answers
+        reading.cancel()
+        writer.close()
+
+    async def main() -> Dict[str, Any]:
+        stats = {"sent": 0, "answered": 0, "refused": 0, "latencies": [], "measuring": False}
+
+        async def window() -> None:
+            await asyncio.sleep(warmup)
+            stats["measuring"] = True
+            started.set()
+            await asyncio.sleep(seconds)
+            stats["measuring"] = False
+            ended.set()
+
+        await asyncio.gather(window(), *(connection(n, stats) for n in range(connections)))
+        return stats
+
+    stats = asyncio.run(main())
+    latencies = sorted(stats.pop("latencies")) or [float("nan")]
+    stats.pop("measuring")
+    stats["p50_ms"] = 1e3 * latencies[len(latencies) // 2]
+    stats["p99_ms"] = 1e3 * latencies[int(len(latencies) * 0.99)]
+    out.put(stats)
+
+
+def main(argv: Sequence[str] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=5000, help="requests/s offered (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--workload", choices=("caption", "image"), default="caption")
+    parser.add_argument("--connections", type=int, default=2, help="frontends simulated (default: %(default)s)")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    args = parser.parse_args(argv)
+
+    from clip_flash.serve.config import ServeConfig
+    from clip_flash.serve.engine import EnginePool
+    from clip_flash.serve.engine_server import EngineServer
+    from clip_flash.serve.metrics import ServeMetrics
+
+    from benchmarks.serve.overhead_server import install
+
+    install(768)
+    config = ServeConfig(model="ViT-B-32", device="cpu", workers=args.connections, max_wait_ms=args.max_wait_ms)
+    holder: Dict[str, Any] = {}
+    metrics = ServeMetrics(lambda tower: holder["pool"].queue_depth(tower))
+    pool = holder["pool"] = EnginePool(config, metrics)
+    pool.metrics = metrics
+    pool.load()
+    directory = tempfile.mkdtemp(prefix="clip_flash_engine_rate_")
+    path = os.path.join(directory, "engine.sock")
+    server = EngineServer(pool, path)
+    server.start()
+    context = multiprocessing.get_context("spawn")
+    started, ended, out = context.Event(), context.Event(), context.Queue()
+    driver = context.Process(target=_drive, args=(path, args.rate, args.seconds, args.warmup, args.workload,
+                                                  args.connections, started, ended, out))
+    driver.start()
+    started.wait()
+    cpu_before, wall_before = time.process_time(), time.perf_counter()
+    ended.wait()
+    cpu, wall = time.process_time() - cpu_before, time.perf_counter() - wall_before
+    stats = out.get()
+    driver.join()
+    server.stop()
+    pool.close()
+    os.unlink(path)
+    os.rmdir(directory)
+    answered = max(stats["answered"], 1)
+    stats.update(workload=args.workload, offered_rps=args.rate, achieved_rps=round(stats["answered"] / wall, 1),
+                 engine_cpu_us_per_request=round(1e6 * cpu / answered, 1),
+                 engine_cpu_cores=round(cpu / wall, 2))
+    print(json.dumps(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

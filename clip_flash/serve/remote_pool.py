@@ -1,0 +1,184 @@
+"""A frontend's side of ``--workers N``: ``RemotePool``, what ``build_app`` needs of an ``EnginePool``, forwarding
+to the engine process over its Unix socket (protocol in ``wire.py``).
+
+Work that is per request moves here, off the engine process's one GIL: captions are tokenized here (with the
+tokenizer and context length the engine names in its state reply, so the ids are the engine's own), every
+request of an event-loop pass travels in one ``embed`` message, results come back as one message per batch
+and are scattered into the jobs here, and metrics are aggregated here before they travel.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .jobs import TOWERS, EmbeddingJob, Item, NotReady, ServerBusy
+from .wire import Outbox, read_messages, token_bytes, unpack_batch
+
+logger = logging.getLogger(__name__)
+
+STATE_POLL_SECONDS = 0.25
+REPLY_TIMEOUT_SECONDS = 10.0  # a state or metrics question the engine process leaves unanswered this long
+
+
+class RemoteHandle:
+    def __init__(self, pool: "RemotePool", request_id: int) -> None:
+        self.pool = pool
+        self.request_id = request_id
+
+    def abandon(self, images: Sequence[Item], texts: Sequence[Item] = ()) -> int:
+        self.pool._forget(self.request_id)
+        self.pool._send(("abandon", self.request_id))
+        return len(images) + len(texts)
+
+
+class RemotePool:
+    """What ``build_app`` needs of an ``EnginePool``, forwarding to the engine process."""
+
+    def __init__(self, path: str) -> None:
+        from .metrics import RelayedMetrics
+
+        self.path = path
+        self.metrics = RelayedMetrics()
+        self.state, self.error, self.description = "loading", None, ""
+        self.depths = {tower: 0 for tower in TOWERS}
+        self.tokenizer: Optional[Tuple[Any, int]] = None  # (the engine's tokenizer, its context length)
+        self._tokenizer_spec: Optional[Tuple[str, int]] = None
+        self._ids = itertools.count()
+        self._jobs: Dict[int, EmbeddingJob] = {}
+        self._replies: Dict[int, asyncio.Future] = {}
+        self._writer: Optional[asyncio.StreamWriter] = None
+        self._outbox: Optional[Outbox] = None
+        self._tasks: List[asyncio.Task] = []
+        self._pending: List[Tuple[int, float, list, list]] = []  # requests of this event-loop pass
+
+    async def connect(self) -> None:
+        reader, self._writer = await asyncio.open_unix_connection(self.path)
+        self._outbox = Outbox(self._writer, self._pack_pending)
+        self._tasks = [asyncio.ensure_future(self._read(reader)), asyncio.ensure_future(self._poll_state())]
+
+    async def disconnect(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+    def queue_depth(self, tower: str) -> int:
+        return self.depths.get(tower, 0)
+
+    def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item]) -> RemoteHandle:
+        # Forwarded unless the engine process is gone: the state polled here lags the engine's by up to
+        # STATE_POLL_SECONDS (another frontend may have answered /ready already), and the engine refuses
+        # (503) what it cannot take yet.
+        if self.state == "failed":
+            raise NotReady(self.error or "the engine process is not reachable")
+        if self._outbox is None or self._outbox.is_closing():
+            raise NotReady("the engine process is not reachable")
+        request_id = next(self._ids)
+        self._jobs[request_id] = job
+        self._pending.append((request_id, max(0.0, job.deadline - time.monotonic()),
+                              [(item.index, item.payload) for item in images],
+                              [(item.index, item.payload) for item in texts]))
+        self._outbox.schedule()
+        return RemoteHandle(self, request_id)
+
+    def _pack_pending(self) -> None:
+        """This pass's requests as one ``embed`` message, captions tokenized (all in one tokenizer call)."""
+        if not self._pending:
+            return
+        requests, self._pending = self._pending, []
+        if self.tokenizer is not None:
+            tokenizer, context_length = self.tokenizer
+            captions = [caption for request in requests for _, caption in request[3]]
+            if captions:
+                try:
+                    ids = iter(token_bytes(tokenizer(captions, context_length=context_length)))
+                except Exception:  # noqa: BLE001 - the engine tokenizes them then, and reports what fails
+                    logger.exception("tokenizing %d captions failed; the engine process tokenizes them", len(captions))
+                else:
+                    requests = [(request_id, seconds_left, images, [(index, next(ids)) for index, _ in texts])
+                                for request_id, seconds_left, images, texts in requests]
+        # first in the frame: an ``abandon`` queued in this pass is for one of these requests
+        self._outbox.put_first(("embed", requests))
+
+    async def engine_metrics(self) -> bytes:
+        try:
+            return await asyncio.wait_for(self._ask("metrics"), REPLY_TIMEOUT_SECONDS)
+        except asyncio.TimeoutError:
+            raise NotReady("the engine process did not answer") from None
+
+    def _send(self, message: Any) -> None:
+        if self._outbox is None or self._outbox.is_closing():
+            raise NotReady("the engine process is not reachable")
+        self._outbox.send(message)
+
+    def _forget(self, request_id: int) -> None:
+        self._jobs.pop(request_id, None)
+
+    async def _ask(self, kind: str) -> Any:
+        request_id = next(self._ids)
+        reply = self._replies[request_id] = asyncio.get_running_loop().create_future()
+        self._send((kind, request_id, self.metrics.take()))
+        return await reply
+
+    async def _poll_state(self) -> None:
+        while True:
+            try:
+                (self.state, self.error, self.description, self.depths,
+                 spec) = await asyncio.wait_for(self._ask("state"), REPLY_TIMEOUT_SECONDS)
+                if spec != self._tokenizer_spec:
+                    await self._load_tokenizer(spec)
+            except (NotReady, asyncio.TimeoutError):
+                self.state, self.error = "failed", "the engine process is not reachable"
+            await asyncio.sleep(STATE_POLL_SECONDS)
+
+    async def _load_tokenizer(self, spec: Optional[Tuple[str, int]]) -> None:
+        """The tokenizer the engine names (until it is loaded, captions travel as text and the engine
+        tokenizes them: the same ids either way)."""
+        self._tokenizer_spec = spec
+        if spec is None:
+            self.tokenizer = None
+            return
+        from clip_flash.inputs.text.tokenizer import get_tokenizer
+
+        name, context_length = spec
+        try:
+            tokenizer = await asyncio.get_running_loop().run_in_executor(None, get_tokenizer, name)
+        except Exception:  # noqa: BLE001 - the engine keeps tokenizing then
+            logger.exception("could not load the %s tokenizer; the engine process tokenizes captions", name)
+            return
+        self.tokenizer = (tokenizer, context_length)
+
+    def _receive(self, message: Any) -> None:
+        kind = message[0]
+        if kind == "results":
+            jobs = self._jobs
+            for request_id, index, result in unpack_batch(message):
+                job = jobs.get(request_id)
+                if job is not None:  # None: abandoned here already, its late rows are dropped
+                    job.settle(index, result)
+                    if job.pending == 0:
+                        del jobs[request_id]
+            return
+        request_id = message[1]
+        if kind == "refused":
+            job = self._jobs.pop(request_id, None)
+            if job is not None:
+                job.refuse(ServerBusy(message[3]) if message[2] == "busy" else NotReady(message[3]))
+        else:
+            reply = self._replies.pop(request_id, None)
+            if reply is not None and not reply.done():
+                reply.set_result(message[2] if kind == "metrics" else message[2:])
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                for message in await read_messages(reader):
+                    self._receive(message)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.state, self.error = "failed", "the engine process went away"
+            for job in self._jobs.values():
+                job.refuse(NotReady(self.error))
+            self._jobs.clear()
