@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``clip
 from benchmarks.serve.curves import Curve, CurvePlan, run_curve  # noqa: E402
 from benchmarks.serve.load_generator import LoadSettings, PointResult, Request, Workload  # noqa: E402
 from benchmarks.serve.report import check_targets, render_markdown  # noqa: E402
+from benchmarks.serve.server_metrics import curve_means, scrape  # noqa: E402
 from benchmarks.serve.servers import (  # noqa: E402
     REPO_ROOT, ServerConfig, ServerProcess, build_configs, infinity_available, raise_open_files_limit,
 )
@@ -227,8 +228,12 @@ def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes
                 record["workload_errors"][name] = "the check request failed: " + problems[0]
                 print(f"[{config.name}] {name}: check failed: {problems[0]}", flush=True)
                 continue
+            before = scrape(server.base_url)
             curve = run_curve(config.name, server.base_url, workload, curve_plan(args, name), settings, print_point)
             record["curves"][name] = curve.to_dict()
+            means = curve_means(before, scrape(server.base_url))
+            if means:  # which stage bounds the curve: batch sizes and per-stage seconds over its points
+                record["curves"][name]["server_metrics"] = means
         wrk = None if args.no_wrk else find_wrk(args.wrk)
         if config.wrk and config.image_path and "image-raw" in record["curves"]:
             if wrk is None:

@@ -175,6 +175,9 @@ def render_markdown(results: Dict[str, Any]) -> str:
                     f"{_ms(latency['p99'])} | {_ms(latency['p99.9'])} | {_errors(point['errors'])} | "
                     f"{_ms(point['send_lag_ms']['p99'])} | {'yes' if point['meets_target'] else 'no'} |")
             lines.append("")
+            for tower, means in (curve.get("server_metrics") or {}).items():
+                lines += [f"Server's /metrics over the curve, {tower} tower: " + ", ".join(
+                    f"{key} {value:,.4g}" for key, value in means.items()) + ".", ""]
         for workload, problem in (config.get("workload_errors") or {}).items():
             lines += [f"### {workload}: not measured", "", problem, ""]
         wrk = config.get("wrk")
