@@ -40,7 +40,20 @@ def _frontend_main(config: ServeConfig, path: str, listener: socket.socket) -> N
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .engine import freeze_loaded_objects
 
-    app = build_app(config, RemotePool(path))
+    preloaded = None
+    if config.inputs == "fast":
+        # The tokenizer the engine will name (its model's), loaded while the engine loads the model: loaded later,
+        # OpenCLIP's import would stall this process's requests for seconds, and its objects would sit in every
+        # full collection.
+        from clip_flash.inputs.text.tokenizer import get_tokenizer
+        from clip_flash.models import parse_model_spec
+
+        name = parse_model_spec(config.model).name
+        try:
+            preloaded = (name, get_tokenizer(name))
+        except Exception:  # noqa: BLE001 - loaded once the engine names it, or the engine tokenizes
+            logger.warning("could not load the %s tokenizer at start", name, exc_info=True)
+    app = build_app(config, RemotePool(path, preloaded))
     server = uvicorn.Server(uvicorn_config(app, config))
     freeze_loaded_objects()  # the imported libraries stay out of every full collection (see there)
     server.run(sockets=[listener])

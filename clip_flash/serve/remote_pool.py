@@ -37,10 +37,13 @@ class RemoteHandle:
 class RemotePool:
     """What ``build_app`` needs of an ``EnginePool``, forwarding to the engine process."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, preloaded: Optional[Tuple[str, Any]] = None) -> None:
+        """``preloaded``: (name, tokenizer) loaded before this process froze its startup objects; used when the
+        engine names that tokenizer (with the context length the engine gives)."""
         from .metrics import RelayedMetrics
 
         self.path = path
+        self._preloaded = preloaded
         self.metrics = RelayedMetrics()
         self.state, self.error, self.description = "loading", None, ""
         self.depths = {tower: 0 for tower in TOWERS}
@@ -144,11 +147,17 @@ class RemotePool:
         from clip_flash.inputs.text.tokenizer import get_tokenizer
 
         name, context_length = spec
-        try:
+        if self._preloaded is not None and self._preloaded[0] == name:
+            self.tokenizer = (self._preloaded[1], context_length)
+            return
+        try:  # not the one preloaded: load it now (OpenCLIP's import holds this process's GIL for seconds)
             tokenizer = await asyncio.get_running_loop().run_in_executor(None, get_tokenizer, name)
         except Exception:  # noqa: BLE001 - the engine keeps tokenizing then
             logger.exception("could not load the %s tokenizer; the engine process tokenizes captions", name)
             return
+        from .engine import freeze_loaded_objects
+
+        freeze_loaded_objects()  # what the import made stays out of every full collection, as at start
         self.tokenizer = (tokenizer, context_length)
 
     def _receive(self, message: Any) -> None:
