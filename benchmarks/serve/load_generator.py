@@ -272,6 +272,9 @@ class _HttpxSender:
 
 def _client_process(base_url: str, workload: Workload, rate: float, start: float, window_start: float,
                     end: float, settings: LoadSettings, seed: int, results: multiprocessing.Queue) -> None:
+    import gc
+
+    gc.freeze()  # what the fork inherited stays out of this process's collections (no pause mid-point)
     run = uvloop.run if uvloop is not None else asyncio.run
     arrivals = _arrival_times(rate, start, end, seed)
     try:
