@@ -88,9 +88,6 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cuda-graphs", action="store_true", help="patched model through clip_flash.GraphedEncoder")
-    parser.add_argument("--clean-workers", type=int, default=0,
-                        help="clip_flash tokenizer's worker processes, tokenizing slices of large batches "
-                             "(-1: usable cores - 1) [default 0: none, as get_tokenizer and the embedding job]")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -113,9 +110,7 @@ def main(argv=None) -> int:
     if args.cuda_graphs:
         patched_encode = clip_flash.GraphedEncoder(patched_model, batch_sizes=[args.batch]).encode_text
     openclip_tok = open_clip.get_tokenizer(args.model)
-    from clip_flash.inputs.text.tokenizing_pool import default_workers
-    clean_workers = default_workers() if args.clean_workers < 0 else args.clean_workers
-    fast_tok = clip_flash.get_tokenizer(args.model, clean_workers=clean_workers)
+    fast_tok = clip_flash.get_tokenizer(args.model)
     width = patched_model.encode_text(openclip_tok(["a"]).to(device)).shape[-1]
     from clip_flash.patching.text_fast_path import takes_host_token_ids
     host_ids = device.type == "cuda" and takes_host_token_ids(patched_model) and not args.cuda_graphs
@@ -180,8 +175,7 @@ def main(argv=None) -> int:
     title = (f"Captions to embeddings end to end, `{args.model}` {args.dtype} random-init weights, batches of "
              f"{args.batch}{' through CUDA graphs' if args.cuda_graphs else ''}: strings in, fp16 embeddings in "
              f"pinned host memory out, tokenizing overlapped with encoding (one producer thread), median of "
-             f"{args.repeats} passes after {args.warmup_batches} warm-up batches; clip_flash tokenizer with "
-             f"clean_workers={clean_workers}; host: {cores} usable cores.")
+             f"{args.repeats} passes after {args.warmup_batches} warm-up batches; host: {cores} usable cores.")
     write_microbenchmark(args.json, args.markdown, title, table.splitlines(), rows)
     return 0
 

@@ -10,11 +10,6 @@ Per caption set: the first call of a fresh tokenizer ("cold": nothing cached, wh
 then the two tokenizers alternate, median over ``--repeats`` calls each ("warm"). Ids are compared with
 ``torch.equal`` on every set; a difference fails the run.
 
-Whether ``clean_workers=N`` (``tokenizing_pool``: worker processes tokenizing slices of a batch) earns its keep:
-``--clean-workers 0 1 3 7 15`` (all-cores setting only) adds a tokenizer per N > 0 to the alternation. Its first
-call, which starts the worker processes (each imports OpenCLIP), is timed on its own ("pool start s"), then
-its warm calls alternate with the in-process tokenizer's, so the speedup over it is measured on the same host
-at the same moment.
 """
 from __future__ import annotations
 
@@ -40,7 +35,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: List[int]) -> List[Dict[str, Any]]:
+def measure(model: str, captions: int, repeats: int, seed: int) -> List[Dict[str, Any]]:
     """This process's rows: one per caption set."""
     import open_clip
     import torch
@@ -64,16 +59,6 @@ def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: L
         if not torch.equal(got, expected):
             raise SystemExit(f"ids differ on the {set_name} set: refusing to time a wrong tokenizer")
         calls = {"openclip": lambda: openclip_tok(texts), "clip_flash": lambda: ours(texts)}
-        pool_start: Dict[int, float] = {}
-        for workers in sorted({count for count in clean_workers if count > 0}):
-            pooled = get_tokenizer(model, clean_workers=workers)
-            started = time.perf_counter()
-            if not torch.equal(pooled(texts), expected):  # the first call starts the worker processes
-                raise SystemExit(f"ids with {workers} worker processes differ on the {set_name} set")
-            pool_start[workers] = time.perf_counter() - started
-            if pooled.pool.broken_reason is not None:
-                raise SystemExit(f"the pool of {workers} broke: {pooled.pool.broken_reason}")
-            calls[f"pool_{workers}"] = lambda pooled=pooled: pooled(texts)
         seconds: Dict[str, List[float]] = {side: [] for side in calls}
         for side in calls:  # one untimed warm call each
             if not torch.equal(calls[side](), expected):
@@ -98,11 +83,6 @@ def measure(model: str, captions: int, repeats: int, seed: int, clean_workers: L
             "clip_flash_stage_ms_per_call": {stage: 1e3 * total / repeats
                                              for stage, total in ours.stage_seconds.items()},
         })
-        rows[-1]["pools"] = {
-            workers: {"start_s": start, "warm_per_s": len(texts) / statistics.median(seconds[f"pool_{workers}"]),
-                      "vs_in_process": ours_warm / statistics.median(seconds[f"pool_{workers}"]),
-                      "seconds": seconds[f"pool_{workers}"]}
-            for workers, start in pool_start.items()}
     return rows
 
 
@@ -111,8 +91,6 @@ def run_setting(cores: str, args: argparse.Namespace) -> List[Dict[str, Any]]:
     env = dict(os.environ)
     command = [sys.executable, __file__, "--worker", "--model", args.model, "--captions", str(args.captions),
                "--repeats", str(args.repeats), "--seed", str(args.seed)]
-    if cores != "1":
-        command += ["--clean-workers", *(str(count) for count in args.clean_workers)]
     if cores == "1":
         env["RAYON_NUM_THREADS"] = "1"
         command.append("--pin-one-core")
@@ -133,10 +111,6 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cores", nargs="+", choices=("all", "1"), default=["all", "1"])
-    parser.add_argument("--clean-workers", type=int, nargs="+", default=[0],
-                        help="also time clip_flash with each of these many tokenizing processes, all-cores setting "
-                             "only (-1: usable cores - 1) [default 0: none, as get_tokenizer]; each pool's start "
-                             "(its first call) is timed apart from its warm calls")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -146,25 +120,20 @@ def main(argv=None) -> int:
     if args.worker:
         if args.pin_one_core and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        print(json.dumps(measure(args.model, args.captions, args.repeats, args.seed, args.clean_workers)))
+        print(json.dumps(measure(args.model, args.captions, args.repeats, args.seed)))
         return 0
 
     from benchmarks.harness.results import markdown_table, write_microbenchmark
-    from clip_flash.inputs.text.tokenizing_pool import default_workers
-
-    args.clean_workers = [default_workers() if count < 0 else count for count in args.clean_workers]
 
     load_before = os.getloadavg()
     rows = [row for cores in args.cores for row in run_setting(cores, args)]
     columns = ("captions", "cores", "mean tokens", "OpenCLIP warm /s", "clip_flash warm /s", "warm x",
-               "with N worker processes: warm /s (x in-process), pool start s", "OpenCLIP cold /s",
+               "OpenCLIP cold /s",
                "clip_flash cold /s", "cold x",
                "texts per route over all calls (plain/replayed/cleaned/openclip)")
     table = markdown_table(columns, [(
         f"{row['caption_set']} x{row['captions']}", str(row["cores"]), f"{row['mean_tokens']:.1f}",
         f"{row['openclip_warm_per_s']:,.0f}", f"{row['clip_flash_warm_per_s']:,.0f}", f"{row['warm_speedup']:.1f}",
-        "; ".join(f"N={workers}: {pool['warm_per_s']:,.0f} ({pool['vs_in_process']:.2f}), {pool['start_s']:.1f} s"
-                  for workers, pool in row.get("pools", {}).items()) or "-",
         f"{row['openclip_cold_per_s']:,.0f}", f"{row['clip_flash_cold_per_s']:,.0f}", f"{row['cold_speedup']:.1f}",
         "/".join(str(count) for count in row["routes"].values()),
     ) for row in rows])
@@ -179,14 +148,12 @@ def main(argv=None) -> int:
     title = (f"Tokenizer throughput, `{args.model}`: OpenCLIP's `get_tokenizer` vs `clip_flash.get_tokenizer`, "
              f"{args.captions} captions per call; warm = median of {args.repeats} alternating calls; cold = "
              f"first call of a freshly built tokenizer (building it, ~0.3-0.5 s once, is not counted: see the "
-             f"JSON); worker processes = `clean_workers=N` processes each tokenizing slices of the batch, the "
-             f"caller one too (x: warm rate over the in-process tokenizer's, same alternation; pool start: its "
-             f"first call, starting the processes); ids identical "
+             f"JSON); ids identical "
              f"(torch.equal) on every set. Host: {usable_cores()} usable cores, load average "
              f"{load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after the run (other work shares the host "
              f"when it is above 0).")
     stage_note = ("Where clip_flash's warm call spends its time in the calling process (ms per call of "
-                  f"{args.captions} captions, mean over the {args.repeats} warm calls, without worker processes):")
+                  f"{args.captions} captions, mean over the {args.repeats} warm calls):")
     write_microbenchmark(args.json, args.markdown, title, table.splitlines() + ["", stage_note, ""]
                          + stage_table.splitlines(), rows)
     return 0

@@ -80,26 +80,6 @@ def test_word_memory_bound_keeps_results_exact():
     assert len(fast.word_ids.ids) <= 50 + 8 and len(fast.chunk_ids) <= 40 + 8
 
 
-@pytest.mark.slow
-def test_tokenizing_pool_gives_the_same_ids():
-    """Worker processes tokenize slices of large batches; forced on here (it is off by default)."""
-    from clip_flash.inputs.text.tokenizing_pool import MIN_TEXTS_FOR_POOL
-    stock = open_clip.get_tokenizer("ViT-B-32")
-    pooled = get_tokenizer("ViT-B-32", clean_workers=2)
-    rng = np.random.default_rng(1)
-    texts = ["".join(chr(int(c)) for c in rng.integers(32, 0x3000, int(n))) for n in rng.integers(0, 30, 3000)]
-    texts += ["plain caption number %d" % i for i in range(500)] + ["x <start_of_text> y", "é <end_of_text>"]
-    rng.shuffle(texts)
-    assert len(texts) >= MIN_TEXTS_FOR_POOL
-    assert torch.equal(pooled(texts), stock(texts))
-    assert torch.equal(pooled(texts, context_length=20), stock(texts, context_length=20))
-    assert pooled.pool.broken_reason is None and pooled.pool._executor is not None
-    assert sum(pooled.route_counts.values()) == 2 * len(texts)
-    with pytest.raises(Exception):  # a non-str: OpenCLIP's error, as OpenCLIP would raise it
-        pooled(texts + [None])
-    assert torch.equal(pooled(texts[:10]), stock(texts[:10]))  # small batches stay in this process
-
-
 def test_threads_share_one_tokenizer():
     from concurrent.futures import ThreadPoolExecutor
     stock = open_clip.get_tokenizer("ViT-B-32")

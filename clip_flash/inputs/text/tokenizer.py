@@ -18,8 +18,10 @@ On the first two routes the batch is cut into whitespace-free chunks in one pass
 each chunk's ids come from ``chunk_ids.ChunkIds``: OpenCLIP's own split pattern and OpenCLIP's vocabulary
 and merges in Hugging Face ``tokenizers`` (Rust), once per distinct chunk, then one dictionary lookup per
 chunk and a numpy gather. On the ``cleaned`` route the words' ids come from ``fast_bpe.WordIds``. SOT/EOT,
-truncation and padding are numpy array operations. With ``clean_workers=N`` large batches are cut into
-slices tokenized by N worker processes and the caller (``tokenizing_pool``).
+truncation and padding are numpy array operations. Everything runs in the calling process: worker processes
+tokenizing slices of a batch ran at 0.66x and 0.95x of this on two cores (``benchmarks/results/cpu-2core/
+tokenizer_pool.md``), and one process's 137,000 web-style captions/s on the 16-core GPU host is above what the
+patched text towers encode there.
 
 Any other tokenizer (``reduction_mask`` variants, ``clean='whitespace'``/``'canonicalize'``, SigLIP's and
 other Hugging Face tokenizers, extra special tokens) is returned unchanged: OpenCLIP's own object.
@@ -27,7 +29,6 @@ other Hugging Face tokenizers, extra special tokens) is returned unchanged: Open
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -39,7 +40,6 @@ from .ftfy_replay import replay_basic_clean, replay_refusal
 from .fast_bpe import (BOUNDARY_WORD, WordIds, as_long_tensor, causal_merge_violations, fill_rows, new_result,
                        ordered_merges)
 from .text_cleaning import SPECIAL_TOKEN_TEXTS, fast_chunks, suspect_rows
-from .tokenizing_pool import TokenizingPool
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +64,9 @@ class FastCLIPTokenizer:
 
     Every other attribute (``encode``, ``decode``, ``encoder``, ``sot_token_id`` ...) is the wrapped
     tokenizer's own. ``parallel=False`` keeps the Rust BPE of new words on the calling thread.
-    ``clean_workers=N``: N worker processes tokenize slices of batches of ``MIN_TEXTS_FOR_POOL`` (512)
-    texts or more, the calling thread one slice too (``tokenizing_pool``): how a many-core host goes past
-    one core's speed. Workers start from a fork server, so, as with a DataLoader's, a script using them
-    needs the ``if __name__ == "__main__":`` guard. 0 (the default) keeps everything in this process.
     """
 
-    def __init__(self, openclip_tokenizer: Any, parallel: bool = True, clean_workers: int = 0) -> None:
+    def __init__(self, openclip_tokenizer: Any, parallel: bool = True) -> None:
         refusal = fast_path_refusal(openclip_tokenizer)
         if refusal is not None:
             raise ValueError(f"no fast path for this tokenizer: {refusal}")
@@ -84,9 +80,6 @@ class FastCLIPTokenizer:
         self.word_ids = WordIds(openclip_tokenizer.encoder, openclip_tokenizer.bpe_ranks, parallel=parallel)
         special_ids = {text: openclip_tokenizer.encoder[text] for text in SPECIAL_TOKEN_TEXTS}
         self.chunk_ids = ChunkIds(self.word_ids, openclip_tokenizer.pat.findall, special_ids)
-        # A worker's own tokenizer: one Rust thread each, the workers already cover the cores.
-        self.pool = TokenizingPool(functools.partial(FastCLIPTokenizer, openclip_tokenizer, parallel=False),
-                                   clean_workers)
         # Counts of texts per route since construction, for reports and tests.
         self.route_counts = {"plain": 0, "replayed": 0, "cleaned": 0, "openclip": 0}
         # Seconds spent per stage in this process since construction (the bench prints them).
@@ -126,12 +119,6 @@ class FastCLIPTokenizer:
         if context_length < 2:
             self.route_counts["openclip"] += len(texts)
             return self.openclip_tokenizer(texts, context_length=context_length)
-        if self.pool.usable_for(len(texts)) and all(isinstance(text, str) for text in texts):
-            ids, worker_routes = self.pool.tokenize(
-                texts, context_length, lambda part: self._tokenize(part, context_length).numpy())
-            for route, count in worker_routes.items():
-                self.route_counts[route] += count
-            return as_long_tensor(ids)
         return self._tokenize(texts, context_length)
 
     def _tokenize(self, texts: Sequence[Any], context_length: int) -> torch.Tensor:
@@ -249,12 +236,11 @@ def describe_tokenizer(tokenizer: Any) -> str:
 
 
 def get_tokenizer(model_name: str = "", context_length: Optional[int] = None, *,
-                  fast: bool = True, clean_workers: int = 0, **kwargs: Any) -> Any:
+                  fast: bool = True, **kwargs: Any) -> Any:
     """``open_clip.get_tokenizer(model_name, context_length, **kwargs)``, sped up where exact.
 
     Returns a ``FastCLIPTokenizer`` for OpenCLIP's default SimpleTokenizer, otherwise OpenCLIP's own
     tokenizer object unchanged (``fast=False`` forces that). Either way the call and the ids are OpenCLIP's.
-    ``clean_workers``: see ``FastCLIPTokenizer``.
     """
     import open_clip
     openclip_tokenizer = open_clip.get_tokenizer(model_name, context_length=context_length, **kwargs)
@@ -262,7 +248,7 @@ def get_tokenizer(model_name: str = "", context_length: Optional[int] = None, *,
     if refusal is None and not _tokenizers_installed():
         refusal = "Hugging Face tokenizers is not installed (pip install tokenizers)"
     if refusal is None:
-        tokenizer = FastCLIPTokenizer(openclip_tokenizer, clean_workers=clean_workers)
+        tokenizer = FastCLIPTokenizer(openclip_tokenizer)
         logger.info("tokenizer for %r: %s", model_name, tokenizer.describe())
         return tokenizer
     log = logger.warning if "not installed" in refusal else logger.info
