@@ -56,7 +56,7 @@ def descendants(root: int) -> Set[int]:
     return found
 
 
-def start_job(tmp_path: Path, executor: str, count: int = 24) -> subprocess.Popen:
+def start_job(tmp_path: Path, executor: str, count: int = 64) -> subprocess.Popen:
     """The job on ``count`` photos in shards of 2: after its first shard, enough is left that a signal sent then
     arrives before the job ends."""
     photos = tmp_path / "photos"

@@ -39,6 +39,14 @@ def _encode(model, tokens, images):
         return model.encode_text(tokens), model.encode_image(images)
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit: ``torch.equal`` says False for a NaN, and a parameter OpenCLIP never initialises (CoCa's
+    ``text_decoder.text_projection``, allocated with ``torch.empty``) holds whatever the allocator reused, NaNs
+    included."""
+    return (a.shape == b.shape and a.dtype == b.dtype
+            and torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8)))
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_patched_matches_stock_and_unpatch_is_exact(build_model, name):
     model = build_model(name)
@@ -50,8 +58,8 @@ def test_patched_matches_stock_and_unpatch_is_exact(build_model, name):
     report = clip_flash.patch(model)
     assert report.patched_sites, str(report)
     assert model.state_dict().keys() == state_before.keys()
-    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, state_before[k])]
-    assert not changed, changed  # names the entries, should a run ever find one
+    changed = [k for k, v in model.state_dict().items() if not _same_bits(v, state_before[k])]
+    assert not changed, changed
     text, image = _encode(model, tokens, images)
     assert relative_error(text, stock_text) < 1e-4
     assert relative_error(image, stock_image) < 1e-4
