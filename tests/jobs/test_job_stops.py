@@ -56,9 +56,10 @@ def descendants(root: int) -> Set[int]:
     return found
 
 
-def start_job(tmp_path: Path, executor: str, count: int = 64) -> subprocess.Popen:
-    """The job on ``count`` photos in shards of 2: after its first shard, enough is left that a signal sent then
-    arrives before the job ends."""
+def start_job(tmp_path: Path, executor: str, count: int = 8) -> subprocess.Popen:
+    """The job on ``count`` photos in shards of 2, as a terminal's foreground job: SIGINT at its default action
+    (a shell's background list, e.g. a CI script started with ``&``, hands its children SIGINT ignored, and a
+    program started so rightly keeps ignoring Ctrl-C)."""
     photos = tmp_path / "photos"
     if not photos.exists():
         write_photos(photos, count=count, captions=False)
@@ -68,7 +69,8 @@ def start_job(tmp_path: Path, executor: str, count: int = 64) -> subprocess.Pope
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     # its own session: what it starts can be found by session id even after it is reparented
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_a_shard(process: subprocess.Popen, out: Path) -> None:
