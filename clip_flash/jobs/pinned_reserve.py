@@ -5,13 +5,15 @@ which caches a freed block for reuse (per power-of-two size) but makes each new 
 Making one holds a lock of the CUDA driver: measured on an H100 host, a 256 MiB block takes ~100 ms, and
 another thread's launch-and-sync round waited for all four blocks made meanwhile (514 ms;
 ``benchmarks/results/h100/job_start_63aab05/pinned_host.md``). Left to the run, the blocks are made during its
-first batches (19-27 blocks, 0.5-1.2 s per run, measured) and stall the encoder and the warm-up with them.
+first batches (15-27 blocks, 0.45-1.23 s per run, measured) and stall the encoder and the warm-up with them.
 :class:`PinnedReservation` makes them beforehand in a thread of its own, while the model is built on the CPU,
 and frees them into the allocator's cache, where the run's batches find them.
 
 The blocks are sized for a batch of web photos as the run's decoder asks for them: the coefficient bytes of a
 640x480 4:2:0 JPEG (what the decoder's own scan reports), times the batch size. Batches of larger photos land in
-a larger power-of-two size and make their blocks in the run as before: nothing else changes.
+a larger power-of-two size and make their blocks in the run as before: nothing else changes. With it, the runs
+measured still made 10-17 smaller blocks (0.10-0.36 s: pixel and output buffers;
+``job_start_63aab05/embed_bench_3b99e4f_{a,b}.md``).
 """
 from __future__ import annotations
 
