@@ -107,6 +107,8 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument("--workload", choices=("caption", "image"), default="caption")
     parser.add_argument("--connections", type=int, default=2, help="frontends simulated (default: %(default)s)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument("--json", help="append this run (with the environment: host, versions, revision, command) "
+                                       "to a JSON list in this file")
     args = parser.parse_args(argv)
 
     from clip_flash.serve.config import ServeConfig
@@ -147,6 +149,19 @@ def main(argv: Sequence[str] = None) -> int:
                  engine_cpu_us_per_request=round(1e6 * cpu / answered, 1),
                  engine_cpu_cores=round(cpu / wall, 2))
     print(json.dumps(stats))
+    if args.json:
+        import shlex
+
+        import torch
+
+        from benchmarks.harness.results import environment_record
+
+        command = "python -m benchmarks.serve.engine_rate " + shlex.join(argv if argv is not None else sys.argv[1:])
+        runs = json.loads(open(args.json).read()) if os.path.exists(args.json) else []
+        runs.append({**environment_record(torch.device("cpu"), command), "cpu_cores": len(os.sched_getaffinity(0)),
+                     "load_average_after": os.getloadavg()[0], **stats})
+        with open(args.json, "w") as handle:
+            handle.write(json.dumps(runs, indent=2) + "\n")
     return 0
 
 
