@@ -23,7 +23,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .pipeline import DEFAULT_DECODE_THREADS, DEFAULT_PREFETCH_BATCHES, EmbeddingPipeline, PipelineStats
+from .pipeline import DEFAULT_DECODE_THREADS, DEFAULT_PREFETCH_BATCHES, EmbeddingPipeline
+from .run_stats import PipelineStats
 from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
 from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
 from .weights_identity import checkpoint_sha256

@@ -57,7 +57,8 @@ from .job import (
     make_runner,
     plan_job,
 )
-from .pipeline import PipelineStats, finish_features
+from .pipeline import finish_features
+from .run_stats import PipelineStats
 from .record import JobSummary
 from .writer import OutputFolder
 

@@ -16,7 +16,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 import torch
 
-from .pipeline import PipelineStats, finish_features
+from .pipeline import finish_features
+from .run_stats import PipelineStats
 from .record import cpu_cores
 from .items import Item, Shard, Source
 from .writer import ShardResult
