@@ -52,9 +52,11 @@ def install(dim: int) -> None:
         text_inputs = TextInputs(get_tokenizer("ViT-B-32"), 77, group_by_length=True, name="ViT-B-32")
         self.batchers = {
             IMAGE: TowerBatcher(IMAGE, NoDecodeImageInputs(), encode, config.max_batch, config.max_wait_ms / 1e3,
-                                self.lock, self._dequeued, self.metrics, None, not config.wait_when_idle),
+                                self.lock, self._dequeued, self.metrics, None, not config.wait_when_idle,
+                                config.max_batches_in_flight),
             TEXT: TowerBatcher(TEXT, text_inputs, encode, config.max_text_batch, config.max_wait_ms / 1e3,
-                               self.lock, self._dequeued, self.metrics, None, not config.wait_when_idle),
+                               self.lock, self._dequeued, self.metrics, None, not config.wait_when_idle,
+                               config.max_batches_in_flight),
         }
         self.description = f"no-op model ({dim} zeros), no image decoding: overhead only"
 

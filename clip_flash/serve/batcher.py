@@ -3,6 +3,13 @@ items or ``max_wait`` seconds after its first item, whichever comes first, and a
 tower is in flight (nothing to overlap with: waiting would only add latency; under load a batch is always in
 flight, so batches still fill for up to ``max_wait``).
 
+No batch closes while ``max_in_flight`` batches are between the queue and their answers (default 2: one on the
+device, the next being prepared behind it, as a Triton model instance takes a batch only when it is free). The
+device's backlog then stays in the queue, where the next batch can take all of it, instead of in the stages as
+many small batches, each paying the device's fixed cost per batch: the busier the device, the larger its
+batches. With one batch preparing while one encodes, the device waits only when a batch takes longer to prepare
+than the one before it takes to encode.
+
 Three threads, each a stage, with at most one batch waiting between stages, so that while the device encodes
 batch N the next batch is already decoded (or tokenized) and launched behind it:
 
@@ -63,11 +70,13 @@ class TowerBatcher:
         metrics: a ``ServeMetrics`` or None.
         device: the CUDA device the threads work on (None: the CPU).
         close_when_idle: close a batch at once when none of this tower is in flight (else wait ``max_wait``).
+        max_in_flight: batches taken and not yet answered at most (0: no limit; a batch then closes after
+            ``max_wait`` however far behind the device is).
     """
 
     def __init__(self, tower: str, inputs: Any, encode: Callable[[torch.Tensor], torch.Tensor], max_batch: int,
                  max_wait: float, lock: threading.Lock, on_dequeue: Callable[[int], None], metrics: Any = None,
-                 device: Optional[torch.device] = None, close_when_idle: bool = True) -> None:
+                 device: Optional[torch.device] = None, close_when_idle: bool = True, max_in_flight: int = 2) -> None:
         self.tower = tower
         self.inputs = inputs
         self.encode = encode
@@ -81,6 +90,7 @@ class TowerBatcher:
         self.items: Deque[Item] = deque()
         self.stopping = False
         self.close_when_idle = close_when_idle
+        self.max_in_flight = max_in_flight
         self.in_flight = 0  # batches taken and not yet answered (under lock)
         self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
@@ -127,6 +137,9 @@ class TowerBatcher:
                 self.ready.wait()
             if not self.items:
                 return None
+            # The device is as far behind as allowed: what arrives meanwhile joins this batch.
+            while self.max_in_flight and self.in_flight >= self.max_in_flight and not self.stopping:
+                self.ready.wait()
             closes = self.items[0].enqueued + self.max_wait
             while len(self.items) < self.max_batch and not self.stopping and (
                     self.in_flight or not self.close_when_idle):
@@ -247,7 +260,7 @@ class TowerBatcher:
         """A batch left the pipeline: if the queue waits on it, the next batch may close now."""
         with self.lock:
             self.in_flight -= 1
-            if not self.in_flight and self.items:
+            if self.items:
                 self.ready.notify()
 
     # -- stopping ------------------------------------------------------------------------------------------------

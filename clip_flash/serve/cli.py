@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
              "closes at once (default: %(default)s)")
     add("--wait-when-idle", action="store_true",
         help="wait --max-wait-ms for more inputs even when no batch is in flight (fuller batches, more latency)")
+    add("--max-batches-in-flight", type=int, default=defaults.max_batches_in_flight,
+        help="per tower, batches on the device or being prepared at most; while that many are, arrivals wait to "
+             "join the next batch (0: no limit) (default: %(default)s)")
     add("--max-queue", type=int, default=defaults.max_queue,
         help="inputs waiting, all towers; past it requests get 429 with Retry-After (default: %(default)s)")
     add("--request-timeout", type=float, default=defaults.request_timeout,
@@ -75,7 +78,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         model=args.model, host=args.host, port=args.port, device=args.device, devices=args.devices,
         precision=args.precision, max_batch=args.max_batch, max_text_batch=args.max_text_batch,
-        max_wait_ms=args.max_wait_ms, wait_when_idle=args.wait_when_idle, max_queue=args.max_queue,
+        max_wait_ms=args.max_wait_ms, wait_when_idle=args.wait_when_idle,
+        max_batches_in_flight=args.max_batches_in_flight, max_queue=args.max_queue,
         request_timeout=args.request_timeout,
         max_request_bytes=args.max_request_bytes, api_key=args.api_key, decode=args.decode, patch=args.patch,
         inputs=args.inputs, cuda_graphs=args.cuda_graphs, decode_workers=args.decode_workers,

@@ -38,6 +38,9 @@ class ServeConfig:
             (with none in flight a batch closes at once: waiting would only add latency).
         wait_when_idle: wait ``max_wait_ms`` even with no batch in flight (fuller batches at low load, at the cost
             of that much latency).
+        max_batches_in_flight: per tower, batches between the queue and their answers at most; while that many
+            are, no batch closes and arrivals wait to join the next one (2: one on the device, one being prepared;
+            0: no limit, every batch closes after ``max_wait_ms``).
         max_queue: items waiting in all towers together (split evenly between engines); a request that would
             pass it gets 429.
         request_timeout: seconds from arrival; past it the request gets 503 and its items are dropped.
@@ -67,6 +70,7 @@ class ServeConfig:
     max_text_batch: int = 1024
     max_wait_ms: float = 2.0
     wait_when_idle: bool = False
+    max_batches_in_flight: int = 2
     max_queue: int = 16384
     request_timeout: float = 30.0
     max_request_bytes: int = 64 * 1024 * 1024
@@ -90,6 +94,8 @@ class ServeConfig:
         for name in ("max_batch", "max_text_batch", "max_queue", "max_request_bytes", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_batches_in_flight < 0:
+            raise ValueError(f"max_batches_in_flight must be at least 0, got {self.max_batches_in_flight}")
         if self.max_wait_ms < 0 or self.request_timeout <= 0:
             raise ValueError("max_wait_ms must be >= 0 and request_timeout > 0")
         self.devices = tuple(int(d) for d in self.devices)

@@ -118,11 +118,13 @@ class Engine:
         graphs = device.type == "cuda" and config.cuda_graphs
         if graphs:
             encode_image, encode_text = self._graphed(model, loaded, device)
+        shared = dict(lock=self.lock, on_dequeue=self._dequeued, metrics=self.metrics, device=device,
+                      close_when_idle=not config.wait_when_idle, max_in_flight=config.max_batches_in_flight)
         self.batchers = {
             IMAGE: TowerBatcher(IMAGE, image_inputs, encode_image, config.max_batch, config.max_wait_ms / 1e3,
-                                self.lock, self._dequeued, self.metrics, device, not config.wait_when_idle),
+                                **shared),
             TEXT: TowerBatcher(TEXT, text_inputs, encode_text, config.max_text_batch, config.max_wait_ms / 1e3,
-                               self.lock, self._dequeued, self.metrics, device, not config.wait_when_idle),
+                               **shared),
         }
         self.description = (f"{spec.text} {spec.weights_note}".strip() + f" on {device}, {precision}, "
                             f"{'patched' if config.patch else 'stock model'}, "

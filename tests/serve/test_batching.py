@@ -143,6 +143,52 @@ def test_idle_batcher_closes_a_batch_at_once():
     assert _one_item_seconds(close_when_idle=False, max_wait=0.3) >= 0.3  # --wait-when-idle: the full wait
 
 
+def _batch_sizes_behind_a_busy_device(max_in_flight: int) -> list:
+    """Batch sizes when the first batch's encode is held while one input, then 19, arrive."""
+    lock = threading.Lock()
+    gate, sizes = threading.Event(), []
+
+    def encode(x):
+        sizes.append(x.shape[0])
+        if len(sizes) == 1:
+            assert gate.wait(10)
+        return x
+
+    batcher = TowerBatcher("image", FakeTower(), encode, max_batch=64, max_wait=0.01, lock=lock,
+                           on_dequeue=lambda count: None, max_in_flight=max_in_flight)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = []
+
+        def put(count):
+            job = EmbeddingJob(loop, count, time.monotonic() + 30)
+            with lock:
+                batcher.put_locked([Item(job, i, i) for i in range(count)], time.monotonic())
+            jobs.append(job)
+
+        for count in (1, 1, 1, 19):  # the device holds the first; the second is prepared behind it
+            put(count)
+            await asyncio.sleep(0.3)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 10)
+        assert all(isinstance(result, Embedded) for job in jobs for result in job.results)
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+        batcher.close()
+    return sizes
+
+
+def test_a_busy_device_gets_larger_batches():
+    """Two batches in flight (one encoding, one prepared): what arrives meanwhile waits and goes as one batch,
+    not as a batch per ``max_wait``."""
+    assert _batch_sizes_behind_a_busy_device(max_in_flight=2) == [1, 1, 20]
+    assert _batch_sizes_behind_a_busy_device(max_in_flight=0) == [1, 1, 1, 19]  # no limit: closes per max_wait
+
+
 def test_text_groups_are_the_tokens_of_their_positions():
     from clip_flash.serve.inputs import TextInputs
 
