@@ -1,7 +1,11 @@
-"""The engine process alone behind its Unix socket: the rate of one-input requests it carries and its CPU time
-per request, with no HTTP in front (``--workers N``'s engine side; the HTTP frontends' cost is another matter).
+"""The engine process alone behind its Unix socket: the rate of requests it carries and its CPU time per
+request, with no HTTP in front (``--workers N``'s engine side; the HTTP frontends' cost is another matter).
 
-    python -m benchmarks.serve.engine_rate --rate 5000 --seconds 5 [--workload caption|image] [--connections 2]
+    python -m benchmarks.serve.engine_rate --rate 5000 --seconds 5 [--workload caption|captions64|image]
+        [--connections 2]
+
+``caption`` and ``image`` send one input a request, ``captions64`` 64 captions a request (a request counts as
+answered when its last row is back).
 
 This process runs the real ``EngineServer`` and ``EnginePool`` over the no-op model of ``overhead_server`` (no
 model, no image decoding); a driver process speaks the frontends' wire protocol (``clip_flash/serve/wire.py``)
@@ -29,15 +33,17 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
     from clip_flash.inputs.text.tokenizer import get_tokenizer
     from clip_flash.serve.wire import frame, read_messages, token_bytes
 
-    from benchmarks.serve.workloads import request_captions
+    from benchmarks.serve.workloads import CAPTIONS_PER_BATCH, request_captions
 
     captions = request_captions(2000)
     payloads = token_bytes(get_tokenizer("ViT-B-32")(captions, context_length=77))
     image = b"\xff" * 60_000  # the no-op image tower counts bytes, never decodes them
+    per_request = CAPTIONS_PER_BATCH if workload == "captions64" else 1
 
     async def connection(number: int, stats: Dict[str, Any]) -> None:
         reader, writer = await asyncio.open_unix_connection(path)
         sent: Dict[int, float] = {}
+        rows_left: Dict[int, int] = {}
         next_id = 0
         per_connection = rate / connections
 
@@ -50,6 +56,11 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
                         continue
                     now = time.perf_counter()
                     for request_id in list(message[1]) + [error[0] for error in message[6]]:
+                        left = rows_left.get(request_id, 1) - 1
+                        if left:
+                            rows_left[request_id] = left
+                            continue
+                        rows_left.pop(request_id, None)
                         begun = sent.pop(request_id, None)
                         if begun is not None and stats["measuring"]:
                             stats["answered"] += 1
@@ -63,10 +74,13 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
                 requests: List[Any] = []
                 now = time.perf_counter()
                 for _ in range(due):
-                    if workload == "caption":
-                        requests.append((next_id, 30.0, [], [(0, payloads[next_id % len(payloads)])]))
+                    if workload != "image":
+                        first = next_id * per_request
+                        requests.append((next_id, 30.0, [], [(index, payloads[(first + index) % len(payloads)])
+                                                             for index in range(per_request)], True))
+                        rows_left[next_id] = per_request
                     else:
-                        requests.append((next_id, 30.0, [(0, image)], []))
+                        requests.append((next_id, 30.0, [(0, image)], [], True))
                     sent[next_id] = now
                     next_id += 1
                 writer.write(frame([("embed", requests)]))
@@ -104,7 +118,7 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument("--rate", type=float, default=5000, help="requests/s offered (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--workload", choices=("caption", "image"), default="caption")
+    parser.add_argument("--workload", choices=("caption", "captions64", "image"), default="caption")
     parser.add_argument("--connections", type=int, default=2, help="frontends simulated (default: %(default)s)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument("--json", help="append this run (with the environment: host, versions, revision, command) "

@@ -195,7 +195,7 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         """Queue the inputs, wait for them (until the deadline or the client leaves), answer."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + config.request_timeout
-        job = EmbeddingJob(loop, len(inputs), deadline)
+        job = EmbeddingJob(loop, len(inputs), deadline, normalize)
         images: List[Item] = []
         texts: List[Item] = []
         for index, entry in enumerate(inputs):

@@ -31,10 +31,11 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from .inputs import describe_error
-from .jobs import DROPPED, QUEUED, TAKEN, Embedded, Item, ItemError, Result, deliver_batch
+from .jobs import DROPPED, QUEUED, TAKEN, BatchRows, Item, ItemError, Result, deliver_batch, deliver_rows
 
 logger = logging.getLogger(__name__)
 
@@ -211,43 +212,46 @@ class TowerBatcher:
         prepared = time.perf_counter()
         if self.metrics is not None:
             self.metrics.batch(self.tower, len(batch), host_seconds + prepared - started)
-        outputs: List[Tuple[List[int], torch.Tensor]] = []
+        encoded: List[Tuple[List[int], torch.Tensor]] = []
         for positions, tensor in groups:
             try:
                 features = encode_in_pieces(self.encode, tensor).float()
-                both = torch.cat([features, torch.nn.functional.normalize(features, dim=-1)], dim=1)
-                outputs.append((positions, _to_host(both)))
+                encoded.append((positions, torch.cat([features, torch.nn.functional.normalize(features, dim=-1)],
+                                                     dim=1)))
             except Exception as error:  # noqa: BLE001 - OOM on one row, a model error: these items fail
                 reason = ("out of device memory" if isinstance(error, torch.cuda.OutOfMemoryError)
                           else f"encoding failed: {describe_error(error)}")
                 logger.error("%s batch of %d: %s", self.tower, len(positions), reason)
                 for position in positions:
                     results[position] = ItemError(reason)
+        rows = _to_host(_in_batch_order(encoded, len(batch))) if encoded else None
         done = torch.cuda.Event() if self.device is not None else None
         if done is not None:
             done.record()
         counts = host[1] if self.tower == "text" else None  # captions' token counts; the rest of host can go
         del host  # (an image batch's host step may hold a reused pixel arena)
-        self._to_answer.put((batch, counts, results, outputs, done, prepared))
+        covered = [positions for positions, _ in encoded]
+        self._to_answer.put((batch, counts, results, rows, covered, done, prepared))
         return True
 
     def _answer(self) -> bool:
         work = self._to_answer.get()
         if work is _STOP:
             return False
-        batch, counts, results, outputs, done, prepared = work
+        batch, counts, results, rows, covered, done, prepared = work
         if done is not None:
             done.synchronize()
         if self.metrics is not None:
             self.metrics.encoded(self.tower, time.perf_counter() - prepared)
-        for positions, both in outputs:
-            rows = both.numpy()
-            width = rows.shape[1] // 2
-            for row, position in enumerate(positions):
-                tokens = counts[position] if counts is not None else 0
-                results[position] = Embedded(rows[row, :width], rows[row, width:], tokens)
-        missing = ItemError("no embedding was produced")
-        deliver_batch([(item, result if result is not None else missing) for item, result in zip(batch, results)])
+        both = rows.numpy() if rows is not None else np.zeros((len(batch), 0), dtype=np.float32)
+        errors = {position: result for position, result in enumerate(results) if result is not None}
+        if len(errors) + sum(map(len, covered)) < len(batch):  # a step left positions without a row or reason
+            with_rows = {position for positions in covered for position in positions}
+            missing = ItemError("no embedding was produced")
+            for position in range(len(batch)):
+                if position not in errors and position not in with_rows:
+                    errors[position] = missing
+        deliver_rows(batch, BatchRows(both, both.shape[1] // 2, counts, errors))
         self._landed()
         return True
 
@@ -283,6 +287,17 @@ def _waits_per_request(batch: List[Item], now: float) -> List[float]:
             waits.append(now - item.enqueued)
             last_job = item.job
     return waits
+
+
+def _in_batch_order(encoded: List[Tuple[List[int], torch.Tensor]], size: int) -> torch.Tensor:
+    """The groups' rows as one ``(size, columns)`` matrix on their device, row ``p`` being position ``p``'s
+    (rows of positions no group covers are left unset): one copy to the host and no reordering there."""
+    if len(encoded) == 1 and encoded[0][1].shape[0] == size and encoded[0][0] == list(range(size)):
+        return encoded[0][1]
+    rows = torch.cat([tensor for _, tensor in encoded]) if len(encoded) > 1 else encoded[0][1]
+    positions = torch.tensor([position for positions, _ in encoded for position in positions], dtype=torch.long)
+    out = rows.new_empty((size, rows.shape[1]))
+    return out.index_copy_(0, positions.to(rows.device, non_blocking=True), rows)
 
 
 def _to_host(features: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
-from .jobs import TOWERS, Item, Result, ServerBusy
-from .wire import Outbox, pack_batch, read_messages
+from .jobs import TOWERS, BatchRows, Item, Result, ServerBusy
+from .wire import Outbox, pack_batch, pack_rows, read_messages
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +33,13 @@ class RemoteRequest:
     """A frontend's request as the batchers see it (what ``EmbeddingJob`` offers them, and no future: its
     results go back through ``sink``, its connection)."""
 
-    __slots__ = ("sink", "request_id", "deadline", "arrival", "abandoned", "pending", "engine", "images", "texts")
+    __slots__ = ("sink", "request_id", "deadline", "arrival", "abandoned", "pending", "engine", "images", "texts",
+                 "normalize")
 
-    def __init__(self, sink: "FrontendConnection", request_id: int, deadline: float, arrival: float) -> None:
+    def __init__(self, sink: "FrontendConnection", request_id: int, deadline: float, arrival: float,
+                 normalize: bool = True) -> None:
         self.sink = sink
+        self.normalize = normalize  # the vector its rows carry back: L2-normalised, else raw
         self.request_id = request_id
         self.deadline = deadline
         self.arrival = arrival
@@ -62,7 +65,7 @@ class FrontendConnection:
     def deliver_results(self, pairs: Sequence[Tuple[Item, Result]]) -> None:
         """A batch's results for this connection (on an answer thread): one message, rows of abandoned
         requests left out."""
-        rows: List[Tuple[int, int, Result]] = []
+        rows: List[Tuple[int, int, Result, bool]] = []
         with self.lock:
             for item, result in pairs:
                 request = item.job
@@ -70,10 +73,44 @@ class FrontendConnection:
                 if request.pending == 0:
                     self.waiting.pop(request.request_id, None)
                 if not request.abandoned:
-                    rows.append((request.request_id, item.index, result))
+                    rows.append((request.request_id, item.index, result, request.normalize))
         if not rows:
             return
         message = pack_batch(rows)
+        try:
+            self.loop.call_soon_threadsafe(self.outbox.send, message)
+        except RuntimeError:  # the socket's loop is closed: the server is stopping
+            pass
+
+    def deliver_rows(self, items: Sequence[Item], positions: Sequence[int], rows: BatchRows) -> None:
+        """``deliver_results`` for a batch's rows (``items[p]``'s result is position ``p`` of ``rows``): the
+        connection's rows leave as one slice of the batch's matrix."""
+        ids: List[int] = []
+        indices: List[int] = []
+        kept: List[int] = []
+        normalized: List[bool] = []
+        errors: List[Tuple[int, int, str]] = []
+        failed = rows.errors
+        with self.lock:
+            for position in positions:
+                item = items[position]
+                request = item.job
+                request.pending -= 1
+                if request.pending == 0:
+                    self.waiting.pop(request.request_id, None)
+                if request.abandoned:
+                    continue
+                error = failed.get(position) if failed else None
+                if error is None:
+                    ids.append(request.request_id)
+                    indices.append(item.index)
+                    kept.append(position)
+                    normalized.append(request.normalize)
+                else:
+                    errors.append((request.request_id, item.index, error.message))
+        if not ids and not errors:
+            return
+        message = pack_rows(ids, indices, kept, normalized, rows, errors)
         try:
             self.loop.call_soon_threadsafe(self.outbox.send, message)
         except RuntimeError:  # the socket's loop is closed: the server is stopping
@@ -148,13 +185,14 @@ class EngineServer:
             self.pool.metrics.apply(message[2])
             connection.outbox.send(("metrics", message[1], self.pool.metrics.render()))
 
-    def _embed(self, connection: FrontendConnection, requests: Sequence[Tuple[int, float, list, list]]) -> None:
+    def _embed(self, connection: FrontendConnection,
+               requests: Sequence[Tuple[int, float, list, list, bool]]) -> None:
         """Queue every request of one frame together (refusals answered one by one)."""
         now = time.monotonic()
         waiting = connection.waiting
         made: List[Tuple[RemoteRequest, List[Item], List[Item]]] = []
-        for request_id, seconds_left, images, texts in requests:
-            request = RemoteRequest(connection, request_id, now + seconds_left, now)
+        for request_id, seconds_left, images, texts, normalize in requests:
+            request = RemoteRequest(connection, request_id, now + seconds_left, now, normalize)
             request.images = [Item(request, index, payload) for index, payload in images]
             request.texts = [Item(request, index, payload) for index, payload in texts]
             request.pending = len(images) + len(texts)

@@ -12,6 +12,7 @@ import io
 import logging
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from .wire import padded_tokens
@@ -106,9 +107,10 @@ class TextInputs:
 
     def host(self, payloads: Sequence[Any]) -> Tuple[torch.Tensor, List[int]]:
         captions = [position for position, payload in enumerate(payloads) if type(payload) is not bytes]
-        if not captions:
-            tokens = torch.from_numpy(padded_tokens(payloads, self.context_length))
-        elif len(captions) == len(payloads):
+        if not captions:  # ids from the frontends (the usual case): counted in numpy, no torch op on the host
+            ids = padded_tokens(payloads, self.context_length)
+            return torch.from_numpy(ids), np.count_nonzero(ids, axis=1).tolist()
+        if len(captions) == len(payloads):
             tokens = self.tokenizer(list(payloads), context_length=self.context_length)
         else:  # both kinds (a frontend's first requests, before it had loaded the tokenizer)
             ids = [position for position, payload in enumerate(payloads) if type(payload) is bytes]
@@ -140,27 +142,22 @@ class TextInputs:
 def length_groups(counts: Sequence[int], buckets: Sequence[int] = TEXT_LENGTH_BUCKETS,
                   min_group: int = MIN_TEXT_GROUP) -> List[List[int]]:
     """Positions sorted by token count, cut where the length bucket changes; groups under ``min_group``
-    join the next longer one (the last joins the previous)."""
-    def bucket(count: int) -> int:
-        for limit in buckets:
-            if count <= limit:
-                return limit
-        return 1 << 30
-
-    order = sorted(range(len(counts)), key=counts.__getitem__)
+    join the next longer one (the last joins the previous). Computed per bucket, not per caption."""
+    counts = np.asarray(counts)
+    order = np.argsort(counts, kind="stable")
+    # a count's bucket: the first limit it fits in (past the last: one bucket of its own)
+    sorted_buckets = np.searchsorted(np.asarray(buckets), counts[order], side="left")
+    changes = (np.flatnonzero(np.diff(sorted_buckets)) + 1).tolist()
     groups: List[List[int]] = []
-    current: List[int] = []
-    current_bucket = None
-    for position in order:
-        b = bucket(counts[position])
-        if current and b != current_bucket and len(current) >= min_group:
-            groups.append(current)
-            current = []
-        current.append(position)
-        current_bucket = b
-    if current:
-        if groups and len(current) < min_group:
-            groups[-1].extend(current)
+    start = 0
+    for cut in changes:
+        if cut - start >= min_group:
+            groups.append(order[start:cut].tolist())
+            start = cut
+    if start < len(order):
+        rest = order[start:].tolist()
+        if groups and len(rest) < min_group:
+            groups[-1].extend(rest)
         else:
-            groups.append(current)
+            groups.append(rest)
     return groups

@@ -40,7 +40,8 @@ class ItemError:
 
 
 class Embedded:
-    """One input's embedding: the raw features, the L2-normalised ones, and the caption's token count."""
+    """One input's embedding: the raw features, the L2-normalised ones, and the caption's token count. From an
+    engine in another process only the one its request asked for travels; the other is None."""
 
     __slots__ = ("raw", "normalized", "tokens")
 
@@ -53,13 +54,36 @@ class Embedded:
 Result = Union[Embedded, ItemError]
 
 
+class BatchRows:
+    """One batch's results as one matrix: row ``p`` of ``both`` (float32, on the CPU) holds position ``p``'s raw
+    features then its L2-normalised ones, ``width`` columns each; a position in ``errors`` has no row. Rows are
+    handed on by position, so results for hundreds of inputs cost one copy per destination, not an object each.
+    """
+
+    __slots__ = ("both", "width", "tokens", "errors")
+
+    def __init__(self, both: Any, width: int, tokens: Optional[Sequence[int]], errors: Dict[int, ItemError]) -> None:
+        self.both = both
+        self.width = width
+        self.tokens = tokens  # captions' token counts by position (None: images, no tokens)
+        self.errors = errors
+
+    def result(self, position: int) -> Result:
+        error = self.errors.get(position)
+        if error is not None:
+            return error
+        row = self.both[position]
+        return Embedded(row[:self.width], row[self.width:], self.tokens[position] if self.tokens is not None else 0)
+
+
 class EmbeddingJob:
     """One request waiting on the engine. ``future`` completes (on ``loop``) once every item has a result."""
 
-    __slots__ = ("loop", "future", "results", "pending", "deadline", "abandoned", "arrival", "refusal")
+    __slots__ = ("loop", "future", "results", "pending", "deadline", "abandoned", "arrival", "refusal", "normalize")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, count: int, deadline: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int, deadline: float, normalize: bool = True) -> None:
         self.loop = loop
+        self.normalize = normalize  # which vector the answer carries: L2-normalised, else the raw features
         self.future: asyncio.Future = loop.create_future()
         self.results: List[Optional[Result]] = [None] * count
         self.pending = count
@@ -108,6 +132,34 @@ class Item:
 def _settle_many(pairs: Sequence[Tuple[Item, Result]]) -> None:
     for item, result in pairs:
         item.job.settle(item.index, result)
+
+
+def _settle_rows(items: Sequence["Item"], positions: Sequence[int], rows: BatchRows) -> None:
+    for position in positions:
+        item = items[position]
+        item.job.settle(item.index, rows.result(position))
+
+
+def deliver_rows(items: Sequence["Item"], rows: BatchRows) -> None:
+    """Hand a batch's results (``items[p]``'s is position ``p`` of ``rows``) to their jobs' sinks, from any
+    thread: one hand-off per sink and batch. A sink with ``deliver_rows(items, positions, rows)`` (the engine
+    process's connection to a frontend) takes its positions at once; an event loop settles them on its thread."""
+    by_sink: Dict[Any, List[int]] = {}
+    for position, item in enumerate(items):
+        sink = item.job.sink
+        positions = by_sink.get(sink)
+        if positions is None:
+            positions = by_sink[sink] = []
+        positions.append(position)
+    for sink, positions in by_sink.items():
+        deliver = getattr(sink, "deliver_rows", None)
+        if deliver is not None:
+            deliver(items, positions, rows)
+            continue
+        try:
+            sink.call_soon_threadsafe(_settle_rows, items, positions, rows)
+        except RuntimeError:  # the loop is closed: nobody is waiting for these any more
+            pass
 
 
 def deliver_batch(pairs: Sequence[Tuple[Item, Result]]) -> None:

@@ -83,7 +83,7 @@ class RemotePool:
         self._jobs[request_id] = job
         self._pending.append((request_id, max(0.0, job.deadline - time.monotonic()),
                               [(item.index, item.payload) for item in images],
-                              [(item.index, item.payload) for item in texts]))
+                              [(item.index, item.payload) for item in texts], job.normalize))
         self._outbox.schedule()
         return RemoteHandle(self, request_id)
 
@@ -101,8 +101,8 @@ class RemotePool:
                 except Exception:  # noqa: BLE001 - the engine tokenizes them then, and reports what fails
                     logger.exception("tokenizing %d captions failed; the engine process tokenizes them", len(captions))
                 else:
-                    requests = [(request_id, seconds_left, images, [(index, next(ids)) for index, _ in texts])
-                                for request_id, seconds_left, images, texts in requests]
+                    requests = [(request_id, seconds_left, images, [(index, next(ids)) for index, _ in texts],
+                                 normalize) for request_id, seconds_left, images, texts, normalize in requests]
         # first in the frame: an ``abandon`` queued in this pass is for one of these requests
         self._outbox.put_first(("embed", requests))
 

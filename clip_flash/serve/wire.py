@@ -6,18 +6,21 @@ are this package, on this host, over a socket only this user can open).
 
 Frontend to engine:
 
-- ``("embed", [(id, seconds_left, images, texts), ...])``: every request that arrived in one event-loop pass;
-  ``images`` is ``[(index, jpeg bytes)]``, ``texts`` is ``[(index, caption)]`` where each caption is either
-  its token ids (``token_bytes``: int32, trailing padding trimmed; the frontend tokenized it with the engine's
-  tokenizer, which the engine names in its state reply) or the string itself (the engine tokenizes it).
+- ``("embed", [(id, seconds_left, images, texts, normalize), ...])``: every request that arrived in one
+  event-loop pass; ``images`` is ``[(index, jpeg bytes)]``, ``texts`` is ``[(index, caption)]`` where each
+  caption is either its token ids (``token_bytes``: int32, trailing padding trimmed; the frontend tokenized it
+  with the engine's tokenizer, which the engine names in its state reply) or the string itself (the engine
+  tokenizes it); ``normalize``: whether the request wants the L2-normalised vectors (else the raw features).
 - ``("abandon", id)``; ``("state", id, observations)`` and ``("metrics", id, observations)``, observations
   being what the frontend's routes saw since (``RelayedMetrics.take()``: the engine holds the one registry).
 
 Engine to frontend:
 
-- ``("results", ids, indices, raw, normalized, tokens, errors)``: one message per batch and connection; row
-  ``r`` of the float32 matrices ``raw``/``normalized`` (their bytes, row-major) is item ``indices[r]`` of
-  request ``ids[r]``, and ``errors`` is ``[(id, index, message)]``.
+- ``("results", ids, indices, vectors, normalized, tokens, errors)``: one message per batch and connection;
+  row ``r`` of the float32 matrix ``vectors`` is item ``indices[r]`` of request ``ids[r]``: its L2-normalised
+  vector where ``normalized`` (one bool for every row, or bytes of one bool per row) says so, else its raw
+  features (only what the request asked for travels: at 64 captions a request the rows are most of the bytes).
+  ``errors`` is ``[(id, index, message)]``.
 - ``("refused", id, "busy"|"not_ready", message)``; ``("state", id, state, error, description, depths,
   text_tokenizer)``; ``("metrics", id, text)``.
 """
@@ -41,9 +44,15 @@ async def read_messages(reader: asyncio.StreamReader) -> List[Any]:
     return pickle.loads(await reader.readexactly(HEADER.unpack(header)[0]))
 
 
-def frame(messages: List[Any]) -> bytes:
+def frame_parts(messages: List[Any]) -> Tuple[bytes, bytes]:
+    """A frame as (length header, pickle): written together without joining them (the pickle can be megabytes
+    of embeddings)."""
     data = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(data)) + data
+    return HEADER.pack(len(data)), data
+
+
+def frame(messages: List[Any]) -> bytes:
+    return b"".join(frame_parts(messages))
 
 
 class Outbox:
@@ -76,7 +85,7 @@ class Outbox:
             self.before_flush()
         messages, self._messages = self._messages, []
         if messages and not self.writer.is_closing():
-            self.writer.write(frame(messages))
+            self.writer.writelines(frame_parts(messages))
 
     def is_closing(self) -> bool:
         return self.writer.is_closing()
@@ -117,43 +126,74 @@ def padded_tokens(payloads: Sequence[bytes], context_length: int) -> np.ndarray:
 
 
 # -- results of one batch to one connection ---------------------------------------------------------------------
-def pack_batch(pairs: Sequence[Tuple[int, int, Any]]) -> Tuple[Any, ...]:
-    """``[(request id, item index, result)]`` as one ``results`` message: the embeddings as two float32
-    matrices' bytes (a bytes object pickles as one copy; an ndarray costs a reduce call), errors as
-    (id, index, message)."""
+# The vectors travel as an ndarray: pickle (protocol 5) writes its buffer straight into the frame, where bytes
+# made first with ``tobytes()`` would be one more copy of every row.
+def _which(normalized: Sequence[bool]) -> Any:
+    """``normalized`` as the message carries it: one bool when every row agrees, else one byte per row."""
+    if all(normalized):
+        return True
+    if not any(normalized):
+        return False
+    return np.asarray(normalized, dtype=np.bool_).tobytes()
+
+
+def pack_batch(rows: Sequence[Tuple[int, int, Any, bool]]) -> Tuple[Any, ...]:
+    """``[(request id, item index, result, normalize)]`` as one ``results`` message."""
     from .jobs import Embedded
 
     ids: List[int] = []
     indices: List[int] = []
-    raws: List[Any] = []
-    normalized: List[Any] = []
+    vectors: List[Any] = []
+    normalized: List[bool] = []
     tokens: List[int] = []
     errors: List[Tuple[int, int, str]] = []
-    for request_id, index, result in pairs:
+    for request_id, index, result, normalize in rows:
         if type(result) is Embedded:
             ids.append(request_id)
             indices.append(index)
-            raws.append(result.raw)
-            normalized.append(result.normalized)
+            vectors.append(result.normalized if normalize else result.raw)
+            normalized.append(normalize)
             tokens.append(result.tokens)
         else:
             errors.append((request_id, index, getattr(result, "message", "no embedding was produced")))
+    matrix = np.stack(vectors).astype(np.float32, copy=False) if vectors else np.zeros((0, 0), np.float32)
+    return ("results", ids, indices, matrix, _which(normalized), tokens, errors)
+
+
+def pack_rows(ids: List[int], indices: List[int], positions: List[int], normalized: List[bool], rows: Any,
+              errors: List[Tuple[int, int, str]]) -> Tuple[Any, ...]:
+    """``pack_batch``'s message from a batch's ``BatchRows``: row ``r`` is position ``positions[r]`` of the
+    batch, its normalised half where ``normalized[r]``, else its raw half (one gather for them all)."""
     if not ids:
-        return ("results", ids, indices, b"", b"", tokens, errors)
-    return ("results", ids, indices, np.stack(raws).astype(np.float32, copy=False).tobytes(),
-            np.stack(normalized).astype(np.float32, copy=False).tobytes(), tokens, errors)
+        return ("results", ids, indices, np.zeros((0, 0), np.float32), True, [], errors)
+    width = rows.width
+    which = _which(normalized)
+    if which is True or which is False:
+        half = rows.both[:, width:] if which else rows.both[:, :width]
+        matrix = np.take(half, positions, axis=0)
+    else:
+        wants = np.asarray(normalized, dtype=np.bool_)
+        at = np.asarray(positions)
+        matrix = np.empty((len(at), width), dtype=np.float32)
+        matrix[wants] = rows.both[at[wants], width:]
+        matrix[~wants] = rows.both[at[~wants], :width]
+    tokens = [rows.tokens[position] for position in positions] if rows.tokens is not None else [0] * len(ids)
+    return ("results", ids, indices, matrix, which, tokens, errors)
 
 
 def unpack_batch(message: Tuple[Any, ...]) -> List[Tuple[int, int, Any]]:
-    """A ``results`` message back into ``[(request id, item index, result)]`` (embeddings: read-only float32
-    rows of the message's buffers)."""
+    """A ``results`` message back into ``[(request id, item index, result)]`` (an ``Embedded`` carries the
+    vector its request asked for; the other is None)."""
     from .jobs import Embedded, ItemError
 
-    _, ids, indices, raw_bytes, normalized_bytes, tokens, errors = message
+    _, ids, indices, matrix, which, tokens, errors = message
     out: List[Tuple[int, int, Any]] = []
     if ids:
-        raw = np.frombuffer(raw_bytes, dtype=np.float32).reshape(len(ids), -1)
-        normalized = np.frombuffer(normalized_bytes, dtype=np.float32).reshape(len(ids), -1)
-        out = [(request_id, indices[row], Embedded(raw[row], normalized[row], tokens[row]))
-               for row, request_id in enumerate(ids)]
+        if which is True or which is False:
+            out = [(request_id, indices[row], Embedded(None, matrix[row], tokens[row]) if which
+                    else Embedded(matrix[row], None, tokens[row])) for row, request_id in enumerate(ids)]
+        else:
+            flags = np.frombuffer(which, dtype=np.bool_).tolist()
+            out = [(request_id, indices[row], Embedded(None, matrix[row], tokens[row]) if flags[row]
+                    else Embedded(matrix[row], None, tokens[row])) for row, request_id in enumerate(ids)]
     return out + [(request_id, index, ItemError(text)) for request_id, index, text in errors]

@@ -106,15 +106,15 @@ def test_frontend_results_round_trip_packed():
 
     rows = np.arange(12, dtype=np.float32).reshape(3, 4)
     results = [Embedded(rows[0], rows[0] / 2, 5), ItemError("bad"), Embedded(rows[2], rows[2] / 2, 0)]
-    message = pack_batch([(3, 7, results[0]), (4, 8, results[1]), (3, 9, results[2])])
-    assert len(message[3]) == 2 * 4 * 4  # one float32 matrix per batch, not one array per row
+    message = pack_batch([(3, 7, results[0], False), (4, 8, results[1], True), (3, 9, results[2], True)])
+    assert message[3].shape == (2, 4)  # one float32 matrix per batch, not one array per row
     pairs = {(request_id, index): result for request_id, index, result in unpack_batch(message)}
     assert sorted(pairs) == [(3, 7), (3, 9), (4, 8)]
     assert pairs[(4, 8)].message == "bad"
-    assert pairs[(3, 7)].raw.tolist() == rows[0].tolist()
-    assert pairs[(3, 9)].normalized.tolist() == (rows[2] / 2).tolist()
+    assert pairs[(3, 7)].raw.tolist() == rows[0].tolist() and pairs[(3, 7)].normalized is None
+    assert pairs[(3, 9)].normalized.tolist() == (rows[2] / 2).tolist() and pairs[(3, 9)].raw is None
     assert pairs[(3, 7)].tokens == 5
-    assert unpack_batch(pack_batch([(4, 8, results[1])]))[0][2].message == "bad"
+    assert unpack_batch(pack_batch([(4, 8, results[1], True)]))[0][2].message == "bad"
 
 
 def _one_item_seconds(close_when_idle: bool, max_wait: float) -> float:

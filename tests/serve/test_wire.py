@@ -14,7 +14,8 @@ pytest.importorskip("prometheus_client", reason="the serve extra is not installe
 
 from clip_flash.serve.engine_server import FrontendConnection, RemoteRequest  # noqa: E402
 from clip_flash.serve.inputs import TextInputs  # noqa: E402
-from clip_flash.serve.jobs import Embedded, EmbeddingJob, Item, ItemError, deliver_batch  # noqa: E402
+from clip_flash.serve.jobs import (BatchRows, Embedded, EmbeddingJob, Item, ItemError, deliver_batch,  # noqa: E402
+                                   deliver_rows)
 from clip_flash.serve.metrics import RelayedMetrics, ServeMetrics  # noqa: E402
 from clip_flash.serve.remote_pool import RemotePool  # noqa: E402
 from clip_flash.serve.wire import pack_batch, padded_tokens, token_bytes  # noqa: E402
@@ -98,8 +99,8 @@ def _frontend_and_engine():
     return pool, connection, outbox
 
 
-def _remote_request(connection, request_id, count):
-    request = RemoteRequest(connection, request_id, deadline=1e18, arrival=0.0)
+def _remote_request(connection, request_id, count, normalize=True):
+    request = RemoteRequest(connection, request_id, deadline=1e18, arrival=0.0, normalize=normalize)
     request.texts = [Item(request, index, b"") for index in range(count)]
     request.pending = count
     connection.waiting[request_id] = request
@@ -125,8 +126,36 @@ def test_a_request_split_across_batches_completes_with_its_last_batch():
         pool._receive(outbox.sent[1])
         assert job.future.done() and not pool._jobs
         assert job.results[0].message == "bad caption"
-        assert job.results[1].raw.tolist() == [1.0] * 4 and job.results[2].normalized.tolist() == [1.0] * 4
-        assert job.results[2].tokens == 3 and other.results[0].raw.tolist() == [9.0] * 4
+        # only the vector a request asks for travels (here the normalised one, the default)
+        assert job.results[1].normalized.tolist() == [0.5] * 4 and job.results[2].normalized.tolist() == [1.0] * 4
+        assert job.results[1].raw is None
+        assert job.results[2].tokens == 3 and other.results[0].normalized.tolist() == [4.5] * 4
+    finally:
+        loop.close()
+
+
+def test_a_batchs_rows_reach_each_request_as_the_vector_it_asked_for():
+    """One batch for a request that wants normalised vectors and one that wants raw features: each gets its own
+    half of its rows, in its own input order, with its token counts and its errors."""
+    pool, connection, outbox = _frontend_and_engine()
+    loop = asyncio.new_event_loop()
+    try:
+        wants_normalized, wants_raw = EmbeddingJob(loop, 2, 1e18), EmbeddingJob(loop, 3, 1e18, normalize=False)
+        pool._jobs.update({1: wants_normalized, 2: wants_raw})
+        first, second = _remote_request(connection, 1, 2), _remote_request(connection, 2, 3, normalize=False)
+        items = [second.texts[2], first.texts[1], second.texts[0], first.texts[0], second.texts[1]]
+        both = np.arange(len(items) * 8, dtype=np.float32).reshape(len(items), 8)  # raw | normalised, 4 each
+        rows = BatchRows(both, 4, [5, 6, 7, 8, 9], {4: ItemError("bad caption")})
+        deliver_rows(items, rows)
+        assert len(outbox.sent) == 1 and not connection.waiting
+        pool._receive(outbox.sent[0])
+        assert wants_normalized.future.done() and wants_raw.future.done()
+        assert wants_normalized.results[1].normalized.tolist() == both[1, 4:].tolist()
+        assert wants_normalized.results[0].normalized.tolist() == both[3, 4:].tolist()
+        assert wants_normalized.results[0].raw is None and wants_normalized.results[0].tokens == 8
+        assert wants_raw.results[2].raw.tolist() == both[0, :4].tolist() and wants_raw.results[2].normalized is None
+        assert wants_raw.results[0].raw.tolist() == both[2, :4].tolist() and wants_raw.results[0].tokens == 7
+        assert wants_raw.results[1].message == "bad caption"
     finally:
         loop.close()
 
@@ -139,7 +168,7 @@ def test_an_abandoned_requests_late_rows_are_ignored():
         pool._jobs[5] = job
         request = _remote_request(connection, 5, 2)
         # rows already packed (the batch was in flight) when the frontend gave up on the request
-        late = pack_batch([(5, 0, _embedded(1.0))])
+        late = pack_batch([(5, 0, _embedded(1.0), True)])
         pool._forget(5)
         pool._receive(late)
         assert job.results == [None, None] and not job.future.done()
