@@ -11,8 +11,8 @@ This process runs the real ``EngineServer`` and ``EnginePool`` over the no-op mo
 model, no image decoding); a driver process speaks the frontends' wire protocol (``clip_flash/serve/wire.py``)
 over ``--connections`` connections, sending each connection's due requests once a millisecond in one frame (as
 a frontend's event-loop pass does) with captions tokenized ahead of time, and reads the per-batch results. The
-engine process's CPU seconds per answered request bound the GIL time it needs per request: 1e6 / (that, in us)
-is the rate one engine process can carry at most, whatever the host's core count.
+engine process's CPU seconds per answered request bound from above the GIL time it needs per request, which one
+process can spend at most once per second, whatever the host's core count.
 """
 from __future__ import annotations
 
