@@ -76,11 +76,12 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
                 for _ in range(due):
                     if workload != "image":
                         first = next_id * per_request
-                        requests.append((next_id, 30.0, [], [(index, payloads[(first + index) % len(payloads)])
-                                                             for index in range(per_request)], True))
+                        requests.append((next_id, 30.0, ([], []), (list(range(per_request)),
+                                         [payloads[(first + index) % len(payloads)] for index in range(per_request)]),
+                                         True))
                         rows_left[next_id] = per_request
                     else:
-                        requests.append((next_id, 30.0, [(0, image)], [], True))
+                        requests.append((next_id, 30.0, ([0], [image]), ([], []), True))
                     sent[next_id] = now
                     next_id += 1
                 writer.write(frame([("embed", requests)]))

@@ -14,7 +14,7 @@ import hmac
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
 
 import orjson
 from starlette.applications import Starlette
@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from .config import ServeConfig
 from .engine import FAILED, READY, EnginePool
-from .jobs import IMAGE, TEXT, EmbeddingJob, Item, ItemError, NotReady, ServerBusy
+from .jobs import IMAGE, TEXT, EmbeddingJob, ItemError, NotReady, QueuedInputs, ServerBusy
 from .metrics import CONTENT_TYPE, ServeMetrics
 from .protocol import Input, RequestError, embeddings_response, error_body, parse_embeddings_request
 
@@ -196,16 +196,21 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + config.request_timeout
         job = EmbeddingJob(loop, len(inputs), deadline, normalize)
-        images: List[Item] = []
-        texts: List[Item] = []
+        found: Dict[str, Tuple[List[int], List[Any]]] = {IMAGE: ([], []), TEXT: ([], [])}
         for index, entry in enumerate(inputs):
             if type(entry) is ItemError:
                 job.settle(index, entry)
             else:
-                (images if entry[0] == IMAGE else texts).append(Item(job, index, entry[1]))
-        if len(images) + len(texts) > per_engine_queue:  # could never be admitted: not a 429 to retry
+                indices, payloads = found[entry[0]]
+                indices.append(index)
+                payloads.append(entry[1])
+        # each tower's inputs of the request queue as one run
+        images = [QueuedInputs(job, *found[IMAGE])] if found[IMAGE][0] else []
+        texts = [QueuedInputs(job, *found[TEXT])] if found[TEXT][0] else []
+        count = len(found[IMAGE][0]) + len(found[TEXT][0])
+        if count > per_engine_queue:  # could never be admitted: not a 429 to retry
             return refuse(route, started, RequestError(
-                413, f"{len(images) + len(texts)} inputs in one request; this server queues at most "
+                413, f"{count} inputs in one request; this server queues at most "
                      f"{per_engine_queue} for one engine (--max-queue)", param="input"))
         engine = None
         if images or texts:
@@ -235,10 +240,10 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         answering = time.perf_counter()
         status, body = embeddings_response(state.model_id, job.results, encoding_format, normalize)
         done = time.perf_counter()
-        for tower, items in ((IMAGE, images), (TEXT, texts)):
-            if items:
-                bad = sum(1 for item in items if type(job.results[item.index]) is ItemError)
-                metrics.outcomes(tower, len(items) - bad, bad)
+        for tower, (indices, _) in found.items():
+            if indices:
+                bad = sum(1 for index in indices if type(job.results[index]) is ItemError)
+                metrics.outcomes(tower, len(indices) - bad, bad)
         metrics.answered(route, status, done - started, done - answering)
         return json_response(status, body)
 

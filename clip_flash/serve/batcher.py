@@ -1,5 +1,6 @@
-"""One dynamic batcher per tower: items from every request join one queue; a batch closes at ``max_batch``
-items or ``max_wait`` seconds after its first item, whichever comes first, and at once when no batch of this
+"""One dynamic batcher per tower: inputs from every request join one queue (a request's inputs for the tower as
+one entry, ``QueuedInputs``); a batch closes at ``max_batch`` inputs or ``max_wait`` seconds after its first
+input, whichever comes first (taking part of a run that does not fit), and at once when no batch of this
 tower is in flight (nothing to overlap with: waiting would only add latency; under load a batch is always in
 flight, so batches still fill for up to ``max_wait``).
 
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 from .inputs import describe_error
-from .jobs import DROPPED, QUEUED, TAKEN, BatchRows, Item, ItemError, Result, deliver_batch, deliver_rows
+from .jobs import DROPPED, QUEUED, TAKEN, BatchRows, ItemError, QueuedInputs, Result, deliver_rows, failed_rows
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,8 @@ class TowerBatcher:
         inputs: the tower's ``host``/``device`` steps (see ``inputs.py``).
         encode: features of a model-ready batch (on the device), unnormalised.
         max_batch, max_wait: when a batch closes.
-        lock: the engine's queue lock (shared by its towers, so one count covers every queued item).
-        on_dequeue: called (under ``lock``) with how many items left the queue, taken or dropped.
+        lock: the engine's queue lock (shared by its towers, so one count covers every queued input).
+        on_dequeue: called (under ``lock``) with how many inputs left the queue, taken or dropped.
         metrics: a ``ServeMetrics`` or None.
         device: the CUDA device the threads work on (None: the CPU).
         close_when_idle: close a batch at once when none of this tower is in flight (else wait ``max_wait``).
@@ -88,7 +89,8 @@ class TowerBatcher:
         self.metrics = metrics
         self.device = device if device is not None and device.type == "cuda" else None
         self.ready = threading.Condition(lock)
-        self.items: Deque[Item] = deque()
+        self.runs: Deque[QueuedInputs] = deque()
+        self.waiting = 0  # inputs in ``runs``
         self.stopping = False
         self.close_when_idle = close_when_idle
         self.max_in_flight = max_in_flight
@@ -102,20 +104,25 @@ class TowerBatcher:
             thread.start()
 
     # -- the queue (called with self.lock held) -------------------------------------------------------------------
-    def put_locked(self, items: Sequence[Item], now: float) -> None:
-        for item in items:
-            item.enqueued = now
-        # The collector waits for a first item, then for a full batch (or its deadline, or the batch in flight
+    def put_locked(self, runs: Sequence[QueuedInputs], now: float) -> None:
+        count = 0
+        for run in runs:
+            run.enqueued = now
+            count += len(run.indices)
+        # The collector waits for a first input, then for a full batch (or its deadline, or the batch in flight
         # to land): waking it for every request in between would only make it take the GIL to go back to sleep.
-        wake = not self.items or len(self.items) < self.max_batch <= len(self.items) + len(items)
-        self.items.extend(items)
+        waiting = self.waiting
+        wake = not waiting or waiting < self.max_batch <= waiting + count
+        self.runs.extend(runs)
+        self.waiting = waiting + count
         if wake:
             self.ready.notify()
 
     def __len__(self) -> int:
-        return len(self.items)
+        """Inputs in the queue (those of runs dropped by their requests included until the collector meets them)."""
+        return self.waiting
 
-    def _take_batch(self) -> Optional[List[Item]]:
+    def _take_batch(self) -> Optional[List[QueuedInputs]]:
         """Wait for the next batch; None when stopping with nothing left."""
         while True:
             taken = self._take_locked()
@@ -131,37 +138,52 @@ class TowerBatcher:
                 return batch
             # everything taken had been abandoned: wait for the next batch
 
-    def _take_locked(self) -> Optional[Tuple[List[Item], int, float]]:
-        """(batch, how many were dropped, when) once a batch closes; None when stopping with nothing left."""
+    def _take_locked(self) -> Optional[Tuple[List[QueuedInputs], int, float]]:
+        """(batch, how many inputs were dropped, when) once a batch closes; None when stopping with nothing left."""
         with self.lock:
-            while not self.items and not self.stopping:
+            while not self.runs and not self.stopping:
                 self.ready.wait()
-            if not self.items:
+            if not self.runs:
                 return None
             # The device is as far behind as allowed: what arrives meanwhile joins this batch.
             while self.max_in_flight and self.in_flight >= self.max_in_flight and not self.stopping:
                 self.ready.wait()
-            closes = self.items[0].enqueued + self.max_wait
-            while len(self.items) < self.max_batch and not self.stopping and (
+            closes = self.runs[0].enqueued + self.max_wait
+            while self.waiting < self.max_batch and not self.stopping and (
                     self.in_flight or not self.close_when_idle):
                 remaining = closes - time.monotonic()
                 if remaining <= 0:
                     break
                 self.ready.wait(remaining)
             now = time.monotonic()
-            batch: List[Item] = []
-            dropped = left = 0
-            while self.items and len(batch) < self.max_batch:
-                item = self.items.popleft()
-                if item.state != QUEUED:  # dropped by its request already (and uncounted then)
+            batch: List[QueuedInputs] = []
+            size = dropped = left = 0
+            runs = self.runs
+            while runs and size < self.max_batch:
+                run = runs[0]
+                count = len(run.indices)
+                if run.state != QUEUED:  # dropped by its request already (and uncounted then)
+                    runs.popleft()
+                    self.waiting -= count
                     continue
-                left += 1
-                if item.job.expired(now):
-                    item.state = DROPPED
-                    dropped += 1
+                if run.job.expired(now):
+                    runs.popleft()
+                    self.waiting -= count
+                    run.state = DROPPED
+                    dropped += count
+                    left += count
+                    continue
+                room = self.max_batch - size
+                if count > room:  # the batch takes what fits; the rest stays first in the queue
+                    run = run.split(room)
+                    count = room
                 else:
-                    item.state = TAKEN
-                    batch.append(item)
+                    runs.popleft()
+                self.waiting -= count
+                run.state = TAKEN
+                batch.append(run)
+                size += count
+                left += count
             if left:
                 self.on_dequeue(left)
             if batch:
@@ -186,12 +208,13 @@ class TowerBatcher:
             self._to_launch.put(_STOP)
             return False
         started = time.perf_counter()
+        payloads = [payload for run in batch for payload in run.payloads]
         try:
-            host = self.inputs.host([item.payload for item in batch])
-        except Exception as error:  # noqa: BLE001 - a batch the step refuses fails its items, not the server
-            self._fail(batch, f"preparing the {self.tower} batch failed: {describe_error(error)}")
+            host = self.inputs.host(payloads)
+        except Exception as error:  # noqa: BLE001 - a batch the step refuses fails its inputs, not the server
+            self._fail(batch, len(payloads), f"preparing the {self.tower} batch failed: {describe_error(error)}")
             return True
-        self._to_launch.put((batch, host, time.perf_counter() - started))
+        self._to_launch.put((batch, len(payloads), host, time.perf_counter() - started))
         return True
 
     def _launch(self) -> bool:
@@ -199,72 +222,72 @@ class TowerBatcher:
         if work is _STOP:
             self._to_answer.put(_STOP)
             return False
-        batch, host, host_seconds = work
+        batch, size, host, host_seconds = work
         started = time.perf_counter()
-        results: List[Optional[Result]] = [None] * len(batch)
+        results: List[Optional[Result]] = [None] * size
         try:
             groups, failures = self.inputs.device(host)
         except Exception as error:  # noqa: BLE001
-            self._fail(batch, f"preparing the {self.tower} batch failed: {describe_error(error)}")
+            self._fail(batch, size, f"preparing the {self.tower} batch failed: {describe_error(error)}")
             return True
         for position, reason in failures:
             results[position] = ItemError(reason)
         prepared = time.perf_counter()
         if self.metrics is not None:
-            self.metrics.batch(self.tower, len(batch), host_seconds + prepared - started)
+            self.metrics.batch(self.tower, size, host_seconds + prepared - started)
         encoded: List[Tuple[List[int], torch.Tensor]] = []
         for positions, tensor in groups:
             try:
                 features = encode_in_pieces(self.encode, tensor).float()
-                encoded.append((positions, torch.cat([features, torch.nn.functional.normalize(features, dim=-1)],
-                                                     dim=1)))
+                encoded.append((positions, torch.stack([features,
+                                                        torch.nn.functional.normalize(features, dim=-1)])))
             except Exception as error:  # noqa: BLE001 - OOM on one row, a model error: these items fail
                 reason = ("out of device memory" if isinstance(error, torch.cuda.OutOfMemoryError)
                           else f"encoding failed: {describe_error(error)}")
                 logger.error("%s batch of %d: %s", self.tower, len(positions), reason)
                 for position in positions:
                     results[position] = ItemError(reason)
-        rows = _to_host(_in_batch_order(encoded, len(batch))) if encoded else None
+        rows = _to_host(_in_batch_order(encoded, size)) if encoded else None
         done = torch.cuda.Event() if self.device is not None else None
         if done is not None:
             done.record()
         counts = host[1] if self.tower == "text" else None  # captions' token counts; the rest of host can go
         del host  # (an image batch's host step may hold a reused pixel arena)
         covered = [positions for positions, _ in encoded]
-        self._to_answer.put((batch, counts, results, rows, covered, done, prepared))
+        self._to_answer.put((batch, size, counts, results, rows, covered, done, prepared))
         return True
 
     def _answer(self) -> bool:
         work = self._to_answer.get()
         if work is _STOP:
             return False
-        batch, counts, results, rows, covered, done, prepared = work
+        batch, size, counts, results, rows, covered, done, prepared = work
         if done is not None:
             done.synchronize()
         if self.metrics is not None:
             self.metrics.encoded(self.tower, time.perf_counter() - prepared)
-        both = rows.numpy() if rows is not None else np.zeros((len(batch), 0), dtype=np.float32)
+        both = rows.numpy() if rows is not None else np.zeros((2, size, 0), dtype=np.float32)
         errors = {position: result for position, result in enumerate(results) if result is not None}
-        if len(errors) + sum(map(len, covered)) < len(batch):  # a step left positions without a row or reason
+        if len(errors) + sum(map(len, covered)) < size:  # a step left positions without a row or a reason
             with_rows = {position for positions in covered for position in positions}
             missing = ItemError("no embedding was produced")
-            for position in range(len(batch)):
+            for position in range(size):
                 if position not in errors and position not in with_rows:
                     errors[position] = missing
-        deliver_rows(batch, BatchRows(both, both.shape[1] // 2, counts, errors))
+        deliver_rows(batch, BatchRows(both, counts, errors))
         self._landed()
         return True
 
-    def _fail(self, batch: List[Item], reason: str) -> None:
+    def _fail(self, batch: List[QueuedInputs], size: int, reason: str) -> None:
         logger.error("%s", reason)
-        deliver_batch([(item, ItemError(reason)) for item in batch])
+        deliver_rows(batch, failed_rows(size, reason))
         self._landed()
 
     def _landed(self) -> None:
         """A batch left the pipeline: if the queue waits on it, the next batch may close now."""
         with self.lock:
             self.in_flight -= 1
-            if self.items:
+            if self.runs:
                 self.ready.notify()
 
     # -- stopping ------------------------------------------------------------------------------------------------
@@ -277,27 +300,28 @@ class TowerBatcher:
             thread.join(timeout)
 
 
-def _waits_per_request(batch: List[Item], now: float) -> List[float]:
+def _waits_per_request(batch: List[QueuedInputs], now: float) -> List[float]:
     """How long each request's inputs in this batch waited (one value per request: its inputs were queued
     together, so they waited alike; one histogram observation per input would cost the GIL dearly at 100,000
     captions/s)."""
     waits, last_job = [], None
-    for item in batch:
-        if item.job is not last_job:
-            waits.append(now - item.enqueued)
-            last_job = item.job
+    for run in batch:
+        if run.job is not last_job:
+            waits.append(now - run.enqueued)
+            last_job = run.job
     return waits
 
 
 def _in_batch_order(encoded: List[Tuple[List[int], torch.Tensor]], size: int) -> torch.Tensor:
-    """The groups' rows as one ``(size, columns)`` matrix on their device, row ``p`` being position ``p``'s
-    (rows of positions no group covers are left unset): one copy to the host and no reordering there."""
-    if len(encoded) == 1 and encoded[0][1].shape[0] == size and encoded[0][0] == list(range(size)):
+    """The groups' ``(2, rows, width)`` outputs (raw, normalised) as one ``(2, size, width)`` tensor on their
+    device, row ``p`` being position ``p``'s (rows of positions no group covers are left unset): one copy to
+    the host and no reordering there."""
+    if len(encoded) == 1 and encoded[0][1].shape[1] == size and encoded[0][0] == list(range(size)):
         return encoded[0][1]
-    rows = torch.cat([tensor for _, tensor in encoded]) if len(encoded) > 1 else encoded[0][1]
+    rows = torch.cat([tensor for _, tensor in encoded], dim=1) if len(encoded) > 1 else encoded[0][1]
     positions = torch.tensor([position for positions, _ in encoded for position in positions], dtype=torch.long)
-    out = rows.new_empty((size, rows.shape[1]))
-    return out.index_copy_(0, positions.to(rows.device, non_blocking=True), rows)
+    out = rows.new_empty((2, size, rows.shape[2]))
+    return out.index_copy_(1, positions.to(rows.device, non_blocking=True), rows)
 
 
 def _to_host(features: torch.Tensor) -> torch.Tensor:

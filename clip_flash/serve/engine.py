@@ -12,7 +12,7 @@ import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .config import ServeConfig
-from .jobs import IMAGE, TEXT, DROPPED, QUEUED, EmbeddingJob, Item, NotReady, ServerBusy
+from .jobs import IMAGE, TEXT, DROPPED, QUEUED, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,10 @@ def freeze_loaded_objects() -> None:
 
     gc.collect()
     gc.freeze()
+
+
+def _inputs(runs: Sequence[QueuedInputs]) -> int:
+    return sum(len(run.indices) for run in runs)
 
 
 class Engine:
@@ -176,13 +180,14 @@ class Engine:
         batcher = self.batchers.get(tower)
         return len(batcher) if batcher is not None else 0
 
-    def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item], limit: int) -> None:
-        """Queue a request's items, all or none: ``ServerBusy`` when ``limit`` items would be passed."""
+    def submit(self, job: EmbeddingJob, images: Sequence[QueuedInputs], texts: Sequence[QueuedInputs],
+               limit: int) -> None:
+        """Queue a request's inputs, all or none: ``ServerBusy`` when ``limit`` inputs would be passed."""
         if self.state != READY:
             if self.state == STOPPED:
                 raise NotReady("the server is shutting down")
             raise NotReady(self.error or "the model is still loading")
-        count = len(images) + len(texts)
+        count = _inputs(images) + _inputs(texts)
         now = time.monotonic()
         with self.lock:
             if self.queued + count > limit:
@@ -196,7 +201,7 @@ class Engine:
             if texts:
                 self.batchers[TEXT].put_locked(texts, now)
 
-    def submit_many(self, requests: Sequence[Tuple[EmbeddingJob, Sequence[Item], Sequence[Item]]],
+    def submit_many(self, requests: Sequence[Tuple[EmbeddingJob, Sequence[QueuedInputs], Sequence[QueuedInputs]]],
                     limit: int) -> List[Tuple[int, Exception]]:
         """``submit`` for several requests under one lock hold and one wake-up of each tower's collector (a
         frame's worth from a frontend). Each request is still queued all or none; returns the refused ones as
@@ -206,15 +211,15 @@ class Engine:
                              else self.error or "the model is still loading")
             return [(position, error) for position in range(len(requests))]
         refused: List[Tuple[int, Exception]] = []
-        images_all: List[Item] = []
-        texts_all: List[Item] = []
+        images_all: List[QueuedInputs] = []
+        texts_all: List[QueuedInputs] = []
         now = time.monotonic()
         with self.lock:
             if self.batchers[IMAGE].stopping:
                 error = NotReady("the server is shutting down")
                 return [(position, error) for position in range(len(requests))]
             for position, (_, images, texts) in enumerate(requests):
-                count = len(images) + len(texts)
+                count = _inputs(images) + _inputs(texts)
                 if self.queued + count > limit:
                     refused.append((position, ServerBusy(
                         f"{self.queued} inputs are queued already; this request's {count} would pass the limit "
@@ -229,16 +234,16 @@ class Engine:
                 self.batchers[TEXT].put_locked(texts_all, now)
         return refused
 
-    def abandon(self, images: Sequence[Item], texts: Sequence[Item] = ()) -> int:
-        """Drop a request's items still queued (its client went away, or its deadline passed): they are never
+    def abandon(self, images: Sequence[QueuedInputs], texts: Sequence[QueuedInputs] = ()) -> int:
+        """Drop a request's inputs still queued (its client went away, or its deadline passed): they are never
         computed. Returns how many were dropped."""
         dropped = {IMAGE: 0, TEXT: 0}
         with self.lock:
-            for tower, items in ((IMAGE, images), (TEXT, texts)):
-                for item in items:
-                    if item.state == QUEUED:
-                        item.state = DROPPED
-                        dropped[tower] += 1
+            for tower, runs in ((IMAGE, images), (TEXT, texts)):
+                for run in runs:
+                    if run.state == QUEUED:
+                        run.state = DROPPED
+                        dropped[tower] += len(run.indices)
             self.queued -= dropped[IMAGE] + dropped[TEXT]
         if self.metrics is not None:
             for tower, count in dropped.items():
@@ -303,7 +308,7 @@ class EnginePool:
                  for engine in self.engines if engine.state == READY}
         return specs.pop() if len(specs) == 1 else None
 
-    def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item]) -> Engine:
+    def submit(self, job: EmbeddingJob, images: Sequence[QueuedInputs], texts: Sequence[QueuedInputs]) -> Engine:
         ready = [engine for engine in self.engines if engine.state == READY]
         if not ready:
             return self.engines[0].submit(job, images, texts, self.limit)  # raises NotReady with the reason
@@ -311,7 +316,7 @@ class EnginePool:
         engine.submit(job, images, texts, self.limit)
         return engine
 
-    def submit_many(self, requests: Sequence[Tuple[EmbeddingJob, Sequence[Item], Sequence[Item]]]
+    def submit_many(self, requests: Sequence[Tuple[EmbeddingJob, Sequence[QueuedInputs], Sequence[QueuedInputs]]]
                     ) -> Tuple[List[Optional[Engine]], List[Tuple[int, Exception]]]:
         """Queue several requests (each whole to one engine): (the engine each went to, None if refused;
         the refusals as (position, error)). With one engine, one lock hold for them all."""

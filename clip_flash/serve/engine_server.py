@@ -1,9 +1,10 @@
 """The engine process's side of ``--workers N``: the engines served on a Unix socket (protocol in ``wire.py``).
 
 Per request this side does only what queueing needs: a ``RemoteRequest`` (deadline, abandoned flag, arrival)
-and its ``Item``s, made for every request of a frame in one pass. Captions arrive tokenized, results leave
-per batch (one ``results`` message per connection and batch, packed on the batcher's answer thread), and the
-frontends' metrics arrive aggregated, so the socket thread's event loop spends its time per frame and batch.
+and one ``QueuedInputs`` run per tower, made for every request of a frame in one pass. Captions arrive
+tokenized, results leave per batch (one ``results`` message per connection and batch, packed on the batcher's
+answer thread), and the frontends' metrics arrive aggregated, so the socket thread's event loop spends its time
+per frame, request and batch, not per input.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import threading
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
-from .jobs import TOWERS, BatchRows, Item, Result, ServerBusy
-from .wire import Outbox, pack_batch, pack_rows, read_messages
+from .jobs import TOWERS, BatchRows, QueuedInputs, ServerBusy
+from .wire import Outbox, pack_rows, read_messages
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ class RemoteRequest:
         self.abandoned = False
         self.pending = 0  # items without a result yet (changed under the connection's lock)
         self.engine: Any = None
-        self.images: List[Item] = []
-        self.texts: List[Item] = []
+        self.images: List[QueuedInputs] = []
+        self.texts: List[QueuedInputs] = []
 
     def expired(self, now: float) -> bool:
         return self.abandoned or now > self.deadline
@@ -62,29 +63,9 @@ class FrontendConnection:
         self.waiting: Dict[int, RemoteRequest] = {}
         self.lock = threading.Lock()  # both towers' answer threads settle the same requests
 
-    def deliver_results(self, pairs: Sequence[Tuple[Item, Result]]) -> None:
-        """A batch's results for this connection (on an answer thread): one message, rows of abandoned
-        requests left out."""
-        rows: List[Tuple[int, int, Result, bool]] = []
-        with self.lock:
-            for item, result in pairs:
-                request = item.job
-                request.pending -= 1
-                if request.pending == 0:
-                    self.waiting.pop(request.request_id, None)
-                if not request.abandoned:
-                    rows.append((request.request_id, item.index, result, request.normalize))
-        if not rows:
-            return
-        message = pack_batch(rows)
-        try:
-            self.loop.call_soon_threadsafe(self.outbox.send, message)
-        except RuntimeError:  # the socket's loop is closed: the server is stopping
-            pass
-
-    def deliver_rows(self, items: Sequence[Item], positions: Sequence[int], rows: BatchRows) -> None:
-        """``deliver_results`` for a batch's rows (``items[p]``'s result is position ``p`` of ``rows``): the
-        connection's rows leave as one slice of the batch's matrix."""
+    def deliver_rows(self, runs: Sequence[Tuple[QueuedInputs, int]], rows: BatchRows) -> None:
+        """A batch's results for this connection (on an answer thread), as ``(run, its first position in
+        rows)``: one message, one slice of the batch's matrix, rows of abandoned requests left out."""
         ids: List[int] = []
         indices: List[int] = []
         kept: List[int] = []
@@ -92,22 +73,30 @@ class FrontendConnection:
         errors: List[Tuple[int, int, str]] = []
         failed = rows.errors
         with self.lock:
-            for position in positions:
-                item = items[position]
-                request = item.job
-                request.pending -= 1
+            for run, start in runs:
+                request = run.job
+                count = len(run.indices)
+                request.pending -= count
                 if request.pending == 0:
                     self.waiting.pop(request.request_id, None)
                 if request.abandoned:
                     continue
-                error = failed.get(position) if failed else None
-                if error is None:
-                    ids.append(request.request_id)
-                    indices.append(item.index)
-                    kept.append(position)
-                    normalized.append(request.normalize)
-                else:
-                    errors.append((request.request_id, item.index, error.message))
+                request_id = request.request_id
+                if not failed:
+                    ids += [request_id] * count
+                    indices += run.indices
+                    kept += range(start, start + count)
+                    normalized += [request.normalize] * count
+                    continue
+                for position, index in enumerate(run.indices, start):
+                    error = failed.get(position)
+                    if error is None:
+                        ids.append(request_id)
+                        indices.append(index)
+                        kept.append(position)
+                        normalized.append(request.normalize)
+                    else:
+                        errors.append((request_id, index, error.message))
         if not ids and not errors:
             return
         message = pack_rows(ids, indices, kept, normalized, rows, errors)
@@ -186,16 +175,16 @@ class EngineServer:
             connection.outbox.send(("metrics", message[1], self.pool.metrics.render()))
 
     def _embed(self, connection: FrontendConnection,
-               requests: Sequence[Tuple[int, float, list, list, bool]]) -> None:
+               requests: Sequence[Tuple[int, float, Tuple[list, list], Tuple[list, list], bool]]) -> None:
         """Queue every request of one frame together (refusals answered one by one)."""
         now = time.monotonic()
         waiting = connection.waiting
-        made: List[Tuple[RemoteRequest, List[Item], List[Item]]] = []
+        made: List[Tuple[RemoteRequest, List[QueuedInputs], List[QueuedInputs]]] = []
         for request_id, seconds_left, images, texts, normalize in requests:
             request = RemoteRequest(connection, request_id, now + seconds_left, now, normalize)
-            request.images = [Item(request, index, payload) for index, payload in images]
-            request.texts = [Item(request, index, payload) for index, payload in texts]
-            request.pending = len(images) + len(texts)
+            request.images = [QueuedInputs(request, *images)] if images[0] else []
+            request.texts = [QueuedInputs(request, *texts)] if texts[0] else []
+            request.pending = len(images[0]) + len(texts[0])
             # in ``waiting`` before the batchers can answer it, so its last result finds it there
             waiting[request.request_id] = request
             made.append((request, request.images, request.texts))

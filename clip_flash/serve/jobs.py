@@ -1,7 +1,8 @@
-"""What travels between the HTTP side and the engine: one ``EmbeddingJob`` per request, one ``Item`` per input.
+"""What travels between the HTTP side and the engine: one ``EmbeddingJob`` per request, one ``QueuedInputs`` per
+request and tower (its inputs for that tower, queued together).
 
 The engine's threads never touch a job's fields directly: results go back to the job's event loop with one
-``call_soon_threadsafe`` per batch (``deliver_batch``), so a job is only ever changed on its loop's thread.
+``call_soon_threadsafe`` per batch (``deliver_rows``), so a job is only ever changed on its loop's thread.
 """
 from __future__ import annotations
 
@@ -55,16 +56,15 @@ Result = Union[Embedded, ItemError]
 
 
 class BatchRows:
-    """One batch's results as one matrix: row ``p`` of ``both`` (float32, on the CPU) holds position ``p``'s raw
-    features then its L2-normalised ones, ``width`` columns each; a position in ``errors`` has no row. Rows are
-    handed on by position, so results for hundreds of inputs cost one copy per destination, not an object each.
-    """
+    """One batch's results as one array: ``both[0, p]`` is position ``p``'s raw features and ``both[1, p]`` its
+    L2-normalised ones (float32, on the CPU; each half a contiguous matrix, so a destination's rows are one
+    slice or one row gather of it); a position in ``errors`` has no row. Rows are handed on by position, so
+    results for hundreds of inputs cost one copy per destination, not an object each."""
 
-    __slots__ = ("both", "width", "tokens", "errors")
+    __slots__ = ("both", "tokens", "errors")
 
-    def __init__(self, both: Any, width: int, tokens: Optional[Sequence[int]], errors: Dict[int, ItemError]) -> None:
+    def __init__(self, both: Any, tokens: Optional[Sequence[int]], errors: Dict[int, ItemError]) -> None:
         self.both = both
-        self.width = width
         self.tokens = tokens  # captions' token counts by position (None: images, no tokens)
         self.errors = errors
 
@@ -72,8 +72,8 @@ class BatchRows:
         error = self.errors.get(position)
         if error is not None:
             return error
-        row = self.both[position]
-        return Embedded(row[:self.width], row[self.width:], self.tokens[position] if self.tokens is not None else 0)
+        return Embedded(self.both[0, position], self.both[1, position],
+                        self.tokens[position] if self.tokens is not None else 0)
 
 
 class EmbeddingJob:
@@ -103,7 +103,7 @@ class EmbeddingJob:
 
     @property
     def sink(self) -> asyncio.AbstractEventLoop:
-        """Where ``deliver_batch`` sends this job's results: its event loop."""
+        """Where ``deliver_rows`` sends this job's results: its event loop."""
         return self.loop
 
     def settle(self, index: int, result: Result) -> None:
@@ -115,66 +115,66 @@ class EmbeddingJob:
                 self.future.set_result(None)
 
 
-class Item:
-    """One input of a job, queued for one tower. ``state`` moves QUEUED -> TAKEN (into a batch) or -> DROPPED,
-    under the engine's queue lock, so the queue depth counts each item exactly once."""
+class QueuedInputs:
+    """A run of one request's inputs for one tower, queued as one entry: a request of 64 captions is one queue
+    entry, one state change and one hand-back per batch, not 64. ``payloads[k]`` is the request's input number
+    ``indices[k]``: bytes (an encoded image), or a caption (a str, or its token ids: ``wire.token_bytes``).
+    ``state`` moves QUEUED -> TAKEN (into a batch) or -> DROPPED, under the engine's queue lock, so the queue
+    depth counts each input exactly once. A batch with room for only part of a run takes it with ``split``."""
 
-    __slots__ = ("job", "index", "payload", "state", "enqueued")
+    __slots__ = ("job", "indices", "payloads", "state", "enqueued")
 
-    def __init__(self, job: EmbeddingJob, index: int, payload: Any) -> None:
+    def __init__(self, job: Any, indices: Sequence[int], payloads: Sequence[Any]) -> None:
         self.job = job
-        self.index = index
-        self.payload = payload  # bytes (an encoded image); str (a caption) or its token ids (``wire.token_bytes``)
+        self.indices = indices
+        self.payloads = payloads
         self.state = QUEUED
         self.enqueued = 0.0
 
+    def __len__(self) -> int:
+        return len(self.indices)
 
-def _settle_many(pairs: Sequence[Tuple[Item, Result]]) -> None:
-    for item, result in pairs:
-        item.job.settle(item.index, result)
+    def split(self, count: int) -> "QueuedInputs":
+        """The first ``count`` inputs as a new run (enqueued at the same time); this one keeps the rest."""
+        head = QueuedInputs(self.job, self.indices[:count], self.payloads[:count])
+        head.enqueued = self.enqueued
+        self.indices, self.payloads = self.indices[count:], self.payloads[count:]
+        return head
 
 
-def _settle_rows(items: Sequence["Item"], positions: Sequence[int], rows: BatchRows) -> None:
-    for position in positions:
-        item = items[position]
-        item.job.settle(item.index, rows.result(position))
+def _settle_rows(runs: Sequence[Tuple[QueuedInputs, int]], rows: BatchRows) -> None:
+    for run, start in runs:
+        settle = run.job.settle
+        for offset, index in enumerate(run.indices):
+            settle(index, rows.result(start + offset))
 
 
-def deliver_rows(items: Sequence["Item"], rows: BatchRows) -> None:
-    """Hand a batch's results (``items[p]``'s is position ``p`` of ``rows``) to their jobs' sinks, from any
-    thread: one hand-off per sink and batch. A sink with ``deliver_rows(items, positions, rows)`` (the engine
-    process's connection to a frontend) takes its positions at once; an event loop settles them on its thread."""
-    by_sink: Dict[Any, List[int]] = {}
-    for position, item in enumerate(items):
-        sink = item.job.sink
-        positions = by_sink.get(sink)
-        if positions is None:
-            positions = by_sink[sink] = []
-        positions.append(position)
-    for sink, positions in by_sink.items():
+def deliver_rows(batch: Sequence[QueuedInputs], rows: BatchRows) -> None:
+    """Hand a batch's results to their jobs' sinks, from any thread, one hand-off per sink and batch: the runs
+    of ``batch`` cover the positions of ``rows`` in order. A sink with ``deliver_rows(runs, rows)`` (the engine
+    process's connection to a frontend) takes its ``(run, first position)`` pairs at once; an event loop settles
+    them on its thread."""
+    by_sink: Dict[Any, List[Tuple[QueuedInputs, int]]] = {}
+    start = 0
+    for run in batch:
+        sink = run.job.sink
+        runs = by_sink.get(sink)
+        if runs is None:
+            runs = by_sink[sink] = []
+        runs.append((run, start))
+        start += len(run.indices)
+    for sink, runs in by_sink.items():
         deliver = getattr(sink, "deliver_rows", None)
         if deliver is not None:
-            deliver(items, positions, rows)
+            deliver(runs, rows)
             continue
         try:
-            sink.call_soon_threadsafe(_settle_rows, items, positions, rows)
+            sink.call_soon_threadsafe(_settle_rows, runs, rows)
         except RuntimeError:  # the loop is closed: nobody is waiting for these any more
             pass
 
 
-def deliver_batch(pairs: Sequence[Tuple[Item, Result]]) -> None:
-    """Hand results to their jobs' sinks (from any thread): one hand-off per sink and batch, not per item. A
-    sink is an event loop (``EmbeddingJob``), or an object with ``deliver_results(pairs)`` (the engine
-    process's connection to a frontend, which sends the batch's rows there in one message)."""
-    by_sink: Dict[Any, List[Tuple[Item, Result]]] = {}
-    for pair in pairs:
-        by_sink.setdefault(pair[0].job.sink, []).append(pair)
-    for sink, group in by_sink.items():
-        deliver = getattr(sink, "deliver_results", None)
-        if deliver is not None:
-            deliver(group)
-            continue
-        try:
-            sink.call_soon_threadsafe(_settle_many, group)
-        except RuntimeError:  # the loop is closed: nobody is waiting for these any more
-            pass
+def failed_rows(size: int, reason: str) -> BatchRows:
+    """A batch of ``size`` positions that all failed for one reason."""
+    error = ItemError(reason)
+    return BatchRows(None, None, dict.fromkeys(range(size), error))

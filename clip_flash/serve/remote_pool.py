@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .jobs import TOWERS, EmbeddingJob, Item, NotReady, ServerBusy
+from .jobs import TOWERS, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
 from .wire import Outbox, read_messages, token_bytes, unpack_batch
 
 logger = logging.getLogger(__name__)
@@ -23,15 +23,22 @@ STATE_POLL_SECONDS = 0.25
 REPLY_TIMEOUT_SECONDS = 10.0  # a state or metrics question the engine process leaves unanswered this long
 
 
+def _wire_run(runs: Sequence[QueuedInputs]) -> Tuple[List[int], List[Any]]:
+    """A request's runs for one tower as the ``embed`` message carries them: (indices, payloads)."""
+    if len(runs) == 1:
+        return list(runs[0].indices), list(runs[0].payloads)
+    return ([index for run in runs for index in run.indices], [payload for run in runs for payload in run.payloads])
+
+
 class RemoteHandle:
     def __init__(self, pool: "RemotePool", request_id: int) -> None:
         self.pool = pool
         self.request_id = request_id
 
-    def abandon(self, images: Sequence[Item], texts: Sequence[Item] = ()) -> int:
+    def abandon(self, images: Sequence[QueuedInputs], texts: Sequence[QueuedInputs] = ()) -> int:
         self.pool._forget(self.request_id)
         self.pool._send(("abandon", self.request_id))
-        return len(images) + len(texts)
+        return sum(len(run.indices) for run in (*images, *texts))
 
 
 class RemotePool:
@@ -71,7 +78,8 @@ class RemotePool:
     def queue_depth(self, tower: str) -> int:
         return self.depths.get(tower, 0)
 
-    def submit(self, job: EmbeddingJob, images: Sequence[Item], texts: Sequence[Item]) -> RemoteHandle:
+    def submit(self, job: EmbeddingJob, images: Sequence[QueuedInputs], texts: Sequence[QueuedInputs]
+               ) -> RemoteHandle:
         # Forwarded unless the engine process is gone: the state polled here lags the engine's by up to
         # STATE_POLL_SECONDS (another frontend may have answered /ready already), and the engine refuses
         # (503) what it cannot take yet.
@@ -81,9 +89,8 @@ class RemotePool:
             raise NotReady("the engine process is not reachable")
         request_id = next(self._ids)
         self._jobs[request_id] = job
-        self._pending.append((request_id, max(0.0, job.deadline - time.monotonic()),
-                              [(item.index, item.payload) for item in images],
-                              [(item.index, item.payload) for item in texts], job.normalize))
+        self._pending.append((request_id, max(0.0, job.deadline - time.monotonic()), _wire_run(images),
+                              _wire_run(texts), job.normalize))
         self._outbox.schedule()
         return RemoteHandle(self, request_id)
 
@@ -94,15 +101,19 @@ class RemotePool:
         requests, self._pending = self._pending, []
         if self.tokenizer is not None:
             tokenizer, context_length = self.tokenizer
-            captions = [caption for request in requests for _, caption in request[3]]
+            captions = [caption for request in requests for caption in request[3][1]]
             if captions:
                 try:
-                    ids = iter(token_bytes(tokenizer(captions, context_length=context_length)))
+                    ids = token_bytes(tokenizer(captions, context_length=context_length))
                 except Exception:  # noqa: BLE001 - the engine tokenizes them then, and reports what fails
                     logger.exception("tokenizing %d captions failed; the engine process tokenizes them", len(captions))
                 else:
-                    requests = [(request_id, seconds_left, images, [(index, next(ids)) for index, _ in texts],
-                                 normalize) for request_id, seconds_left, images, texts, normalize in requests]
+                    tokenized, start = [], 0
+                    for request_id, seconds_left, images, (indices, _), normalize in requests:
+                        tokenized.append((request_id, seconds_left, images,
+                                          (indices, ids[start:start + len(indices)]), normalize))
+                        start += len(indices)
+                    requests = tokenized
         # first in the frame: an ``abandon`` queued in this pass is for one of these requests
         self._outbox.put_first(("embed", requests))
 

@@ -7,10 +7,11 @@ are this package, on this host, over a socket only this user can open).
 Frontend to engine:
 
 - ``("embed", [(id, seconds_left, images, texts, normalize), ...])``: every request that arrived in one
-  event-loop pass; ``images`` is ``[(index, jpeg bytes)]``, ``texts`` is ``[(index, caption)]`` where each
-  caption is either its token ids (``token_bytes``: int32, trailing padding trimmed; the frontend tokenized it
-  with the engine's tokenizer, which the engine names in its state reply) or the string itself (the engine
-  tokenizes it); ``normalize``: whether the request wants the L2-normalised vectors (else the raw features).
+  event-loop pass; ``images`` is ``(indices, jpeg bytes)``, ``texts`` is ``(indices, captions)``, two lists
+  each (the engine queues them as one run per tower as they are), each caption either its token ids
+  (``token_bytes``: int32, trailing padding trimmed; the frontend tokenized it with the engine's tokenizer,
+  which the engine names in its state reply) or the string itself (the engine tokenizes it); ``normalize``:
+  whether the request wants the L2-normalised vectors (else the raw features).
 - ``("abandon", id)``; ``("state", id, observations)`` and ``("metrics", id, observations)``, observations
   being what the frontend's routes saw since (``RelayedMetrics.take()``: the engine holds the one registry).
 
@@ -137,46 +138,25 @@ def _which(normalized: Sequence[bool]) -> Any:
     return np.asarray(normalized, dtype=np.bool_).tobytes()
 
 
-def pack_batch(rows: Sequence[Tuple[int, int, Any, bool]]) -> Tuple[Any, ...]:
-    """``[(request id, item index, result, normalize)]`` as one ``results`` message."""
-    from .jobs import Embedded
-
-    ids: List[int] = []
-    indices: List[int] = []
-    vectors: List[Any] = []
-    normalized: List[bool] = []
-    tokens: List[int] = []
-    errors: List[Tuple[int, int, str]] = []
-    for request_id, index, result, normalize in rows:
-        if type(result) is Embedded:
-            ids.append(request_id)
-            indices.append(index)
-            vectors.append(result.normalized if normalize else result.raw)
-            normalized.append(normalize)
-            tokens.append(result.tokens)
-        else:
-            errors.append((request_id, index, getattr(result, "message", "no embedding was produced")))
-    matrix = np.stack(vectors).astype(np.float32, copy=False) if vectors else np.zeros((0, 0), np.float32)
-    return ("results", ids, indices, matrix, _which(normalized), tokens, errors)
-
-
 def pack_rows(ids: List[int], indices: List[int], positions: List[int], normalized: List[bool], rows: Any,
               errors: List[Tuple[int, int, str]]) -> Tuple[Any, ...]:
-    """``pack_batch``'s message from a batch's ``BatchRows``: row ``r`` is position ``positions[r]`` of the
-    batch, its normalised half where ``normalized[r]``, else its raw half (one gather for them all)."""
+    """One ``results`` message from a batch's ``BatchRows``: row ``r`` is item ``indices[r]`` of request
+    ``ids[r]``, position ``positions[r]`` of the batch (ascending), its normalised vector where
+    ``normalized[r]``, else its raw one: one slice of the batch's half when the positions run unbroken, else
+    one row gather."""
     if not ids:
         return ("results", ids, indices, np.zeros((0, 0), np.float32), True, [], errors)
-    width = rows.width
     which = _which(normalized)
     if which is True or which is False:
-        half = rows.both[:, width:] if which else rows.both[:, :width]
-        matrix = np.take(half, positions, axis=0)
+        half = rows.both[1 if which else 0]
+        first, last = positions[0], positions[-1]
+        matrix = half[first:last + 1] if last - first + 1 == len(positions) else np.take(half, positions, axis=0)
     else:
         wants = np.asarray(normalized, dtype=np.bool_)
         at = np.asarray(positions)
-        matrix = np.empty((len(at), width), dtype=np.float32)
-        matrix[wants] = rows.both[at[wants], width:]
-        matrix[~wants] = rows.both[at[~wants], :width]
+        matrix = np.empty((len(at), rows.both.shape[2]), dtype=np.float32)
+        matrix[wants] = rows.both[1][at[wants]]
+        matrix[~wants] = rows.both[0][at[~wants]]
     tokens = [rows.tokens[position] for position in positions] if rows.tokens is not None else [0] * len(ids)
     return ("results", ids, indices, matrix, which, tokens, errors)
 

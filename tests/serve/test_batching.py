@@ -11,7 +11,7 @@ import torch
 
 from clip_flash.serve.batcher import TowerBatcher, encode_in_pieces
 from clip_flash.serve.inputs import length_groups
-from clip_flash.serve.jobs import Embedded, EmbeddingJob, Item, ItemError
+from clip_flash.serve.jobs import Embedded, EmbeddingJob, ItemError, QueuedInputs
 
 
 def oom_above(limit: int, calls: list):
@@ -78,11 +78,10 @@ def test_tower_batcher_batches_and_scatters_in_order():
         jobs = []
         for start in range(0, 9, 3):
             job = EmbeddingJob(loop, 3, time.monotonic() + 10)
-            payloads = [start, "bad", start + 2]
-            items = [Item(job, i, p) for i, p in enumerate(payloads)]
+            run = QueuedInputs(job, [0, 1, 2], [start, "bad", start + 2])  # split across batches of 4
             with lock:
-                queued[0] += len(items)
-                batcher.put_locked(items, time.monotonic())
+                queued[0] += len(run)
+                batcher.put_locked([run], time.monotonic())
             jobs.append(job)
         await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 10)
         return jobs
@@ -102,19 +101,22 @@ def test_tower_batcher_batches_and_scatters_in_order():
 def test_frontend_results_round_trip_packed():
     import numpy as np
 
-    from clip_flash.serve.wire import pack_batch, unpack_batch
+    from clip_flash.serve.jobs import BatchRows
+    from clip_flash.serve.wire import pack_rows, unpack_batch
 
-    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
-    results = [Embedded(rows[0], rows[0] / 2, 5), ItemError("bad"), Embedded(rows[2], rows[2] / 2, 0)]
-    message = pack_batch([(3, 7, results[0], False), (4, 8, results[1], True), (3, 9, results[2], True)])
-    assert message[3].shape == (2, 4)  # one float32 matrix per batch, not one array per row
+    both = np.arange(24, dtype=np.float32).reshape(2, 3, 4)  # raw, normalised
+    rows = BatchRows(both, [5, 6, 0], {1: ItemError("bad")})
+    message = pack_rows([3, 3], [7, 9], [0, 2], [False, True], rows, [(4, 8, "bad")])
+    assert message[3].shape == (2, 4)  # one float32 matrix per batch, only the vector each request asked for
     pairs = {(request_id, index): result for request_id, index, result in unpack_batch(message)}
     assert sorted(pairs) == [(3, 7), (3, 9), (4, 8)]
     assert pairs[(4, 8)].message == "bad"
-    assert pairs[(3, 7)].raw.tolist() == rows[0].tolist() and pairs[(3, 7)].normalized is None
-    assert pairs[(3, 9)].normalized.tolist() == (rows[2] / 2).tolist() and pairs[(3, 9)].raw is None
+    assert pairs[(3, 7)].raw.tolist() == both[0, 0].tolist() and pairs[(3, 7)].normalized is None
+    assert pairs[(3, 9)].normalized.tolist() == both[1, 2].tolist() and pairs[(3, 9)].raw is None
+    gathered = pack_rows([1, 2], [0, 0], [0, 2], [True, True], rows, [])[3]  # not one slice: a row gather
+    assert gathered.tolist() == both[1, [0, 2]].tolist()
     assert pairs[(3, 7)].tokens == 5
-    assert unpack_batch(pack_batch([(4, 8, results[1], True)]))[0][2].message == "bad"
+    assert unpack_batch(pack_rows([], [], [], [], rows, [(4, 8, "bad")]))[0][2].message == "bad"
 
 
 def _one_item_seconds(close_when_idle: bool, max_wait: float) -> float:
@@ -127,7 +129,7 @@ def _one_item_seconds(close_when_idle: bool, max_wait: float) -> float:
         job = EmbeddingJob(asyncio.get_running_loop(), 1, time.monotonic() + 30)
         started = time.monotonic()
         with lock:
-            batcher.put_locked([Item(job, 0, 3)], time.monotonic())
+            batcher.put_locked([QueuedInputs(job, [0], [3])], time.monotonic())
         await asyncio.wait_for(job.future, 10)
         assert isinstance(job.results[0], Embedded)
         return time.monotonic() - started
@@ -164,7 +166,7 @@ def _batch_sizes_behind_a_busy_device(max_in_flight: int) -> list:
         def put(count):
             job = EmbeddingJob(loop, count, time.monotonic() + 30)
             with lock:
-                batcher.put_locked([Item(job, i, i) for i in range(count)], time.monotonic())
+                batcher.put_locked([QueuedInputs(job, list(range(count)), list(range(count)))], time.monotonic())
             jobs.append(job)
 
         for count in (1, 1, 1, 19):  # the device holds the first; the second is prepared behind it

@@ -14,11 +14,10 @@ pytest.importorskip("prometheus_client", reason="the serve extra is not installe
 
 from clip_flash.serve.engine_server import FrontendConnection, RemoteRequest  # noqa: E402
 from clip_flash.serve.inputs import TextInputs  # noqa: E402
-from clip_flash.serve.jobs import (BatchRows, Embedded, EmbeddingJob, Item, ItemError, deliver_batch,  # noqa: E402
-                                   deliver_rows)
+from clip_flash.serve.jobs import BatchRows, EmbeddingJob, ItemError, QueuedInputs, deliver_rows  # noqa: E402
 from clip_flash.serve.metrics import RelayedMetrics, ServeMetrics  # noqa: E402
 from clip_flash.serve.remote_pool import RemotePool  # noqa: E402
-from clip_flash.serve.wire import pack_batch, padded_tokens, token_bytes  # noqa: E402
+from clip_flash.serve.wire import pack_rows, padded_tokens, token_bytes  # noqa: E402
 
 TRICKY = [
     "",  # SOT, EOT: embedded like any caption (not an error)
@@ -86,9 +85,14 @@ class _Loop:
         function(*args)
 
 
-def _embedded(value: float) -> Embedded:
-    row = np.full(4, value, dtype=np.float32)
-    return Embedded(row, row / 2, 3)
+def _rows(values, errors=None) -> BatchRows:
+    """A batch's rows: position p's raw vector is values[p] four times, its normalised one half that."""
+    raw = np.repeat(np.asarray(values, dtype=np.float32)[:, None], 4, axis=1)
+    return BatchRows(np.stack([raw, raw / 2]), [3] * len(values), errors or {})
+
+
+def _run(request, indices):
+    return QueuedInputs(request, list(indices), [b""] * len(indices))
 
 
 def _frontend_and_engine():
@@ -101,7 +105,7 @@ def _frontend_and_engine():
 
 def _remote_request(connection, request_id, count, normalize=True):
     request = RemoteRequest(connection, request_id, deadline=1e18, arrival=0.0, normalize=normalize)
-    request.texts = [Item(request, index, b"") for index in range(count)]
+    request.texts = [_run(request, range(count))]
     request.pending = count
     connection.waiting[request_id] = request
     return request
@@ -115,13 +119,13 @@ def test_a_request_split_across_batches_completes_with_its_last_batch():
         other = EmbeddingJob(loop, 1, deadline=1e18)
         pool._jobs.update({10: job, 11: other})
         request, neighbour = _remote_request(connection, 10, 3), _remote_request(connection, 11, 1)
-        # batch 1: item 2 of request 10 and request 11; batch 2: items 0 (an error) and 1 of request 10
-        deliver_batch([(request.texts[2], _embedded(2.0)), (neighbour.texts[0], _embedded(9.0))])
+        # batch 1: input 2 of request 10 and request 11; batch 2: inputs 0 (an error) and 1 of request 10
+        deliver_rows([_run(request, [2]), _run(neighbour, [0])], _rows([2.0, 9.0]))
         assert len(outbox.sent) == 1  # one message for the batch, both requests in it
         assert 10 in connection.waiting and 11 not in connection.waiting
         pool._receive(outbox.sent[0])
         assert not job.future.done() and other.future.done() and 11 not in pool._jobs
-        deliver_batch([(request.texts[0], ItemError("bad caption")), (request.texts[1], _embedded(1.0))])
+        deliver_rows([_run(request, [0, 1])], _rows([0.0, 1.0], {0: ItemError("bad caption")}))
         assert not connection.waiting
         pool._receive(outbox.sent[1])
         assert job.future.done() and not pool._jobs
@@ -143,18 +147,18 @@ def test_a_batchs_rows_reach_each_request_as_the_vector_it_asked_for():
         wants_normalized, wants_raw = EmbeddingJob(loop, 2, 1e18), EmbeddingJob(loop, 3, 1e18, normalize=False)
         pool._jobs.update({1: wants_normalized, 2: wants_raw})
         first, second = _remote_request(connection, 1, 2), _remote_request(connection, 2, 3, normalize=False)
-        items = [second.texts[2], first.texts[1], second.texts[0], first.texts[0], second.texts[1]]
-        both = np.arange(len(items) * 8, dtype=np.float32).reshape(len(items), 8)  # raw | normalised, 4 each
-        rows = BatchRows(both, 4, [5, 6, 7, 8, 9], {4: ItemError("bad caption")})
-        deliver_rows(items, rows)
+        batch = [_run(second, [2]), _run(first, [1]), _run(second, [0]), _run(first, [0]), _run(second, [1])]
+        both = np.arange(2 * len(batch) * 4, dtype=np.float32).reshape(2, len(batch), 4)  # raw, normalised
+        rows = BatchRows(both, [5, 6, 7, 8, 9], {4: ItemError("bad caption")})
+        deliver_rows(batch, rows)
         assert len(outbox.sent) == 1 and not connection.waiting
         pool._receive(outbox.sent[0])
         assert wants_normalized.future.done() and wants_raw.future.done()
-        assert wants_normalized.results[1].normalized.tolist() == both[1, 4:].tolist()
-        assert wants_normalized.results[0].normalized.tolist() == both[3, 4:].tolist()
+        assert wants_normalized.results[1].normalized.tolist() == both[1, 1].tolist()
+        assert wants_normalized.results[0].normalized.tolist() == both[1, 3].tolist()
         assert wants_normalized.results[0].raw is None and wants_normalized.results[0].tokens == 8
-        assert wants_raw.results[2].raw.tolist() == both[0, :4].tolist() and wants_raw.results[2].normalized is None
-        assert wants_raw.results[0].raw.tolist() == both[2, :4].tolist() and wants_raw.results[0].tokens == 7
+        assert wants_raw.results[2].raw.tolist() == both[0, 0].tolist() and wants_raw.results[2].normalized is None
+        assert wants_raw.results[0].raw.tolist() == both[0, 2].tolist() and wants_raw.results[0].tokens == 7
         assert wants_raw.results[1].message == "bad caption"
     finally:
         loop.close()
@@ -168,14 +172,14 @@ def test_an_abandoned_requests_late_rows_are_ignored():
         pool._jobs[5] = job
         request = _remote_request(connection, 5, 2)
         # rows already packed (the batch was in flight) when the frontend gave up on the request
-        late = pack_batch([(5, 0, _embedded(1.0), True)])
+        late = pack_rows([5], [0], [0], [True], _rows([1.0]), [])
         pool._forget(5)
         pool._receive(late)
         assert job.results == [None, None] and not job.future.done()
         # the engine side hears of it: rows finished afterwards are not sent at all, and nothing is kept
         connection.abandon(5)
         assert request.abandoned and not connection.waiting
-        deliver_batch([(request.texts[1], _embedded(2.0))])
+        deliver_rows([_run(request, [1])], _rows([2.0]))
         assert outbox.sent == []
     finally:
         loop.close()
@@ -184,9 +188,9 @@ def test_an_abandoned_requests_late_rows_are_ignored():
 def test_answer_threads_of_both_towers_settle_one_request_once_each():
     _, connection, outbox = _frontend_and_engine()
     request = _remote_request(connection, 1, 2000)
-    halves = [request.texts[:1000], request.texts[1000:]]
-    threads = [threading.Thread(target=lambda items=items: [deliver_batch([(item, _embedded(0.0))])
-                                                               for item in items]) for items in halves]
+    halves = [range(1000), range(1000, 2000)]
+    threads = [threading.Thread(target=lambda indices=indices: [deliver_rows([_run(request, [index])], _rows([0.0]))
+                                                                   for index in indices]) for indices in halves]
     for thread in threads:
         thread.start()
     for thread in threads:
