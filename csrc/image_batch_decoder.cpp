@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "libjpeg_runtime.h"
+#include "png_decoder.h"
 
 namespace clip_flash {
 
@@ -303,11 +304,30 @@ void scan_one(const libjpeg::Library& library, DecodeSource& source, ScanMode mo
   } else {
     item->data.swap(source.value);
   }
-  Header header;
-  if (!scan_header(item->data, &header)) {
-    item->note = "not a plain 8-bit JPEG (Pillow decodes it)";
+  if (png::is_png(item->data)) {
+    item->format = FileFormat::kPng;
+    png::Header png_header;
+    failure = png::scan(item->data, &png_header);
+    if (!failure.empty()) {
+      item->note = "PNG: " + failure + " (Pillow decodes it)";
+      return;
+    }
+    if (max_pixels > 0 && png_header.height * png_header.width > max_pixels) {
+      item->note = "past Pillow's decompression-bomb limit (Pillow decides)";
+      return;
+    }
+    item->height = png_header.height;
+    item->width = png_header.width;
+    item->channels = png_header.channels;
+    item->kind = DecodeKind::kPixels;
     return;
   }
+  Header header;
+  if (!scan_header(item->data, &header)) {
+    item->note = "not a plain 8-bit JPEG or PNG (Pillow decodes it)";
+    return;
+  }
+  item->format = FileFormat::kJpeg;
   if (max_pixels > 0 && header.height * header.width > max_pixels) {
     item->note = "past Pillow's decompression-bomb limit (Pillow decides)";
     return;
@@ -354,7 +374,7 @@ std::vector<int64_t> ScannedBatch::info() const {
   for (const auto& item : items) {
     rows.insert(rows.end(), {static_cast<int64_t>(item.kind), item.height, item.width, item.channels, item.sampling,
                              item.progressive ? 1 : 0, item.coefficient_bytes,
-                             static_cast<int64_t>(item.data.size())});
+                             static_cast<int64_t>(item.data.size()), static_cast<int64_t>(item.format)});
   }
   return rows;
 }
@@ -419,6 +439,9 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
         const int64_t at = pixel_offsets[i];
         if (at + item.height * item.width * item.channels > pixel_capacity) {
           failures[i] = "no room for the pixels";
+        } else if (item.format == FileFormat::kPng) {
+          png::Header header{item.height, item.width, item.channels};
+          failures[i] = png::decode(item.data, header, pixels + at);
         } else {
           Decompression decompression(library);
           failures[i] = decompression.pixels(item.data, header_of(item), pixels + at);

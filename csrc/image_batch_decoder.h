@@ -1,7 +1,8 @@
 // The exact path's CPU step for a whole batch in one call (clip_flash/inputs/image/native_decode.py): on a pool
 // of native threads, each input file is read, its JPEG header scanned and, with Pillow's own libjpeg
 // (libjpeg_runtime.h), either entropy-decoded into DCT coefficients (the GPU finishes the decode, see
-// jpeg_dct.cu) or decoded whole into pixels, each straight into the page-locked buffer the GPU reads. What
+// jpeg_dct.cu) or decoded whole into pixels, each straight into the page-locked buffer the GPU reads; plain
+// 8-bit grayscale and RGB PNGs are inflated and unfiltered into pixels the same way (png_decoder.h). What
 // Pillow prepares its own way (other formats, modes, damaged files) is left to the Python side, which
 // gives Pillow's own pixels, rows or reasons. Nothing here throws or touches Python.
 #pragma once
@@ -33,8 +34,16 @@ enum class ScanMode : int64_t {
   kEncoded = 2,       // fast path: complete-looking plain JPEGs stay encoded for nvJPEG, the rest decode whole
 };
 
+// What an input's file is (values shared with the Python side: FileFormat in native_decode.py).
+enum class FileFormat : int64_t {
+  kOther = 0,
+  kJpeg = 1,
+  kPng = 2,
+};
+
 // Columns of ScannedBatch::info().
-constexpr int kInfoFields = 8;  // kind, height, width, channels, sampling, progressive, coefficient bytes, size
+constexpr int kInfoFields = 9;  // kind, height, width, channels, sampling, progressive, coefficient bytes, size,
+                                // format
 constexpr int kLayoutFields = 3 + 7 * 3;  // the coefficients' layout (libjpeg_runtime.h), zero padded
 
 struct DecodeSource {
@@ -45,6 +54,7 @@ struct DecodeSource {
 struct ScannedItem {
   std::string data;  // the file's bytes
   DecodeKind kind = DecodeKind::kPython;
+  FileFormat format = FileFormat::kOther;
   std::string note;  // why kPython, or why a slower route was taken
   int64_t height = 0, width = 0, channels = 0;
   int64_t sampling = -1;  // Pillow's get_sampling (0 4:4:4, 1 4:2:2, 2 4:2:0, -1 other)

@@ -43,7 +43,8 @@ void register_image_batch_decoder(py::module& module) {
       module, "ScannedImageBatch", "A batch's inputs read and their headers scanned (ImageBatchDecoder.scan).")
       .def("__len__", [](const ScannedBatch& batch) { return batch.items.size(); })
       .def("info", [](const ScannedBatch& batch) { return long_rows(batch.info(), kInfoFields); },
-           "int64 (n, 8): kind, height, width, channels, sampling, progressive, coefficient bytes, encoded bytes.")
+           "int64 (n, 9): kind, height, width, channels, sampling, progressive, coefficient bytes, encoded bytes, "
+           "format.")
       .def("layouts", [](const ScannedBatch& batch) { return long_rows(batch.layouts(), kLayoutFields); },
            "int64 (n, 24): each coefficient item's layout (see libjpeg_runtime.h), zero padded.")
       .def("notes", [](const ScannedBatch& batch) {
@@ -54,8 +55,8 @@ void register_image_batch_decoder(py::module& module) {
 
   py::class_<ImageBatchDecoder, std::shared_ptr<ImageBatchDecoder>>(
       module, "ImageBatchDecoder",
-      "Reads, scans and decodes batches of JPEG files or bytes with Pillow's libjpeg on a pool of native threads "
-      "(made once, reused), without the GIL.")
+      "Reads, scans and decodes batches of JPEG files or bytes with Pillow's libjpeg (and plain PNGs with zlib) on "
+      "a pool of native threads (made once, reused), without the GIL.")
       .def(py::init<int, std::string>(), py::arg("threads"), py::arg("library_path"))
       .def_property_readonly("threads", &ImageBatchDecoder::threads)
       .def_property_readonly("failure", &ImageBatchDecoder::failure,

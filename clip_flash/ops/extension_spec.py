@@ -14,6 +14,7 @@ EXTENSION_SOURCES = (
     "csrc/jpeg_dct_binding.cpp",
     "csrc/jpeg_dct.cu",
     "csrc/image_batch_decoder.cpp",
+    "csrc/png_decoder.cpp",
     "csrc/image_batch_decoder_binding.cpp",
 )
 # Every file of these kinds under csrc/ (headers included) keys the build on first use.

@@ -6,15 +6,17 @@ from __future__ import annotations
 import io
 import os
 import random
+import struct
 import threading
+import zlib
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from clip_flash.inputs.image.native_decode import (CHANNELS, COEFFICIENT_BYTES, HEIGHT, KIND, WIDTH, DecodeKind,
-                                                   NativeBatchDecoder, ScanMode)
+from clip_flash.inputs.image.native_decode import (CHANNELS, COEFFICIENT_BYTES, FORMAT, HEIGHT, KIND, WIDTH,
+                                                   DecodeKind, FileFormat, NativeBatchDecoder, ScanMode)
 from photo_corpus import skimage_photo
 
 NATIVE = NativeBatchDecoder.create(threads=3)
@@ -175,3 +177,140 @@ def test_coefficient_route_bookkeeping_on_the_cpu(vit_b32_preprocess, photo_file
         prepared = prep.prepare(decoded)
     assert prepared.routes["jpeg-dct"] >= 12, prepared.routes
     assert_same_as_reference(prepared, vit_b32_preprocess, items)
+
+
+# -- PNG --------------------------------------------------------------------------------------------------------
+def _chunk(kind: bytes, data: bytes, crc_delta: int = 0) -> bytes:
+    return (struct.pack(">I", len(data)) + kind + data
+            + struct.pack(">I", (zlib.crc32(kind + data) + crc_delta) & 0xFFFFFFFF))
+
+
+def _paeth(a, b, c):
+    p = a + b - c
+    pa, pb, pc = np.abs(p - a), np.abs(p - b), np.abs(p - c)
+    return np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c))
+
+
+def _png(pixels: np.ndarray, rng: random.Random, before=(), after=(), idat_parts: int = 1, interlace: int = 0,
+         filter_override=None, stream_extra: bytes = b"") -> bytes:
+    """A PNG of ``pixels`` (uint8 (H, W) or (H, W, 3)) written here, not by Pillow: each row with a random one of
+    the five filters (or ``filter_override``), the stream cut into ``idat_parts`` IDAT chunks, and the given
+    chunks before the image data and after it."""
+    channels = 1 if pixels.ndim == 2 else pixels.shape[2]
+    height, width = pixels.shape[:2]
+    flat = pixels.reshape(height, width * channels).astype(np.int64)
+    raw = bytearray()
+    previous = np.zeros(width * channels, dtype=np.int64)
+    for y in range(height):
+        row = flat[y]
+        left = np.concatenate([np.zeros(channels, dtype=np.int64), row[:-channels]])
+        corner = np.concatenate([np.zeros(channels, dtype=np.int64), previous[:-channels]])
+        kind = filter_override if filter_override is not None else rng.randrange(5)
+        predicted = [0, left, previous, (left + previous) // 2, _paeth(left, previous, corner)][min(kind, 4)]
+        raw.append(kind)
+        raw += ((row - predicted) % 256).astype(np.uint8).tobytes()
+        previous = row
+    stream = zlib.compress(bytes(raw), rng.choice([0, 1, 6, 9])) + stream_extra
+    cuts = sorted(rng.randrange(len(stream) + 1) for _ in range(idat_parts - 1))
+    parts = [stream[a:b] for a, b in zip([0] + cuts, cuts + [len(stream)])]
+    header = struct.pack(">IIBBBBB", width, height, 8, 0 if channels == 1 else 2, 0, 0, interlace)
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + b"".join(before)
+            + b"".join(_chunk(b"IDAT", part) for part in parts) + b"".join(after) + _chunk(b"IEND", b""))
+
+
+def _icc_chunk(compression: int = 0) -> bytes:
+    return _chunk(b"iCCP", b"a profile\x00" + bytes([compression]) + zlib.compress(bytes(range(256)) * 8))
+
+
+def _photo_pixels(rng: random.Random, height: int, width: int, grayscale: bool) -> np.ndarray:
+    photo = skimage_photo("astronaut.png").convert("L" if grayscale else "RGB")
+    left, top = rng.randrange(512 - width + 1), rng.randrange(512 - height + 1)
+    return np.asarray(photo.crop((left, top, left + width, top + height)))
+
+
+def test_plain_pngs_decode_natively_to_pillows_pixels():
+    """8-bit L and RGB PNGs of every size shape, rows under all five filters, the stream split over IDAT chunks
+    (empty ones too), with the chunks photos carry (ICC profile, text, gamma, physical size, sRGB, chromaticity,
+    a suggested palette, a private chunk): decoded natively, Pillow's pixels bit for bit."""
+    rng = random.Random(1)
+    extras = [_icc_chunk(), _chunk(b"tEXt", b"Software\x00clip_flash test"), _chunk(b"gAMA", struct.pack(">I", 45455)),
+              _chunk(b"pHYs", struct.pack(">IIB", 2835, 2835, 1)), _chunk(b"sRGB", b"\x00"),
+              _chunk(b"cHRM", bytes(32)), _chunk(b"prVt", b"private")]
+    datas = []
+    for number, (height, width) in enumerate([(1, 1), (1, 9), (7, 1), (3, 5), (17, 33), (64, 47), (200, 311)]):
+        for grayscale in (False, True):
+            before = rng.sample(extras, rng.randrange(4))
+            if not grayscale and number % 2:
+                before.append(_chunk(b"PLTE", bytes(range(48))))
+            datas.append(_png(_photo_pixels(rng, height, width, grayscale), rng, before=before,
+                              idat_parts=rng.choice([1, 2, 5])))
+    out = io.BytesIO()
+    skimage_photo("astronaut.png").convert("RGB").save(out, "PNG", optimize=True)  # as Pillow writes them
+    datas.append(out.getvalue())
+    scanned, decoded = _decode_whole(datas)
+    for position, (data, pixels) in enumerate(zip(datas, decoded)):
+        mode, expected = _pillow(data)
+        assert pixels is not None, (position, scanned.notes[position])
+        assert np.array_equal(pixels, expected), f"PNG {position}: differs from Pillow's {mode} pixels"
+    assert (scanned.info[:, FORMAT] == FileFormat.PNG).all()
+
+
+def test_pngs_pillow_reads_its_own_way_are_left_to_it():
+    """Alpha, palette, 16-bit, transparency, interlacing, animation, compressed text, a chunk after the image
+    data, a bad CRC where Pillow checks one, a truncated file, an unknown filter, data past the image's end,
+    a header short of the rows: never decoded natively
+    (scan or decode declines, with a reason), so Pillow's pixels or its error stand."""
+    rng = random.Random(2)
+    pixels = _photo_pixels(rng, 24, 31, grayscale=False)
+    saved = []
+    photo = Image.fromarray(pixels)
+    for image, options in ((photo.convert("RGBA"), {}), (photo.convert("LA"), {}), (photo.convert("P"), {}),
+                           (photo.convert("I;16"), {}), (photo.convert("1"), {}),
+                           (photo, {"save_all": True, "append_images": [photo.rotate(90)]})):
+        out = io.BytesIO()
+        image.save(out, "PNG", **options)
+        saved.append(out.getvalue())
+    whole = _png(pixels, rng)
+    crafted = [
+        _png(pixels, rng, before=[_chunk(b"tRNS", b"\x00\x01\x00\x02\x00\x03")]),
+        _png(pixels, rng, interlace=1),
+        _png(pixels, rng, before=[_chunk(b"zTXt", b"Comment\x00\x00" + zlib.compress(b"text"))]),
+        _png(pixels, rng, after=[_chunk(b"tEXt", b"Comment\x00after the image")]),
+        _png(pixels, rng, before=[_icc_chunk(compression=1)]),
+        _png(pixels, rng, before=[_chunk(b"gAMA", struct.pack(">I", 45455), crc_delta=1)]),  # Pillow refuses it
+        whole[: len(whole) // 2],
+        _png(pixels, rng, filter_override=5),
+        _png(pixels, rng, stream_extra=b"\x00" * 7),
+        _png(pixels[:23], rng)[:33] + _png(pixels, rng)[33:],  # the header says 23 rows, the data holds 24
+    ]
+    datas = saved + crafted
+    scanned, decoded = _decode_whole(datas)
+    for position, pixels_out in enumerate(decoded):
+        assert pixels_out is None, (position, scanned.notes[position])
+    notes = scanned.notes
+    assert all(note for note, kind in zip(notes, scanned.info[:, KIND]) if kind == DecodeKind.PYTHON)
+
+
+def test_pngs_through_the_preparer_equal_the_reference(vit_b32_preprocess, tmp_path):
+    """Natively decoded PNGs and the ones left to Pillow, mixed with JPEGs in one batch from files: every row is
+    ``preprocess(Image.open(path))``, every failure Pillow's."""
+    import clip_flash
+    from photo_corpus import assert_same_as_reference
+
+    rng = random.Random(3)
+    files = []
+    for number in range(12):
+        grayscale = number % 3 == 0
+        data = _png(_photo_pixels(rng, rng.randint(40, 300), rng.randint(40, 300), grayscale), rng,
+                    before=[_icc_chunk()] if number % 4 == 0 else [],
+                    after=[_chunk(b"tEXt", b"k\x00v")] if number % 5 == 0 else [])
+        files.append(tmp_path / f"{number}.png")
+        files[-1].write_bytes(data if number != 7 else data[: len(data) // 2])
+    jpeg = io.BytesIO()
+    skimage_photo("astronaut.png").convert("RGB").save(jpeg, "JPEG", quality=90)
+    files.insert(5, tmp_path / "photo.jpg")
+    files[5].write_bytes(jpeg.getvalue())
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2) as prep:
+        prepared = prep([str(path) for path in files])
+    assert prepared.routes.get("png", 0) >= 8, prepared.routes
+    assert_same_as_reference(prepared, vit_b32_preprocess, files)

@@ -9,8 +9,9 @@ EXIF transpose, as ``Image.open`` applies none):
     gives; it releases the GIL). Any error there falls back to ``pillow-pixels``, so a file Pillow loads is
     never lost and one it cannot is a failure.
 ``png``
-    An 8-bit RGB or L PNG without a transparency chunk: torchvision's ``decode_png`` (lossless, so the
-    same pixels), with the same fallback.
+    An 8-bit RGB or L PNG without a transparency chunk: decoded by the native decoder (zlib and the row
+    filters, ``csrc/png_decoder.cpp``, for the plain non-interlaced ones whose chunks Pillow reads past), or
+    here by torchvision's ``decode_png`` (lossless either way, so the same pixels), with the same fallback.
 ``pillow-pixels``
     Any other image that Pillow opens in mode RGB or L (WebP, BMP, TIFF, 16-bit-per-sample RGB PNG,
     JPEGs torchvision refused, PIL images passed in): Pillow decodes, we keep its pixels.

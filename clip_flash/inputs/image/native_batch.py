@@ -25,8 +25,8 @@ from .image_decoding import (DctCoefficients, DecodedItem, DecodedPixels, Decode
                              PixelsInLayout, Route, decode_item, describe_error)
 from .image_resize import ExactResize
 from .jpeg_dct import ALIGN, plan_dct_batch
-from .native_decode import (CHANNELS, ENCODED_BYTES, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH, COEFFICIENT_BYTES,
-                            DecodeKind, NativeBatchDecoder, ScanMode, takes_natively)
+from .native_decode import (CHANNELS, ENCODED_BYTES, FORMAT, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH,
+                            COEFFICIENT_BYTES, DecodeKind, FileFormat, NativeBatchDecoder, ScanMode, takes_natively)
 from .resample_plan import plan_image
 
 MAX_CHUNK = 16  # inputs per Python task
@@ -152,7 +152,7 @@ class NativeBatch:
         packed batch (None: the pixels are plain tensors for a resize on the CPU) and the inputs to hand to
         Pillow after all. With the kernel's layout, the pixels Pillow gave (``python_items`` with CPU pixels)
         are copied in after the native images', and their items come back as :class:`PixelsInLayout`."""
-        info = scanned.info if scanned is not None else np.zeros((0, 8), dtype=np.int64)
+        info = scanned.info if scanned is not None else np.zeros((0, FORMAT + 1), dtype=np.int64)
         shapes = [tuple(int(value) for value in info[position, HEIGHT:CHANNELS + 1]) for position in pixels]
         count = len(pairs)
         pixel_offsets = np.full(count, -1, dtype=np.int64)
@@ -194,13 +194,14 @@ class NativeBatch:
             keep.append(number)
             image_size = (int(info[position, HEIGHT]), int(info[position, WIDTH]))
             channels = int(info[position, CHANNELS])
+            route = Route.PNG if info[position, FORMAT] == FileFormat.PNG else Route.JPEG
             if plan is None:
                 start = int(pixel_offsets[position])
-                items.append(DecodedPixels(index, Route.JPEG,
+                items.append(DecodedPixels(index, route,
                                            host[start:start + int(sizes[number])].view(*image_size, channels),
                                            _scan_notes(scanned, position)))
             else:
-                items.append(PixelsInLayout(index, Route.JPEG, image_size, channels, _scan_notes(scanned, position)))
+                items.append(PixelsInLayout(index, route, image_size, channels, _scan_notes(scanned, position)))
         if plan is None:
             return items, python_items, None, retry
         keep += range(len(pixels), len(pixels) + len(joining))

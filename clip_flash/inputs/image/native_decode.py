@@ -4,11 +4,13 @@ On a pool of native threads (made once per :class:`NativeBatchDecoder`, reused; 
 each input file is read, its JPEG header scanned, and with Pillow's own libjpeg either entropy-decoded into DCT
 coefficients (the exact path on a GPU: the kernels in ``csrc/jpeg_dct.cu`` finish the decode, Pillow's pixels
 bit for bit) or decoded whole with Pillow's settings (``out_color_space`` RGB or GRAYSCALE, libjpeg's defaults
-otherwise: islow IDCT, fancy upsampling), straight into the host buffers the GPU reads. With ``decode="gpu"``
-the JPEGs' bytes are only read and their headers scanned, for nvJPEG.
+otherwise: islow IDCT, fancy upsampling), straight into the host buffers the GPU reads; 8-bit grayscale and RGB
+PNGs without transparency, not interlaced, are inflated and unfiltered there too (``csrc/png_decoder.cpp``:
+lossless, so Pillow's pixels). With ``decode="gpu"`` the JPEGs' bytes are only read and their headers scanned,
+for nvJPEG.
 
 What the native decoder is not sure Pillow reads the same way (other formats, modes other than L and RGB, MPF
-or Adobe-marked files, anything libjpeg warns about, sizes past Pillow's decompression-bomb limit, unreadable
+or Adobe-marked files, anything libjpeg warns about, PNGs with chunks Pillow parses its own way, sizes past Pillow's decompression-bomb limit, unreadable
 files) comes back as :attr:`DecodeKind.PYTHON`: the Python side hands it to Pillow, which gives its own pixels,
 rows or reason.
 """
@@ -47,8 +49,16 @@ class ScanMode(enum.IntEnum):
     ENCODED = 2       # keep complete-looking JPEGs encoded for nvJPEG, decode the others whole
 
 
+class FileFormat(enum.IntEnum):
+    """What an input's file is (``FileFormat`` in ``csrc/image_batch_decoder.h``)."""
+
+    OTHER = 0
+    JPEG = 1
+    PNG = 2
+
+
 # Columns of ScannedImageBatch.info().
-KIND, HEIGHT, WIDTH, CHANNELS, SAMPLING, PROGRESSIVE, COEFFICIENT_BYTES, ENCODED_BYTES = range(8)
+KIND, HEIGHT, WIDTH, CHANNELS, SAMPLING, PROGRESSIVE, COEFFICIENT_BYTES, ENCODED_BYTES, FORMAT = range(9)
 LAYOUT_HEAD, LAYOUT_PER_COMPONENT = 3, 7
 
 
@@ -62,7 +72,7 @@ class ScannedBatch:
     """A scan's result: the native handle and its per-item table, as numpy."""
 
     handle: Any
-    info: np.ndarray      # (n, 8) int64
+    info: np.ndarray      # (n, 9) int64
     layouts: np.ndarray   # (n, 24) int64
     notes: List[str]
 
