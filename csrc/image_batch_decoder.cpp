@@ -293,6 +293,18 @@ Header header_of(const ScannedItem& item) {
   return header;
 }
 
+// The item's size, unless it is past Pillow's decompression-bomb limit (then false, and Pillow decides).
+bool sized(ScannedItem* item, int64_t height, int64_t width, int64_t channels, int64_t max_pixels) {
+  if (max_pixels > 0 && height * width > max_pixels) {
+    item->note = "past Pillow's decompression-bomb limit (Pillow decides)";
+    return false;
+  }
+  item->height = height;
+  item->width = width;
+  item->channels = channels;
+  return true;
+}
+
 void scan_one(const libjpeg::Library& library, DecodeSource& source, ScanMode mode, int64_t max_pixels,
               ScannedItem* item) {
   std::string failure;
@@ -312,14 +324,9 @@ void scan_one(const libjpeg::Library& library, DecodeSource& source, ScanMode mo
       item->note = "PNG: " + failure + " (Pillow decodes it)";
       return;
     }
-    if (max_pixels > 0 && png_header.height * png_header.width > max_pixels) {
-      item->note = "past Pillow's decompression-bomb limit (Pillow decides)";
-      return;
+    if (sized(item, png_header.height, png_header.width, png_header.channels, max_pixels)) {
+      item->kind = DecodeKind::kPixels;
     }
-    item->height = png_header.height;
-    item->width = png_header.width;
-    item->channels = png_header.channels;
-    item->kind = DecodeKind::kPixels;
     return;
   }
   Header header;
@@ -328,13 +335,7 @@ void scan_one(const libjpeg::Library& library, DecodeSource& source, ScanMode mo
     return;
   }
   item->format = FileFormat::kJpeg;
-  if (max_pixels > 0 && header.height * header.width > max_pixels) {
-    item->note = "past Pillow's decompression-bomb limit (Pillow decides)";
-    return;
-  }
-  item->height = header.height;
-  item->width = header.width;
-  item->channels = header.channels;
+  if (!sized(item, header.height, header.width, header.channels, max_pixels)) return;
   item->sampling = header.sampling;
   item->progressive = header.progressive;
   const auto& data = item->data;
