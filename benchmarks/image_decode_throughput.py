@@ -7,7 +7,7 @@ For each ``executor:workers`` configuration (executor ``auto``, ``native`` or ``
 alone (read, header scan, libjpeg-turbo, pixels or coefficients into page-locked memory) streamed in batches, and
 the whole preparation (the next batches decoding while the device resamples this one), in steady state
 after warm-up batches. Baseline rows for each worker count: torchvision's plain ``decode_jpeg`` (file
-read + decode, nothing else) and Pillow's ``open`` + ``convert("RGB")`` in a thread pool of that many
+read + decode, nothing else; ``decode_image`` where the folder holds PNGs) and Pillow's ``open`` + ``convert("RGB")`` in a thread pool of that many
 threads, over the same batches: the gap to them is ImagePreprocessor's own overhead.
 
 ``--jpeg-route on off`` measures each configuration with the exact path's GPU JPEG route (the CPU only
@@ -67,6 +67,12 @@ def _read_and_decode_jpeg(path: Path) -> torch.Tensor:
     return decode_jpeg(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
 
 
+def _read_and_decode_image(path: Path) -> torch.Tensor:
+    from torchvision.io import decode_image
+
+    return decode_image(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
+
+
 def _pillow_open_convert(path: Path) -> Any:
     from PIL import Image
 
@@ -74,8 +80,13 @@ def _pillow_open_convert(path: Path) -> Any:
         return image.convert("RGB")
 
 
-BASELINES = {"decode_jpeg threads (baseline)": _read_and_decode_jpeg,
-             "Pillow open+convert threads (baseline)": _pillow_open_convert}
+def baselines(paths: List[Path]) -> Dict[str, Any]:
+    """torchvision's plain decode (``decode_jpeg`` for a folder of JPEGs, else ``decode_image``: libjpeg-turbo or
+    libpng) and Pillow's, each in a thread pool."""
+    jpegs = all(path.suffix.lower() in (".jpg", ".jpeg") for path in paths)
+    return {"decode_jpeg threads (baseline)" if jpegs else "decode_image threads (baseline)":
+            _read_and_decode_jpeg if jpegs else _read_and_decode_image,
+            "Pillow open+convert threads (baseline)": _pillow_open_convert}
 
 
 def baseline_rate(decode: Any, batches: List[List[Path]], warmup: int, workers: int) -> float:
@@ -115,7 +126,7 @@ def main() -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the pools' workers: no OpenMP team beside the decoding threads
     for workers in sorted({int(config.partition(":")[2] or os.cpu_count()) for config in args.configs}):
-        for name, decode in BASELINES.items():
+        for name, decode in baselines(paths).items():
             rate = baseline_rate(decode, batches, args.warmup, workers)
             rows.append({"executor": name, "workers": workers, "decode_images_per_s": rate,
                          "prepared_images_per_s": None})
