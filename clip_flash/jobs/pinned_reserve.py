@@ -11,9 +11,12 @@ and frees them into the allocator's cache, where the run's batches find them.
 
 The blocks are sized for a batch of web photos as the run's decoder asks for them: the coefficient bytes of a
 640x480 4:2:0 JPEG (what the decoder's own scan reports), times the batch size. Batches of larger photos land in
-a larger power-of-two size and make their blocks in the run as before: nothing else changes. With it, the runs
-measured still made 10-17 smaller blocks (0.10-0.36 s: pixel and output buffers;
-``job_start_63aab05/embed_bench_3b99e4f_{a,b}.md``).
+a larger power-of-two size and make their blocks in the run as before: nothing else changes. With only those,
+the runs measured still made 10-17 smaller blocks (0.10-0.36 s; ``job_start_63aab05/embed_bench_3b99e4f_{a,b}.md``):
+the run's other page-locked buffers, whose sizes vary from batch to batch (the resize layout's head with the
+pixels of the images decoded whole, the coefficient table, the output rows). So a ladder of blocks of every
+power-of-two size from 256 bytes to 32 MiB is made too (``count`` of each up to 1 MiB, 3 of each above): about
+200 MiB of page-locked memory, held in torch's cache for the job.
 """
 from __future__ import annotations
 
@@ -25,6 +28,10 @@ from typing import List, Optional
 import torch
 
 logger = logging.getLogger(__name__)
+
+LADDER_SMALLEST, LADDER_LARGEST = 256, 32 << 20  # bytes: the ladder's power-of-two block sizes
+LADDER_MANY_UP_TO = 1 << 20  # up to this size, ``count`` blocks each; above it, LADDER_FEW_EACH
+LADDER_FEW_EACH = 3
 
 
 def coefficient_block_bytes(batch_size: int) -> Optional[int]:
@@ -44,10 +51,20 @@ def coefficient_block_bytes(batch_size: int) -> Optional[int]:
     return -(-per_image // ALIGN) * ALIGN * batch_size
 
 
+def ladder_sizes(count: int) -> List[int]:
+    """The ladder's block sizes, one entry per block: every power of two from LADDER_SMALLEST to LADDER_LARGEST,
+    ``count`` times each up to LADDER_MANY_UP_TO and LADDER_FEW_EACH times above."""
+    sizes, size = [], LADDER_SMALLEST
+    while size <= LADDER_LARGEST:
+        sizes += [size] * (count if size <= LADDER_MANY_UP_TO else min(count, LADDER_FEW_EACH))
+        size *= 2
+    return sizes
+
+
 class PinnedReservation:
-    """Makes ``count`` page-locked blocks for batches of ``batch_size`` in a background thread, then frees them
-    into torch's cache. ``start()`` it before the model load; ``join()`` before the run (its blocks must not be
-    made beside the run's first batches: that is the stall it removes)."""
+    """Makes ``count`` page-locked blocks for batches of ``batch_size``, and the ladder of smaller sizes, in a
+    background thread, then frees them into torch's cache. ``start()`` it before the model load; ``join()``
+    before the run (its blocks must not be made beside the run's first batches: that is the stall it removes)."""
 
     def __init__(self, batch_size: int, count: int) -> None:
         self.batch_size = batch_size
@@ -72,6 +89,8 @@ class PinnedReservation:
             blocks: List[torch.Tensor] = []
             for _ in range(self.count):
                 blocks.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
+            for rung in ladder_sizes(self.count):
+                blocks.append(torch.empty(rung, dtype=torch.uint8, pin_memory=True))
             self.blocks_made = len(blocks)
             del blocks  # into the allocator's cache: no copy was queued from them, so they are free at once
         except Exception as error:  # noqa: BLE001 - an optimisation: without it the run makes its own blocks

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clip_flash.jobs.pinned_reserve import PinnedReservation, coefficient_block_bytes
+from clip_flash.jobs.pinned_reserve import PinnedReservation, coefficient_block_bytes, ladder_sizes
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -22,7 +22,11 @@ def test_a_batch_after_the_reservation_makes_no_new_block():
     before = _blocks_made()
     reservation = PinnedReservation(8, count=3).start()
     reservation.join()
-    assert reservation.blocks_made == 3 and _blocks_made() == before + 3
+    made = 3 + len(ladder_sizes(3))
+    assert reservation.blocks_made == made and _blocks_made() == before + made
     held = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(3)]  # as three batches would
+    # and the run's smaller buffers, whatever their sizes in the ladder's range
+    held += [torch.empty(bytes_, dtype=torch.uint8, pin_memory=True) for bytes_ in (300, 5000, 393216, 3 << 20,
+                                                                                    20 << 20, 20 << 20, 20 << 20)]
     assert all(block.is_pinned() for block in held)
-    assert _blocks_made() == before + 3
+    assert _blocks_made() == before + made
