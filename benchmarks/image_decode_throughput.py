@@ -7,8 +7,9 @@ For each ``executor:workers`` configuration (executor ``auto``, ``native`` or ``
 alone (read, header scan, libjpeg-turbo, pixels or coefficients into page-locked memory) streamed in batches, and
 the whole preparation (the next batches decoding while the device resamples this one), in steady state
 after warm-up batches. Baseline rows for each worker count: torchvision's plain ``decode_jpeg`` (file
-read + decode, nothing else; ``decode_image`` where the folder holds PNGs) and Pillow's ``open`` + ``convert("RGB")`` in a thread pool of that many
-threads, over the same batches: the gap to them is ImagePreprocessor's own overhead.
+read + decode, nothing else; ``decode_image`` where the folder holds PNGs) and Pillow's ``open`` +
+``convert("RGB")`` in a thread pool of that many threads, over the same batches: the gap to them is
+ImagePreprocessor's own overhead.
 
 ``--jpeg-route on off`` measures each configuration with the exact path's GPU JPEG route (the CPU only
 entropy-decodes, see ``clip_flash/inputs/image/jpeg_dct.py``; ``dct_route=True``) and without it (whole

@@ -10,9 +10,9 @@ lossless, so Pillow's pixels). With ``decode="gpu"`` the JPEGs' bytes are only r
 for nvJPEG.
 
 What the native decoder is not sure Pillow reads the same way (other formats, modes other than L and RGB, MPF
-or Adobe-marked files, anything libjpeg warns about, PNGs with chunks Pillow parses its own way, sizes past Pillow's decompression-bomb limit, unreadable
-files) comes back as :attr:`DecodeKind.PYTHON`: the Python side hands it to Pillow, which gives its own pixels,
-rows or reason.
+or Adobe-marked files, anything libjpeg warns about, PNGs with chunks Pillow parses its own way, sizes past
+Pillow's decompression-bomb limit, unreadable files) comes back as :attr:`DecodeKind.PYTHON`: the Python side
+hands it to Pillow, which gives its own pixels, rows or reason.
 """
 from __future__ import annotations
 
