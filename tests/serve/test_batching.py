@@ -11,7 +11,7 @@ import torch
 
 from clip_flash.serve.batcher import TowerBatcher, encode_in_pieces
 from clip_flash.serve.inputs import length_groups
-from clip_flash.serve.jobs import Embedded, EmbeddingJob, ItemError, QueuedInputs
+from clip_flash.serve.jobs import DROPPED, QUEUED, Embedded, EmbeddingJob, ItemError, QueuedInputs
 
 
 def oom_above(limit: int, calls: list):
@@ -189,6 +189,57 @@ def test_a_busy_device_gets_larger_batches():
     not as a batch per ``max_wait``."""
     assert _batch_sizes_behind_a_busy_device(max_in_flight=2) == [1, 1, 20]
     assert _batch_sizes_behind_a_busy_device(max_in_flight=0) == [1, 1, 1, 19]  # no limit: closes per max_wait
+
+
+def test_a_run_split_across_batches_then_abandoned_drops_only_its_queued_part():
+    """A 10-input run with room for 4 a batch: the batch takes 4 (a split), the request is abandoned while they
+    encode (as ``Engine.abandon`` does: queued parts dropped and uncounted), and only those 4 are answered; the
+    queue and its count end empty, nothing computed twice or lost from the count."""
+    lock = threading.Lock()
+    gate, sizes, queued = threading.Event(), [], [0]
+
+    def encode(x):
+        sizes.append(x.shape[0])
+        assert gate.wait(10)
+        return x
+
+    def dequeued(count):
+        queued[0] -= count
+
+    batcher = TowerBatcher("image", FakeTower(), encode, max_batch=4, max_wait=0.0, lock=lock, on_dequeue=dequeued,
+                           max_in_flight=1)
+
+    async def main():
+        job = EmbeddingJob(asyncio.get_running_loop(), 10, time.monotonic() + 30)
+        run = QueuedInputs(job, list(range(10)), list(range(10)))
+        with lock:
+            queued[0] += len(run)
+            batcher.put_locked([run], time.monotonic())
+        for _ in range(200):  # the first batch is taken and encoding
+            if sizes:
+                break
+            await asyncio.sleep(0.01)
+        with lock:  # Engine.abandon
+            assert run.state == QUEUED and len(run) == 6  # the queued rest of the split run
+            run.state = DROPPED
+            queued[0] -= len(run)
+        gate.set()
+        for _ in range(200):
+            if job.pending == 6:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        return job
+
+    try:
+        job = asyncio.run(main())
+    finally:
+        gate.set()
+        batcher.close()
+    assert sizes == [4]
+    assert [type(result).__name__ for result in job.results] == ["Embedded"] * 4 + ["NoneType"] * 6
+    assert [float(result.raw[0]) for result in job.results[:4]] == [0.0, 1.0, 2.0, 3.0]
+    assert queued[0] == 0 and len(batcher) == 0
 
 
 def test_text_groups_are_the_tokens_of_their_positions():
