@@ -192,8 +192,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             ``native`` or ``thread`` (see :class:`~clip_flash.inputs.image.preprocessor.ImagePreprocessor`).
         cuda_graphs: on CUDA, full image batches replay a captured CUDA graph of the image tower (the same
             kernels, so the same rows; it frees the main thread from launching them) where launching an eager
-            batch takes ``warm_up.GRAPH_LAUNCH_SHARE`` of its time or more (measured at the warm-up; the run
-            record's ``image_cuda_graphs`` says what ran); False runs them eager.
+            batch takes ``warm_up.GRAPH_LAUNCH_SHARE`` of its time or more (measured on the run's second full
+            batch; the run record's ``image_cuda_graphs`` says what ran); False runs them eager.
         decode_threads: batches prepared at once ahead of the GPU (default ``DEFAULT_DECODE_THREADS``, 2).
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
@@ -256,8 +256,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             if pipeline != "stock":
                 options["decode_threads"] = runner.decode_threads
             options.update(decoding_workers(runner))
-            # Whether full image batches replayed a CUDA graph (asked for, on CUDA, with images to encode).
-            options["image_cuda_graphs"] = getattr(runner, "image_graphs", None) is not None
+            # Whether full image batches replayed a CUDA graph (asked for, on CUDA, chosen on the run's batches).
+            options["image_cuda_graphs"] = bool(getattr(runner, "image_graphs_replayed", False))
             if reserved is not None:
                 options["pinned_blocks_made_before_the_run"] = reserved
         return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),

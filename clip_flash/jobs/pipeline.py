@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from .batches import ItemBatch, LazyColumn, RowIds, shard_batches
 from .run_stats import PipelineStats, pinned_allocator_counters
 from .sources import Shard
+from .warm_up import GRAPH_PROBE_BATCH, eager_batch_deciding_graphs
 from .writer import ShardResult
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,9 @@ class EmbeddingPipeline:
             # One eager pass before the capture: enough for this stream's cuBLAS workspace and the kernels'
             # first loads; each further pass of a large model costs a batch of device time.
             self.image_graphs = GraphedEncoder(model, batch_sizes=(batch_size,), max_graphs=1, warmup_iters=1)
+        # Kept or dropped on the run's own full batches (warm_up.eager_batch_deciding_graphs); until then eager.
+        self.image_graphs_decided = False
+        self._full_image_batches = 0
         self._device_warm = not self.cuda
 
     def start(self) -> None:
@@ -248,11 +252,21 @@ class EmbeddingPipeline:
         return _Launched(kept, host_image, host_text, ready, failures)
 
     def _encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
-        """``model.encode_image``, from the graph when the batch is full (partial batches run eager: padding
-        them into the graph could change their rows' last bits, as a GEMM's kernel depends on its row count)."""
+        """``model.encode_image``, from the graph when the batch is full and the graph is kept (partial batches
+        run eager: padding them into the graph could change their rows' last bits, as a GEMM's kernel depends
+        on its row count). The full batches before the choice run eager, the probe among them timed."""
         if self.image_graphs is not None and pixels.shape[0] == self.batch_size:
-            return self.image_graphs.encode_image(pixels)
+            if self.image_graphs_decided:
+                return self.image_graphs.encode_image(pixels)
+            self._full_image_batches += 1
+            if self._full_image_batches >= GRAPH_PROBE_BATCH:
+                return eager_batch_deciding_graphs(self, pixels)
         return self.model.encode_image(pixels)
+
+    @property
+    def image_graphs_replayed(self) -> bool:
+        """Whether full image batches replay a CUDA graph (chosen in the run; False before the choice)."""
+        return self.image_graphs_decided and self.image_graphs is not None
 
     @staticmethod
     def _select(tokens: torch.Tensor, keep: List[int], count: int) -> Optional[torch.Tensor]:

@@ -3,9 +3,8 @@
 The first batch of a run is the first use of everything on its path: the decoder's native threads and
 Pillow's libjpeg, the kernels of the decode and resize path (CUDA loads each module on its first launch), the
 nvJPEG decoders of ``decode="gpu"`` (the hardware decoder's states, one per decoding thread, and torchvision's
-decoder for the JPEGs it leaves), cuBLAS's and cuDNN's first calls, and the image tower's CUDA graph, captured
-at the job's batch size after an eager warm-up pass. None of it depends on the job's inputs, so it is done on a
-few synthetic images and a batch of zeros, in two halves:
+decoder for the JPEGs it leaves), cuBLAS's and cuDNN's first calls. None of it depends on the job's inputs, so
+it is done on a few synthetic images and a row of zeros, in two halves:
 
 - :func:`start_decoder` (the CPU half) before the run: the decoder's threads must exist before the first read.
 - :func:`warm_up_device` (the device half): in a job, at the start of the run, on the main thread while the
@@ -14,8 +13,11 @@ few synthetic images and a batch of zeros, in two halves:
   with its model load, before it takes shards. Either way it is inside the accounts: the job's rate "after the
   model load" counts it.
 
-The graph captured here is the one the run replays: same batch size, row shape and dtype (those of the rows
-the preparer returned for the synthetic images), captured from zeros as a capture at the first batch is.
+Whether full image batches replay a CUDA graph is decided in the run, on its own batches
+(:func:`eager_batch_deciding_graphs`): the first full batch runs eager (it pays its kernels' first loads), the
+second runs eager timed, and where launching it took ``GRAPH_LAUNCH_SHARE`` of its time or more, the third
+captures the graph the rest replay; else the graph is dropped. Every batch timed is a batch of the job: a large
+model, whose graph does not pay, spends no device time on the choice.
 """
 from __future__ import annotations
 
@@ -35,9 +37,10 @@ logger = logging.getLogger(__name__)
 WARM_UP_SIZE = (480, 640)  # (height, width): a common photo size, larger than any model's input
 WARM_UP_CAPTIONS = 8
 # A job replays full image batches from a CUDA graph when launching an eager batch takes at least this share
-# of its time (measured at the warm-up): measured on an H100 host, ViT-B-32 at batch 256 ran 10,900-12,900
-# img/s replayed and 9,200 eager; ViT-L-14 2,600 and 2,610 (results/h100/job_start_63aab05/).
+# of its time (measured on the run's second full batch): measured on an H100 host, ViT-B-32 at batch 256 ran
+# 10,900-12,900 img/s replayed and 9,200 eager; ViT-L-14 2,600 and 2,610 (results/h100/job_start_63aab05/).
 GRAPH_LAUNCH_SHARE = 0.25
+GRAPH_PROBE_BATCH = 2  # the full batch timed: the first pays its kernels' first loads, which are not launches
 
 
 def synthetic_images() -> List[bytes]:
@@ -75,8 +78,8 @@ def start_decoder(pipeline: Any) -> float:
 
 def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
     """The device half on ``pipeline`` (an :class:`~clip_flash.jobs.pipeline.EmbeddingPipeline`) on CUDA: the
-    synthetic images decoded by ``decode_threads`` threads at once and prepared, the image encoder (its graph
-    captured) at the batch size, the text encoder; returns the seconds spent (0 off CUDA)."""
+    synthetic images decoded by ``decode_threads`` threads at once and prepared, the image encoder on one row,
+    the text encoder; returns the seconds spent (0 off CUDA)."""
     if not pipeline.cuda:
         return 0.0
     started = time.perf_counter()
@@ -92,20 +95,10 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
             pixels = _warm_up_images(pipeline, decode_threads)
             lap("synthetic images decoded and prepared")
             if pixels is not None:
-                zeros = torch.zeros((pipeline.batch_size, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
-                launch_share = _eager_launch_share(pipeline, zeros)
-                if pipeline.image_graphs is not None and launch_share < GRAPH_LAUNCH_SHARE:
-                    pipeline.image_graphs.release()
-                    pipeline.image_graphs = None
-                    logger.info("image batches run eager: launching an eager batch takes %.0f%% of its time, under "
-                                "the %.0f%% where a graph's replay pays for its capture", 100 * launch_share,
-                                100 * GRAPH_LAUNCH_SHARE)
-                lap(f"image encoder at batch {pipeline.batch_size}, eager")
-                if pipeline.image_graphs is not None:
-                    # Through the run's own call: the graph key (batch size, row shape, dtype) is the run's.
-                    pipeline._to_host(pipeline._finish(pipeline._encode_image(zeros)))
-                    compute.synchronize()
-                    lap("its graph captured")
+                row = torch.zeros((1, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
+                pipeline._to_host(pipeline._finish(pipeline.model.encode_image(row)))
+                compute.synchronize()
+                lap("image encoder on one row")
         if pipeline.tokenizer is not None:
             tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
             if not pipeline.host_tokens:
@@ -119,18 +112,29 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
     return seconds
 
 
-def _eager_launch_share(pipeline: Any, zeros: torch.Tensor) -> float:
-    """One eager batch of the image tower (after one row, which pays the kernels' first loads): the share of its
-    time the host spent launching it. A graph replays those launches in one; when the device's work dwarfs them
-    (a large model at a large batch), replaying saves nothing and capturing costs a batch of device time."""
-    compute = torch.cuda.current_stream(pipeline.device)
-    pipeline.model.encode_image(zeros[:1])
-    compute.synchronize()
+def eager_batch_deciding_graphs(pipeline: Any, pixels: torch.Tensor) -> torch.Tensor:
+    """``model.encode_image(pixels)`` for the run's probe batch, eager and timed on its own (the device drained
+    before it): the share of its time the host spent launching it decides whether the pipeline's image graph is
+    kept (then captured at the next full batch) or dropped. A graph replays those launches in one; when the
+    device's work dwarfs them (a large model at a large batch), replaying saves nothing and capturing costs a
+    batch of device time."""
+    device = pipeline.device
+    torch.cuda.synchronize(device)
     started = time.perf_counter()
-    pipeline._to_host(pipeline._finish(pipeline.model.encode_image(zeros)))
+    features = pipeline.model.encode_image(pixels)
     launched = time.perf_counter()
-    compute.synchronize()
-    return (launched - started) / max(time.perf_counter() - started, 1e-9)
+    torch.cuda.synchronize(device)
+    share = (launched - started) / max(time.perf_counter() - started, 1e-9)
+    pipeline.image_graphs_decided = True
+    if share < GRAPH_LAUNCH_SHARE:
+        pipeline.image_graphs.release()
+        pipeline.image_graphs = None
+        logger.info("image batches run eager: launching an eager batch takes %.0f%% of its time, under the %.0f%% "
+                    "where a graph's replay pays for its capture", 100 * share, 100 * GRAPH_LAUNCH_SHARE)
+    else:
+        logger.info("full image batches replay a CUDA graph from the next one: launching an eager batch takes "
+                    "%.0f%% of its time", 100 * share)
+    return features
 
 
 def _warm_up_images(pipeline: Any, threads: int) -> "torch.Tensor | None":
