@@ -149,6 +149,7 @@ std::string scan(const std::string& data, Header* header) {
   if (depth != 8 || (colour != 0 && colour != 2)) return "not 8-bit grayscale or RGB";
   if (compression != 0 || filter != 0) return "an unknown compression or filter method";
   if (interlace != 0) return "interlaced";
+  if (uint64_t(width) * (colour == 2 ? 3 : 1) >= (uint64_t(1) << 31)) return "a row past 2 GiB";  // zlib's counts
   bool in_image = false, after_image = false;
   for (size_t i = 1; i < chunks.size(); ++i) {
     const Chunk& chunk = chunks[i];
