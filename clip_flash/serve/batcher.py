@@ -247,10 +247,14 @@ class TowerBatcher:
                 logger.error("%s batch of %d: %s", self.tower, len(positions), reason)
                 for position in positions:
                     results[position] = ItemError(reason)
-        rows = _to_host(_in_batch_order(encoded, size)) if encoded else None
-        done = torch.cuda.Event() if self.device is not None else None
-        if done is not None:
-            done.record()
+        try:
+            rows = _to_host(_in_batch_order(encoded, size)) if encoded else None
+            done = torch.cuda.Event() if self.device is not None else None
+            if done is not None:
+                done.record()
+        except Exception as error:  # noqa: BLE001 - e.g. out of memory for the copy: these inputs fail
+            self._fail(batch, size, f"copying the {self.tower} batch's embeddings failed: {describe_error(error)}")
+            return True
         counts = host[1] if self.tower == "text" else None  # captions' token counts; the rest of host can go
         del host  # (an image batch's host step may hold a reused pixel arena)
         covered = [positions for positions, _ in encoded]
@@ -262,11 +266,15 @@ class TowerBatcher:
         if work is _STOP:
             return False
         batch, size, counts, results, rows, covered, done, prepared = work
-        if done is not None:
-            done.synchronize()
+        try:
+            if done is not None:
+                done.synchronize()
+            both = rows.numpy() if rows is not None else np.zeros((2, size, 0), dtype=np.float32)
+        except Exception as error:  # noqa: BLE001 - a device error surfacing here fails this batch's inputs
+            self._fail(batch, size, f"encoding the {self.tower} batch failed: {describe_error(error)}")
+            return True
         if self.metrics is not None:
             self.metrics.encoded(self.tower, time.perf_counter() - prepared)
-        both = rows.numpy() if rows is not None else np.zeros((2, size, 0), dtype=np.float32)
         errors = {position: result for position, result in enumerate(results) if result is not None}
         if len(errors) + sum(map(len, covered)) < size:  # a step left positions without a row or a reason
             with_rows = {position for positions in covered for position in positions}
@@ -274,14 +282,18 @@ class TowerBatcher:
             for position in range(size):
                 if position not in errors and position not in with_rows:
                     errors[position] = missing
-        deliver_rows(batch, BatchRows(both, counts, errors))
-        self._landed()
+        try:
+            deliver_rows(batch, BatchRows(both, counts, errors))
+        finally:  # whatever happened, the batch left: a count left high would hold the queue (max_in_flight)
+            self._landed()
         return True
 
     def _fail(self, batch: List[QueuedInputs], size: int, reason: str) -> None:
         logger.error("%s", reason)
-        deliver_rows(batch, failed_rows(size, reason))
-        self._landed()
+        try:
+            deliver_rows(batch, failed_rows(size, reason))
+        finally:
+            self._landed()
 
     def _landed(self) -> None:
         """A batch left the pipeline: if the queue waits on it, the next batch may close now."""

@@ -242,6 +242,45 @@ def test_a_run_split_across_batches_then_abandoned_drops_only_its_queued_part():
     assert queued[0] == 0 and len(batcher) == 0
 
 
+def test_a_batch_failing_after_its_encode_fails_its_inputs_and_the_queue_goes_on(monkeypatch):
+    """Copying a batch's embeddings fails (out of memory, say): its inputs get the reason, and the batch counts as
+    landed, so with one batch allowed in flight the next one still closes and is answered."""
+    from clip_flash.serve import batcher as batcher_module
+
+    calls = []
+    to_host = batcher_module._to_host
+
+    def failing_once(features):
+        calls.append(features.shape)
+        if len(calls) == 1:
+            raise RuntimeError("out of pinned memory (simulated)")
+        return to_host(features)
+
+    monkeypatch.setattr(batcher_module, "_to_host", failing_once)
+    lock = threading.Lock()
+    batcher = TowerBatcher("image", FakeTower(), lambda x: x, max_batch=4, max_wait=0.01, lock=lock,
+                           on_dequeue=lambda count: None, max_in_flight=1)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first, second = EmbeddingJob(loop, 2, time.monotonic() + 30), EmbeddingJob(loop, 1, time.monotonic() + 30)
+        with lock:
+            batcher.put_locked([QueuedInputs(first, [0, 1], [5, 6])], time.monotonic())
+        await asyncio.wait_for(first.future, 10)
+        with lock:
+            batcher.put_locked([QueuedInputs(second, [0], [7])], time.monotonic())
+        await asyncio.wait_for(second.future, 10)
+        return first, second
+
+    try:
+        first, second = asyncio.run(main())
+    finally:
+        batcher.close()
+    assert [result.message for result in first.results] == [
+        "copying the image batch's embeddings failed: RuntimeError: out of pinned memory (simulated)"] * 2
+    assert isinstance(second.results[0], Embedded) and float(second.results[0].raw[0]) == 7.0
+
+
 def test_text_groups_are_the_tokens_of_their_positions():
     from clip_flash.serve.inputs import TextInputs
 
