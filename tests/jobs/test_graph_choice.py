@@ -1,0 +1,63 @@
+"""The order in which a job's full image batches meet the image graph: the first eager, the second the timed
+probe that keeps or drops the graph, the rest through the graph if kept (eager if dropped); partial batches eager
+throughout. The probe's timing needs CUDA (``tests/jobs/test_job_gpu.py``); the order is checked here."""
+from __future__ import annotations
+
+import torch
+
+from clip_flash.jobs import pipeline as pipeline_module
+from clip_flash.jobs.pipeline import EmbeddingPipeline
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def encode_image(self, pixels):
+        self.calls.append(("eager", pixels.shape[0]))
+        return pixels
+
+
+class _Graphs:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def encode_image(self, pixels):
+        self.calls.append(("graph", pixels.shape[0]))
+        return pixels
+
+    def release(self):
+        self.calls.append(("released",))
+
+
+def _batches_through(monkeypatch, keep: bool):
+    calls = []
+
+    def probe(pipeline, pixels):
+        calls.append(("probe", pixels.shape[0]))
+        pipeline.image_graphs_decided = True
+        if not keep:
+            pipeline.image_graphs.release()
+            pipeline.image_graphs = None
+        return pixels
+
+    monkeypatch.setattr(pipeline_module, "eager_batch_deciding_graphs", probe)
+    pipeline = EmbeddingPipeline(_Model(calls), torch.device("cpu"), batch_size=4)
+    pipeline.image_graphs = _Graphs(calls)  # as on CUDA
+    assert not pipeline.image_graphs_replayed
+    for rows in (4, 2, 4, 4, 3, 4):
+        pipeline._encode_image(torch.zeros(rows, 1))
+    return calls, pipeline
+
+
+def test_a_kept_graph_serves_the_full_batches_after_the_probe(monkeypatch):
+    calls, pipeline = _batches_through(monkeypatch, keep=True)
+    assert calls == [("eager", 4), ("eager", 2), ("probe", 4), ("graph", 4), ("eager", 3), ("graph", 4)]
+    assert pipeline.image_graphs_replayed
+
+
+def test_a_dropped_graph_leaves_every_batch_eager(monkeypatch):
+    calls, pipeline = _batches_through(monkeypatch, keep=False)
+    assert calls == [("eager", 4), ("eager", 2), ("probe", 4), ("released",), ("eager", 4), ("eager", 3), ("eager", 4)]
+    assert not pipeline.image_graphs_replayed
