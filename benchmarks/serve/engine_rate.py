@@ -129,16 +129,12 @@ def main(argv: Sequence[str] = None) -> int:
     from clip_flash.serve.config import ServeConfig
     from clip_flash.serve.engine import EnginePool
     from clip_flash.serve.engine_server import EngineServer
-    from clip_flash.serve.metrics import ServeMetrics
 
     from benchmarks.serve.overhead_server import install
 
     install(768)
     config = ServeConfig(model="ViT-B-32", device="cpu", workers=args.connections, max_wait_ms=args.max_wait_ms)
-    holder: Dict[str, Any] = {}
-    metrics = ServeMetrics(lambda tower: holder["pool"].queue_depth(tower))
-    pool = holder["pool"] = EnginePool(config, metrics)
-    pool.metrics = metrics
+    pool = EnginePool(config)
     pool.load()
     directory = tempfile.mkdtemp(prefix="clip_flash_engine_rate_")
     path = os.path.join(directory, "engine.sock")

@@ -128,13 +128,9 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
     """The ASGI app. ``pool``: engines to serve (default: made from ``config``). ``load``: load them in the
     background at startup (``/ready`` says when they are ready); False when the caller loaded them already.
     ``on_load_failure(message)``: called when loading fails (the CLI stops the server with an error)."""
-    holder: Dict[str, Any] = {}
     remote = pool is not None and hasattr(pool, "connect")
-    metrics = pool.metrics if remote else ServeMetrics(lambda tower: holder["pool"].queue_depth(tower))
-    pool = pool or EnginePool(config, metrics)
-    for engine in getattr(pool, "engines", ()):
-        engine.metrics = engine.metrics or metrics
-    holder["pool"] = pool
+    pool = pool or EnginePool(config)
+    metrics = pool.metrics
     state = ServerState(config, pool, metrics)
     per_engine_queue = -(-config.max_queue // len(config.device_names()))  # a request goes whole to one engine
 

@@ -264,9 +264,12 @@ class Engine:
 class EnginePool:
     """The engines of one server (one per device); a request goes whole to the least loaded ready engine."""
 
-    def __init__(self, config: ServeConfig, metrics=None) -> None:
+    def __init__(self, config: ServeConfig) -> None:
+        from .metrics import ServeMetrics
+
         self.config = config
-        self.engines: List[Engine] = [Engine(config, name, metrics) for name in config.device_names()]
+        self.metrics = ServeMetrics(self.queue_depth)  # the server's one registry, its engines' counts in it
+        self.engines: List[Engine] = [Engine(config, name, self.metrics) for name in config.device_names()]
         self.limit = -(-config.max_queue // len(self.engines))
 
     def load(self) -> None:

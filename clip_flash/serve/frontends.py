@@ -21,7 +21,6 @@ import signal
 import socket
 import tempfile
 import threading
-from typing import Any, Dict
 
 from .config import ServeConfig
 from .engine_server import EngineServer
@@ -62,15 +61,11 @@ def _frontend_main(config: ServeConfig, path: str, listener: socket.socket) -> N
 def serve_with_frontends(config: ServeConfig) -> int:
     """This process: the engines and their socket; ``config.workers`` frontend processes; SIGTERM stops all."""
     from .engine import EnginePool
-    from .metrics import ServeMetrics
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    holder: Dict[str, Any] = {}
-    metrics = ServeMetrics(lambda tower: holder["pool"].queue_depth(tower))
-    pool = holder["pool"] = EnginePool(config, metrics)
-    pool.metrics = metrics
+    pool = EnginePool(config)
     directory = tempfile.mkdtemp(prefix="clip_flash_serve_")
     path = os.path.join(directory, "engine.sock")
     engine_server = EngineServer(pool, path)
