@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from .batches import ItemBatch, LazyColumn, RowIds, shard_batches
 from .run_stats import PipelineStats, pinned_allocator_counters
 from .sources import Shard
-from .warm_up import GRAPH_PROBE_BATCH, eager_batch_deciding_graphs
+from .warm_up import GRAPH_PROBE_BATCH, eager_batch_deciding_graphs, start_decoder, warm_up_device
 from .writer import ShardResult
 
 logger = logging.getLogger(__name__)
@@ -163,10 +163,8 @@ class EmbeddingPipeline:
     def warm_up(self, device: bool = True) -> float:
         """Pay before :meth:`run` what the first batch would pay once (see :mod:`clip_flash.jobs.warm_up`); returns
         the seconds spent. ``device=False``: only the decoder's start; the device half (the first calls of the
-        decode, resize and encoder kernels, the image graph's capture at ``batch_size``) then runs at the start
-        of :meth:`run`, while the run's threads read and decode its first batches."""
-        from .warm_up import start_decoder, warm_up_device
-
+        decode, resize and encoder kernels) then runs at the start of :meth:`run`, while the run's threads read
+        and decode its first batches."""
         seconds = start_decoder(self)
         if device and not self._device_warm:
             seconds += warm_up_device(self, self.decode_threads)
@@ -404,8 +402,6 @@ class EmbeddingPipeline:
 
         try:
             if not self._device_warm:  # the reader and the decoders are at work on the first batches meanwhile
-                from .warm_up import warm_up_device
-
                 stats.warm_up_seconds = warm_up_device(self)
                 self._device_warm = True
                 lap("warming up the device")
