@@ -23,10 +23,12 @@ def test_a_batch_after_the_reservation_makes_no_new_block():
     reservation = PinnedReservation(8, count=3).start()
     reservation.join()
     made = 3 + len(ladder_sizes(3))
-    assert reservation.blocks_made == made and _blocks_made() == before + made
+    # Blocks an earlier test left in torch's cache are taken again rather than made: at most ``made`` are new.
+    assert reservation.blocks_made == made and before <= _blocks_made() <= before + made
+    reserved = _blocks_made()
     held = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(3)]  # as three batches would
     # and the run's smaller buffers, whatever their sizes in the ladder's range
     held += [torch.empty(bytes_, dtype=torch.uint8, pin_memory=True) for bytes_ in (300, 5000, 393216, 3 << 20,
                                                                                     20 << 20, 20 << 20, 20 << 20)]
     assert all(block.is_pinned() for block in held)
-    assert _blocks_made() == before + made
+    assert _blocks_made() == reserved
