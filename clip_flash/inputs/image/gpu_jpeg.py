@@ -7,8 +7,9 @@ close (not exact). ``benchmarks/image_fast_path_deviation.py`` measures both aga
 Whatever nvJPEG refuses, and any group whose chroma step fails, goes back to the exact CPU decode.
 
 torchvision's batched call takes the GIL back about once per image, so beside a busy Python thread it
-crawls; it runs on the thread that launches the model, between launches. Where clip_flash's own call runs (:mod:`.nvjpeg_packed`: the hardware decoder, straight into the
-resize kernel's layout, ahead on a decoding thread), this module decodes only what that one leaves.
+crawls; it runs on the thread that launches the model, between launches. Where clip_flash's own call runs
+(:mod:`.nvjpeg_packed`: the hardware decoder, straight into the resize kernel's layout, ahead on a decoding
+thread), this module decodes only what that one leaves.
 
 Streams: torchvision allocates nvJPEG's outputs from the caching allocator on the *current* stream but
 writes them from its own decoder stream, which does not wait for the current one. Memory that kernels

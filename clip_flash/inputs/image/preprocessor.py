@@ -27,8 +27,8 @@ from .image_batches import DecodedImages, PackedPixels, PreparedImages
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
-from .image_decoding import (DecodedItem, DecodedPixels, DecodeFailure, DecodeOptions, EncodedJpeg, PreparedByPreprocess,
-                             decode_item, describe_error)
+from .image_decoding import (DecodedItem, DecodedPixels, DecodeFailure, DecodeOptions, EncodedJpeg,
+                             PreparedByPreprocess, decode_item, describe_error)
 from .image_resize import ExactResize
 from .native_batch import NativeBatch, python_decode, default_workers
 from .native_decode import NativeBatchDecoder, ScanMode
