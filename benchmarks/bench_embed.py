@@ -64,7 +64,7 @@ DEFAULT_CASES = ("exact-native", "gpu-decode")
 
 COLUMNS = ("model", "inputs", "pipeline", "items", "failures", "items/s (steady)", "items/s (whole run)",
            "items/s (after the model load)", "items/s (with setup)", "model load s", "warm-up s",
-           "first batch s after the load", "pinned blocks made (s)",
+           "first batch s after the load", "pinned blocks made (MiB, s)",
            "x stock", "after the load, of encoder-only", "GPU peak MiB",
            "cos vs stock (min)", "max abs diff vs stock")
 
@@ -245,8 +245,10 @@ def _row(model: str, inputs: str, pipeline: str, case: Dict[str, Any], stock: Op
         "model load s": _maybe(summary.get("model_load_seconds"), "{:.2f}"),
         "warm-up s": _maybe(summary.get("warm_up_seconds"), "{:.2f}"),
         "first batch s after the load": _maybe(first_batch, "{:.2f}"),
-        "pinned blocks made (s)": (f"{summary['pinned_blocks_created']} ({summary['pinned_block_seconds']:.2f})"
-                                   if summary.get("pinned_blocks_created") is not None else "n/a"),
+        "pinned blocks made (MiB, s)": (f"{summary['pinned_blocks_created']} "
+                                        f"({summary.get('pinned_block_bytes', 0) / 2**20:,.0f}, "
+                                        f"{summary['pinned_block_seconds']:.2f})"
+                                        if summary.get("pinned_blocks_created") is not None else "n/a"),
         "x stock": f"{steady / stock_steady:.2f}" if stock_steady else "n/a",
         "after the load, of encoder-only": _maybe(after_load and after_load / ceiling * 100, "{:.1f}%")
                                            + f" of {ceiling:,.0f}",

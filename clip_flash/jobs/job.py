@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .pipeline import DEFAULT_DECODE_THREADS, DEFAULT_PREFETCH_BATCHES, EmbeddingPipeline
+from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
 from .run_stats import PipelineStats
 from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
 from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
@@ -225,9 +225,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                     and executor != "thread"):
                 from .pinned_reserve import PinnedReservation
 
-                # Blocks for the batches alive at once (queued, decoding, copying), made while the model loads.
-                alive = DEFAULT_PREFETCH_BATCHES + (decode_threads or DEFAULT_DECODE_THREADS) + 1
-                reservation = PinnedReservation(batch_size, alive).start()
+                # Blocks for the batches alive at once (queued, launching, uploading), made while the model loads.
+                reservation = PinnedReservation(batch_size, input_blocks_alive()).start()
             loaded = load_job_model(job, device)
             model_load_seconds = time.perf_counter() - setup_started
             job.output.record_settings(job.settings)
@@ -349,7 +348,7 @@ def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: 
         warm_up_seconds=(warm_up_seconds or 0.0) + stats.warm_up_seconds if warm_up_seconds is not None else None,
         first_batch_seconds=stats.first_batch_seconds,
         main_thread_seconds=dict(stats.main_thread_seconds), pinned_blocks_created=stats.pinned_blocks_created,
-        pinned_block_seconds=stats.pinned_block_seconds)
+        pinned_block_seconds=stats.pinned_block_seconds, pinned_block_bytes=stats.pinned_block_bytes)
     command = command or "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
     record = run_record(summary, job.settings, environment_device, command, options)
     summary.record_path = str(job.output.write_run_record(record_name(), record))

@@ -94,6 +94,14 @@ DEFAULT_DECODE_THREADS = 2
 DEFAULT_PREFETCH_BATCHES = 3
 
 
+def input_blocks_alive(prefetch_batches: int = DEFAULT_PREFETCH_BATCHES, batches_in_flight: int = 2) -> int:
+    """Batches whose decoded inputs (each in its own page-locked block) can be alive at once in a run: those
+    queued for the device, the one the reader holds while the queue is full, the one the main thread launches,
+    and up to ``batches_in_flight`` freed blocks whose uploads torch's allocator waits for before it hands them
+    out again."""
+    return prefetch_batches + 1 + 1 + batches_in_flight
+
+
 def finish_features(features: torch.Tensor, normalize: bool, out_dtype: np.dtype) -> torch.Tensor:
     """What is written: L2-normalised in fp32 (when asked), then cast to the output dtype."""
     features = features.float()
@@ -341,7 +349,7 @@ class EmbeddingPipeline:
 
     def _run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None], progress: Any) -> PipelineStats:
         stats = PipelineStats()
-        blocks_before, block_seconds_before = pinned_allocator_counters()
+        pinned_before = pinned_allocator_counters()
         started = time.perf_counter()
         stop = threading.Event()
         work: "queue.Queue" = queue.Queue(maxsize=self.prefetch_batches)
@@ -420,6 +428,7 @@ class EmbeddingPipeline:
                 elif isinstance(entry, _Batch):
                     # the next shard's batches launch before the last ones of this shard are collected
                     launched = self._launch(entry)
+                    entry = None  # the decoded inputs' block goes back to the allocator now, not at the next take
                     launched.shard = current
                     current.outstanding += 1
                     in_flight.append(launched)
@@ -446,7 +455,8 @@ class EmbeddingPipeline:
         if writer_error:
             raise writer_error[0]
         stats.seconds = time.perf_counter() - started
-        blocks, block_seconds = pinned_allocator_counters()
-        stats.pinned_blocks_created = blocks - blocks_before
-        stats.pinned_block_seconds = block_seconds - block_seconds_before
+        pinned_after = pinned_allocator_counters()
+        stats.pinned_blocks_created = pinned_after[0] - pinned_before[0]
+        stats.pinned_block_seconds = pinned_after[1] - pinned_before[1]
+        stats.pinned_block_bytes = pinned_after[2] - pinned_before[2]
         return stats

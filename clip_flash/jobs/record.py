@@ -48,6 +48,7 @@ class JobSummary:
     main_thread_seconds: Dict[str, float] = field(default_factory=dict)  # what the device stage waited on
     pinned_blocks_created: int = 0       # page-locked host blocks torch's allocator made during the run
     pinned_block_seconds: float = 0.0    # and the seconds CUDA took making them
+    pinned_block_bytes: int = 0          # and their bytes together
     shard_marks: List[Tuple[int, float]] = field(default_factory=list, repr=False)  # (inputs so far, seconds)
 
     @property
@@ -116,7 +117,7 @@ class JobSummary:
                                                        for step, seconds in self.main_thread_seconds.items()))
         if self.pinned_blocks_created:
             lines.append(f"  page-locked host memory: {self.pinned_blocks_created} blocks made during the run "
-                         f"({self.pinned_block_seconds:.2f} s)")
+                         f"({self.pinned_block_bytes / 2**20:,.1f} MiB, {self.pinned_block_seconds:.2f} s)")
         if self.gpu_peak_mib is not None:
             lines.append(f"  GPU memory: {self.gpu_peak_mib:,.0f} MiB peak allocated")
         lines.append(f"  output: {self.out}" + (f"; run record {self.record_path}" if self.record_path else ""))

@@ -28,12 +28,14 @@ class PipelineStats:
     # them: a cold allocator shows here (a block is made once per power-of-two size and batch in flight).
     pinned_blocks_created: int = 0
     pinned_block_seconds: float = 0.0
+    pinned_block_bytes: int = 0  # their sizes together (as rounded up by the allocator): which blocks they were
 
 
-def pinned_allocator_counters() -> Tuple[int, float]:
-    """(blocks created, seconds spent creating them) so far by torch's page-locked host allocator ((0, 0.0)
-    before CUDA is initialised)."""
+def pinned_allocator_counters() -> Tuple[int, float, int]:
+    """(blocks created, seconds spent creating them, their bytes) so far by torch's page-locked host allocator
+    ((0, 0.0, 0) before CUDA is initialised)."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return 0, 0.0
+        return 0, 0.0, 0
     stats = torch.cuda.host_memory_stats()
-    return int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1e6
+    return (int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1e6,
+            int(stats.get("allocated_bytes.allocated", 0)))
