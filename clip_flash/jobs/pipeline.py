@@ -159,6 +159,7 @@ class EmbeddingPipeline:
         # Kept or dropped on the run's own full batches (warm_up.eager_batch_deciding_graphs); until then eager.
         self.image_graphs_decided = False
         self._full_image_batches = 0
+        self._items_left: Optional[int] = None  # the run's inputs not yet launched, where its shards' sizes are known
         self._device_warm = not self.cuda
 
     def start(self) -> None:
@@ -226,6 +227,8 @@ class EmbeddingPipeline:
         return host
 
     def _launch(self, batch: _Batch) -> _Launched:
+        if self._items_left is not None:
+            self._items_left -= len(batch.items)
         decoded, tokens = batch.decoded.result()
         items, failures = batch.items, []
         pixels = None
@@ -266,7 +269,8 @@ class EmbeddingPipeline:
                 return self.image_graphs.encode_image(pixels)
             self._full_image_batches += 1
             if self._full_image_batches >= GRAPH_PROBE_BATCH:
-                return eager_batch_deciding_graphs(self, pixels)
+                left = None if self._items_left is None else self._items_left // self.batch_size
+                return eager_batch_deciding_graphs(self, pixels, left)
         return self.model.encode_image(pixels)
 
     @property
@@ -343,12 +347,18 @@ class EmbeddingPipeline:
 
     # ----- the whole run --------------------------------------------------------------------------
     def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
-            progress: Any = None) -> PipelineStats:
-        """Embed every shard and ``commit`` each finished one (from a writer thread, in shard order)."""
-        return self._run(shards, commit, progress)
+            progress: Any = None, more_runs_follow: bool = False) -> PipelineStats:
+        """Embed every shard and ``commit`` each finished one (from a writer thread, in shard order).
+        ``more_runs_follow``: this pipeline will run more shards after these (a Ray actor's), so this run's size
+        does not bound how many batches an image graph would serve."""
+        return self._run(shards, commit, progress, more_runs_follow)
 
-    def _run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None], progress: Any) -> PipelineStats:
+    def _run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None], progress: Any,
+             more_runs_follow: bool = False) -> PipelineStats:
         stats = PipelineStats()
+        sizes = [shard.size for shard in shards] if isinstance(shards, (list, tuple)) else [None]
+        known = not more_runs_follow and all(size is not None for size in sizes)
+        self._items_left = sum(sizes) if known else None
         pinned_before = pinned_allocator_counters()
         started = time.perf_counter()
         stop = threading.Event()

@@ -109,7 +109,7 @@ class ShardEmbedder:
                                       "node": []}
         for payload in batch["payload"]:
             shard = pickle.loads(payload)
-            stats = self.runner.run([shard], self.output.write, None)
+            stats = self.runner.run([shard], self.output.write, None, more_runs_follow=True)
             rows["shard"].append(shard.index)
             rows["rows"].append(stats.rows)
             rows["failures"].append(stats.failures)

@@ -15,8 +15,9 @@ it is done on a few synthetic images and a row of zeros, in two halves:
 
 Whether full image batches replay a CUDA graph is decided in the run, on its own batches
 (:func:`eager_batch_deciding_graphs`): the first full batch runs eager (it pays its kernels' first loads), the
-second runs eager timed, and where launching it took ``GRAPH_LAUNCH_SHARE`` of its time or more, the third
-captures the graph the rest replay; else the graph is dropped. Every batch timed is a batch of the job: a large
+second runs eager timed, and where launching it took ``GRAPH_LAUNCH_SHARE`` of its time or more and at least
+``GRAPH_MIN_BATCHES_LEFT`` full batches are left to replay it, the third captures the graph the rest replay; else
+the graph is dropped. Every batch timed is a batch of the job: a large
 model, whose graph does not pay, spends no device time on the choice.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -41,6 +42,10 @@ WARM_UP_CAPTIONS = 8
 # 10,900-12,900 img/s replayed and 9,200 eager; ViT-L-14 2,600 and 2,610 (results/h100/job_start_63aab05/).
 GRAPH_LAUNCH_SHARE = 0.25
 GRAPH_PROBE_BATCH = 2  # the full batch timed: the first pays its kernels' first loads, which are not launches
+# Capturing the graph holds the main thread for many eager batches' launching (measured on an H100 host, ViT-B-32
+# at batch 256, first in its process: 286 ms against 9 ms to launch an eager batch), while the decoders' queue
+# fills and they stop: a run with fewer full batches left than this does not capture.
+GRAPH_MIN_BATCHES_LEFT = 32
 
 
 def synthetic_images() -> List[bytes]:
@@ -112,12 +117,14 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
     return seconds
 
 
-def eager_batch_deciding_graphs(pipeline: Any, pixels: torch.Tensor) -> torch.Tensor:
+def eager_batch_deciding_graphs(pipeline: Any, pixels: torch.Tensor,
+                                full_batches_left: Optional[int] = None) -> torch.Tensor:
     """``model.encode_image(pixels)`` for the run's probe batch, eager and timed on its own (the device drained
     before it): the share of its time the host spent launching it decides whether the pipeline's image graph is
     kept (then captured at the next full batch) or dropped. A graph replays those launches in one; when the
     device's work dwarfs them (a large model at a large batch), replaying saves nothing and capturing costs a
-    batch of device time."""
+    batch of device time; when few batches are left (``full_batches_left`` after this one, None: not known),
+    the capture costs more than the replays save."""
     device = pipeline.device
     torch.cuda.synchronize(device)
     started = time.perf_counter()
@@ -126,7 +133,12 @@ def eager_batch_deciding_graphs(pipeline: Any, pixels: torch.Tensor) -> torch.Te
     torch.cuda.synchronize(device)
     share = (launched - started) / max(time.perf_counter() - started, 1e-9)
     pipeline.image_graphs_decided = True
-    if share < GRAPH_LAUNCH_SHARE:
+    if full_batches_left is not None and full_batches_left < GRAPH_MIN_BATCHES_LEFT:
+        pipeline.image_graphs.release()
+        pipeline.image_graphs = None
+        logger.info("image batches run eager: %d full batches are left, under the %d a graph's capture pays for",
+                    full_batches_left, GRAPH_MIN_BATCHES_LEFT)
+    elif share < GRAPH_LAUNCH_SHARE:
         pipeline.image_graphs.release()
         pipeline.image_graphs = None
         logger.info("image batches run eager: launching an eager batch takes %.0f%% of its time, under the %.0f%% "

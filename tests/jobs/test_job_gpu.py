@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import clip_flash
+from clip_flash.jobs import warm_up
 from .job_helpers import read_output, write_photos
 
 pytestmark = pytest.mark.gpu
@@ -55,6 +56,7 @@ def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cud
         return encode_image(self, images, normalize)
 
     monkeypatch.setattr(GraphedEncoder, "encode_image", counted)
+    monkeypatch.setattr(warm_up, "GRAPH_MIN_BATCHES_LEFT", 0)  # a run this short would not capture at all
     paths = write_photos(tmp_path / "photos", count=45)
     ordered = sorted(paths, key=lambda path: path.relative_to(tmp_path / "photos").as_posix())
     captions = [path.with_suffix(".txt").read_text() for path in ordered]
@@ -99,6 +101,7 @@ def test_the_image_graph_is_chosen_on_the_runs_own_batches(tmp_path, monkeypatch
     monkeypatch.setattr(CaptureSpace, "capture", capturing)
     monkeypatch.setattr(EmbeddingPipeline, "run", running)
     monkeypatch.setattr(EmbeddingPipeline, "_launch", launching)
+    monkeypatch.setattr(warm_up, "GRAPH_MIN_BATCHES_LEFT", 0)  # a run this short would not capture at all
     write_photos(tmp_path / "photos", count=40, captions=False)
     summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", GPU_MODEL, device="cuda", shard_size=20,
                                batch_size=8, progress=False)
@@ -108,6 +111,25 @@ def test_the_image_graph_is_chosen_on_the_runs_own_batches(tmp_path, monkeypatch
     assert events.count(("capture", "image", 8)) == 1
     assert summary.main_thread_seconds["warming up the device"] > 0
     assert 0 < summary.warm_up_seconds < summary.setup_seconds + summary.seconds
+
+
+def test_a_short_run_does_not_capture_the_image_graph(tmp_path, monkeypatch):
+    """Five full batches: too few for a capture (which holds the main thread for many eager launches) to pay."""
+    from clip_flash.graphs.capture import CaptureSpace
+
+    captures = []
+    capture = CaptureSpace.capture
+
+    def capturing(self, key, function, warmup_iters):
+        captures.append(key.tower)
+        return capture(self, key, function, warmup_iters)
+
+    monkeypatch.setattr(CaptureSpace, "capture", capturing)
+    write_photos(tmp_path / "photos", count=40, captions=False)
+    summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", GPU_MODEL, device="cuda", shard_size=20,
+                               batch_size=8, progress=False)
+    assert summary.rows == 40 and "image" not in captures
+    assert json.loads(open(summary.record_path).read())["options"]["image_cuda_graphs"] is False
     assert 0 < summary.after_load_seconds < summary.setup_seconds + summary.seconds
 
 
