@@ -84,8 +84,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     curve.add_argument("--rates", default="", help="comma-separated rates run as listed (instead of rising)")
     curve.add_argument("--start-rps", default="", help="per workload, e.g. caption=500,captions64=50")
     curve.add_argument("--factor", type=float, default=4.0, help="rate growth per step")
-    curve.add_argument("--refine", type=int, default=3, help="bisection steps after the first missed point "
-                                                             "(4x steps and 3 bisections: within 19%%)")
+    curve.add_argument("--refine", type=int, default=5, help="bisection steps after the first missed point "
+                                                             "(4x steps and 5 bisections: within 4.4%%)")
     curve.add_argument("--min-requests", type=int, default=300,
                        help="a point lasts at least this many requests (low rates run longer than --duration)")
     curve.add_argument("--max-rps", type=float, default=100_000.0, help="highest rate offered")

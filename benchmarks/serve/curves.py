@@ -25,7 +25,7 @@ class CurvePlan:
     start_rps: float = 50.0
     factor: float = 4.0
     max_rps: float = 200_000.0
-    refine_steps: int = 3
+    refine_steps: int = 5  # 4x steps, then 5 bisections: the rate found is within 4.4% of the highest that met
     max_down_steps: int = 6
     min_requests: int = 300
     rates: Optional[Sequence[float]] = None

@@ -44,7 +44,7 @@ GRAPH_LAUNCH_SHARE = 0.25
 GRAPH_PROBE_BATCH = 2  # the full batch timed: the first pays its kernels' first loads, which are not launches
 # Capturing the graph holds the main thread for many eager batches' launching while the decoders' queue fills and
 # they stop; a replay then saves a few ms a batch. Measured on an H100 host, ViT-B-32 at batch 256, a fresh
-# process: the capture 121.5 ms against 7-12 ms to launch an eager batch, and the job's steady rate 9-10%
+# process: the capture 121.5 ms against 7-12 ms to launch an eager batch, and the job's steady rate 4-12%
 # higher with the graph (results/h100/job_start_53a21f4/): it pays after roughly 40 batches, so a run with fewer
 # full batches left than this does not capture.
 GRAPH_MIN_BATCHES_LEFT = 32
