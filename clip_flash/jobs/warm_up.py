@@ -17,8 +17,8 @@ Whether full image batches replay a CUDA graph is decided in the run, on its own
 (:func:`eager_batch_deciding_graphs`): the first full batch runs eager (it pays its kernels' first loads), the
 second runs eager timed, and where launching it took ``GRAPH_LAUNCH_SHARE`` of its time or more and at least
 ``GRAPH_MIN_BATCHES_LEFT`` full batches are left to replay it, the third captures the graph the rest replay; else
-the graph is dropped. Every batch timed is a batch of the job: a large
-model, whose graph does not pay, spends no device time on the choice.
+the graph is dropped. Every batch timed is a batch of the job: a large model, whose graph does not pay, spends no
+device time on the choice.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ GRAPH_PROBE_BATCH = 2  # the full batch timed: the first pays its kernels' first
 # Capturing the graph holds the main thread for many eager batches' launching while the decoders' queue fills and
 # they stop; a replay then saves a few ms a batch. Measured on an H100 host, ViT-B-32 at batch 256, a fresh
 # process: the capture 121.5 ms against 7-12 ms to launch an eager batch, and the job's steady rate 4-12%
-# higher with the graph (results/h100/job_start_53a21f4/): it pays after roughly 40 batches, so a run with fewer
+# higher with the graph (results/h100/job_start_53a21f4/): it pays after some 40-60 batches, so a run with fewer
 # full batches left than this does not capture.
 GRAPH_MIN_BATCHES_LEFT = 32
 
