@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from .config import ServeConfig
 from .jobs import IMAGE, TEXT, DROPPED, QUEUED, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
@@ -261,6 +261,16 @@ class Engine:
             batcher.inputs.close()
 
 
+def combined_state(states: Iterable[str]) -> str:
+    """Several engines' states as one server's: failed if any failed, else loading while any loads, else stopped
+    if any stopped, else ready."""
+    states = set(states)
+    for state in (FAILED, LOADING, STOPPED):
+        if state in states:
+            return state
+    return READY
+
+
 class EnginePool:
     """The engines of one server (one per device); a request goes whole to the least loaded ready engine."""
 
@@ -286,11 +296,7 @@ class EnginePool:
 
     @property
     def state(self) -> str:
-        states = {engine.state for engine in self.engines}
-        for state in (FAILED, LOADING, STOPPED):
-            if state in states:
-                return state
-        return READY
+        return combined_state(engine.state for engine in self.engines)
 
     @property
     def error(self) -> Optional[str]:

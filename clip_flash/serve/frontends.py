@@ -2,11 +2,12 @@
 
 One Python process's HTTP work (parsing, routing, JSON encoding, the event loop's per-request steps) caps the
 small requests it answers whether or not there is a model behind it, so past that rate the HTTP work is spread
-over processes while the model stays in one: this process loads the engines (one per GPU) and serves them on
-a Unix socket (``engine_server.py``); each frontend (spawned, accepting on one listening socket this process
-opened and handed to them, so the kernel spreads connections) runs the same routes over a ``RemotePool``
-(``remote_pool.py``) that forwards each request's inputs through that socket and gets their embeddings back.
-The engine process's GIL is then the one serial resource, so whatever is per request moves to the frontends
+over processes while the model stays in one per GPU: this process serves its engine on a Unix socket
+(``engine_server.py``), or with ``--devices 0,1`` starts one engine process per GPU, each on its own socket
+(``engine_hosts.py``); each frontend (spawned, accepting on one listening socket this process opened and handed
+to them, so the kernel spreads connections) runs the same routes over a ``RemotePool`` (``remote_pool.py``) that
+forwards each request's inputs through a socket and gets their embeddings back.
+An engine process's GIL is then the one serial resource, so whatever is per request moves to the frontends
 (tokenizing captions, scattering results into requests, aggregating metrics) and the engine process works
 per frame and per batch. The messages are in ``wire.py``.
 
@@ -21,16 +22,18 @@ import signal
 import socket
 import tempfile
 import threading
+from typing import List
 
 from .config import ServeConfig
-from .engine_server import EngineServer
-from .remote_pool import RemotePool
+from .engine_hosts import start_engines
+from .remote_pool import RemotePool, RemotePools
 
 logger = logging.getLogger(__name__)
 
 
-def _frontend_main(config: ServeConfig, path: str, listener: socket.socket) -> None:
-    """One frontend process: uvicorn on the shared listening socket, the routes over a RemotePool."""
+def _frontend_main(config: ServeConfig, paths: List[str], listener: socket.socket) -> None:
+    """One frontend process: uvicorn on the shared listening socket, the routes over a RemotePool (one per engine
+    process)."""
     import uvicorn
 
     from .app import build_app
@@ -52,39 +55,34 @@ def _frontend_main(config: ServeConfig, path: str, listener: socket.socket) -> N
             preloaded = (name, get_tokenizer(name))
         except Exception:  # noqa: BLE001 - loaded once the engine names it, or the engine tokenizes
             logger.warning("could not load the %s tokenizer at start", name, exc_info=True)
-    app = build_app(config, RemotePool(path, preloaded))
+    pools = [RemotePool(path, preloaded) for path in paths]
+    app = build_app(config, pools[0] if len(pools) == 1 else RemotePools(pools))
     server = uvicorn.Server(uvicorn_config(app, config))
     freeze_loaded_objects()  # the imported libraries stay out of every full collection (see there)
     server.run(sockets=[listener])
 
 
 def serve_with_frontends(config: ServeConfig) -> int:
-    """This process: the engines and their socket; ``config.workers`` frontend processes; SIGTERM stops all."""
-    from .engine import EnginePool
-
+    """This process: the engines and their sockets; ``config.workers`` frontend processes; SIGTERM stops all."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    pool = EnginePool(config)
     directory = tempfile.mkdtemp(prefix="clip_flash_serve_")
-    path = os.path.join(directory, "engine.sock")
-    engine_server = EngineServer(pool, path)
-    engine_server.start()
+    engines = start_engines(config, directory)
     listener = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((config.host, config.port))
     listener.listen(2048)
     listener.set_inheritable(True)
     context = multiprocessing.get_context("spawn")
-    frontends = [context.Process(target=_frontend_main, args=(config, path, listener), name=f"clip_flash-http-{n}")
-                 for n in range(config.workers)]
+    frontends = [context.Process(target=_frontend_main, args=(config, engines.paths, listener),
+                                 name=f"clip_flash-http-{n}") for n in range(config.workers)]
     for process in frontends:
         process.start()
     logger.info("%d HTTP frontends on http://%s:%d; loading the model", config.workers, config.host, config.port)
-    loader = threading.Thread(target=pool.load, daemon=True, name="clip_flash-load")
-    loader.start()
+    engines.load()
     while not stop.wait(0.5):
-        if pool.state == "failed" or not any(process.is_alive() for process in frontends):
+        if engines.failed is not None or not any(process.is_alive() for process in frontends):
             break
     for process in frontends:  # they stop accepting and answer what they accepted
         if process.is_alive():
@@ -92,16 +90,19 @@ def serve_with_frontends(config: ServeConfig) -> int:
     for process in frontends:
         process.join()
     listener.close()
-    engine_server.stop()
-    loader.join()  # a model still loading is not torn down under the loading thread
-    pool.close()
+    failed = engines.failed
+    engines.stop()
+    for path in engines.paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
     try:
-        os.unlink(path)
         os.rmdir(directory)
     except OSError:
         pass
-    if pool.state == "failed":
-        logger.error("the model could not be loaded: %s", pool.error)
+    if failed is not None:
+        logger.error("the model could not be loaded: %s", failed)
         return 1
     if not stop.is_set():
         logger.error("the HTTP frontends exited (exit codes %s)", [process.exitcode for process in frontends])

@@ -196,3 +196,35 @@ def _observe(histograms: Dict[str, List[Any]], route: str, seconds: float) -> No
 def metric_families(text: str) -> Sequence[str]:
     """The metric family names in a /metrics body (for tests and tools)."""
     return sorted({line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")})
+
+
+def merge_expositions(texts: Sequence[bytes]) -> bytes:
+    """Several engine processes' /metrics bodies as one server's: every sample with the same name and labels
+    summed (counts, histogram buckets and sums, queue depths), a ``_created`` time the earliest."""
+    from prometheus_client.core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.samples import Sample
+
+    families: Dict[str, Tuple[Any, Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text.decode()):
+            _, values = families.setdefault(family.name, (family, {}))
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in values:
+                    values[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    values[key] = min(values[key], sample.value)
+                else:
+                    values[key] += sample.value
+
+    class Merged:
+        def collect(self):
+            for family, values in families.values():
+                merged = Metric(family.name, family.documentation, family.type)
+                merged.samples = [Sample(name, dict(labels), value) for (name, labels), value in values.items()]
+                yield merged
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Merged())
+    return generate_latest(registry)

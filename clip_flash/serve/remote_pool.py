@@ -1,5 +1,6 @@
 """A frontend's side of ``--workers N``: ``RemotePool``, what ``build_app`` needs of an ``EnginePool``, forwarding
-to the engine process over its Unix socket (protocol in ``wire.py``).
+to the engine process over its Unix socket (protocol in ``wire.py``); ``RemotePools``, the same over one engine
+process per GPU (``--devices 0,1``).
 
 Work that is per request moves here, off the engine process's one GIL: captions are tokenized here (with the
 tokenizer and context length the engine names in its state reply, so the ids are the engine's own), every
@@ -14,6 +15,7 @@ import logging
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .engine import READY, combined_state
 from .jobs import TOWERS, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
 from .wire import Outbox, read_messages, token_bytes, unpack_batch
 
@@ -77,6 +79,11 @@ class RemotePool:
 
     def queue_depth(self, tower: str) -> int:
         return self.depths.get(tower, 0)
+
+    @property
+    def outstanding(self) -> int:
+        """This frontend's requests sent to the engine and not yet answered."""
+        return len(self._jobs)
 
     def submit(self, job: EmbeddingJob, images: Sequence[QueuedInputs], texts: Sequence[QueuedInputs]
                ) -> RemoteHandle:
@@ -202,3 +209,52 @@ class RemotePool:
             for job in self._jobs.values():
                 job.refuse(NotReady(self.error))
             self._jobs.clear()
+
+
+class RemotePools:
+    """What ``build_app`` needs of an ``EnginePool``, over several engine processes (one per GPU): a request goes
+    whole to the ready engine with the fewest of this frontend's requests outstanding; the state, queue depths and
+    /metrics are the engines' together (as one process's ``EnginePool`` gives them). The frontend's own counts
+    travel with the first engine's questions only, so they are counted once."""
+
+    def __init__(self, pools: Sequence[RemotePool]) -> None:
+        self.pools = list(pools)
+        self.metrics = self.pools[0].metrics
+        self._turn = itertools.count()  # engines equally free take requests in turn
+
+    async def connect(self) -> None:
+        for pool in self.pools:
+            await pool.connect()
+
+    async def disconnect(self) -> None:
+        for pool in self.pools:
+            await pool.disconnect()
+
+    @property
+    def state(self) -> str:
+        return combined_state(pool.state for pool in self.pools)
+
+    @property
+    def error(self) -> Optional[str]:
+        return next((pool.error for pool in self.pools if pool.error), None)
+
+    @property
+    def description(self) -> str:
+        return "; ".join(pool.description for pool in self.pools if pool.description)
+
+    def queue_depth(self, tower: str) -> int:
+        return sum(pool.queue_depth(tower) for pool in self.pools)
+
+    def submit(self, job: EmbeddingJob, images: Sequence[QueuedInputs], texts: Sequence[QueuedInputs]
+               ) -> RemoteHandle:
+        ready = [pool for pool in self.pools if pool.state == READY]
+        if not ready:
+            return self.pools[0].submit(job, images, texts)  # forwarded: the engine refuses with its reason
+        start = next(self._turn) % len(ready)
+        pool = min(ready[start:] + ready[:start], key=lambda pool: pool.outstanding)
+        return pool.submit(job, images, texts)
+
+    async def engine_metrics(self) -> bytes:
+        from .metrics import merge_expositions
+
+        return merge_expositions(await asyncio.gather(*(pool.engine_metrics() for pool in self.pools)))

@@ -83,3 +83,27 @@ def test_two_frontends_one_engine_on_the_gpu(reference):
             assert body["usage"]["prompt_tokens"] == reference.token_count(captions)
     finally:
         assert process.stop() == 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_one_engine_process_per_gpu(reference):
+    """``--devices 0,1``: an engine process per GPU behind two frontends; requests land on both and every answer
+    is stock's; /metrics counts them once, with both engines' batches."""
+    process = ServerProcess(["--device", "cuda", "--precision", "fp32", "--workers", "2", "--devices", "0,1",
+                             "--max-batch", "8", "--max-text-batch", "16"])
+    try:
+        process.wait_ready(timeout=300)
+        photos = [jpeg_bytes(n) for n in range(3)]
+        for _ in range(8):
+            body = post(process, {"input": CAPTIONS + [data_uri(photo) for photo in photos]}).json()
+            got = vectors(body)
+            np.testing.assert_allclose(got[:len(CAPTIONS)], reference.texts(CAPTIONS), atol=1e-4, rtol=0)
+            np.testing.assert_allclose(got[len(CAPTIONS):], reference.images(photos), atol=1e-4, rtol=0)
+        metrics = httpx.get(process.url + "/metrics", timeout=30).text
+        answered = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                       if line.startswith("clip_flash_requests_total{") and 'status="200"' in line)
+        assert answered >= 8
+        engines = httpx.get(process.url + "/ready", timeout=30).json()["engine"]
+        assert "cuda:0" in engines and "cuda:1" in engines, engines
+    finally:
+        assert process.stop() == 0

@@ -1,0 +1,116 @@
+"""Where ``--workers N``'s engines run: in the server's own process (one device), or one process per device
+(``--devices 0,1``), each serving its engine on a Unix socket of its own.
+
+An engine process's GIL is the server's one serial resource (the frontends take the per-request work), so a
+second GPU's batches in the same process would share it with the first's: one process per GPU keeps each GPU's
+batch work on its own GIL. The frontends route each request whole to the engine with the fewest requests
+outstanding (``remote_pool.RemotePools``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from typing import List, Optional, Sequence
+
+from .config import ServeConfig
+from .engine_server import EngineServer
+
+logger = logging.getLogger(__name__)
+
+ENGINE_START_SECONDS = 120.0  # an engine process's socket listening (imports included), before it counts as failed
+
+
+class InProcessEngines:
+    """The engines (one device) in this process, served on one socket."""
+
+    def __init__(self, config: ServeConfig, directory: str) -> None:
+        from .engine import EnginePool
+
+        self.pool = EnginePool(config)
+        self.paths = [os.path.join(directory, "engine.sock")]
+        self.server = EngineServer(self.pool, self.paths[0])
+        self.server.start()
+        self.loader = threading.Thread(target=self.pool.load, daemon=True, name="clip_flash-load")
+
+    def load(self) -> None:
+        self.loader.start()
+
+    @property
+    def failed(self) -> Optional[str]:
+        """Why the engines cannot serve (None while they can or still load)."""
+        return self.pool.error if self.pool.state == "failed" else None
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.loader.join()  # a model still loading is not torn down under the loading thread
+        self.pool.close()
+
+
+def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.synchronize.Event") -> None:
+    """One engine process: one device's engine on its socket, until SIGTERM (Ctrl-C reaches the whole process
+    group: the server stops its frontends first, then sends SIGTERM here)."""
+    from .engine import EnginePool
+
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pool = EnginePool(config)
+    server = EngineServer(pool, path)
+    server.start()
+    listening.set()
+    pool.load()
+    if pool.state == "failed":
+        logger.error("the model could not be loaded on %s: %s", config.device_names()[0] or "the default device",
+                     pool.error)
+    while pool.state != "failed" and not stop.wait(0.5):
+        pass
+    server.stop()
+    pool.close()
+    sys.exit(1 if pool.state == "failed" else 0)
+
+
+class EngineProcesses:
+    """One engine process per config (per device), each on its socket under ``directory``."""
+
+    def __init__(self, configs: Sequence[ServeConfig], directory: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.paths = [os.path.join(directory, f"engine-{number}.sock") for number in range(len(configs))]
+        self.processes: List[multiprocessing.process.BaseProcess] = []
+        for number, (config, path) in enumerate(zip(configs, self.paths)):
+            listening = context.Event()
+            process = context.Process(target=_engine_main, args=(config, path, listening),
+                                      name=f"clip_flash-engine-{number}")
+            process.start()
+            if not listening.wait(ENGINE_START_SECONDS) and process.is_alive():
+                process.kill()
+            self.processes.append(process)
+
+    def load(self) -> None:
+        pass  # each engine process loads its model as it starts
+
+    @property
+    def failed(self) -> Optional[str]:
+        gone = [process.name for process in self.processes if not process.is_alive()]
+        return f"engine process(es) {', '.join(gone)} exited (see their log)" if gone else None
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            process.join()
+
+
+def start_engines(config: ServeConfig, directory: str):
+    """The server's engines, serving on sockets under ``directory`` (their paths: ``.paths``)."""
+    if len(config.devices) > 1:  # --max-queue shared out between them
+        share = -(-config.max_queue // len(config.devices))
+        return EngineProcesses([dataclasses.replace(config, devices=(index,), max_queue=share)
+                                for index in config.devices], directory)
+    return InProcessEngines(config, directory)
