@@ -68,8 +68,10 @@ def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.syn
     if pool.state == "failed":
         logger.error("the model could not be loaded on %s: %s", config.device_names()[0] or "the default device",
                      pool.error)
+    parent = os.getppid()
     while pool.state != "failed" and not stop.wait(0.5):
-        pass
+        if os.getppid() != parent:  # the server was killed outright: nothing will send SIGTERM
+            break
     server.stop()
     pool.close()
     sys.exit(1 if pool.state == "failed" else 0)
