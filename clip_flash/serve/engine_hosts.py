@@ -56,6 +56,7 @@ def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.syn
     group: the server stops its frontends first, then sends SIGTERM here)."""
     from .engine import EnginePool
 
+    parent = os.getppid()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -68,7 +69,6 @@ def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.syn
     if pool.state == "failed":
         logger.error("the model could not be loaded on %s: %s", config.device_names()[0] or "the default device",
                      pool.error)
-    parent = os.getppid()
     while pool.state != "failed" and not stop.wait(0.5):
         if os.getppid() != parent:  # the server was killed outright: nothing will send SIGTERM
             break
