@@ -84,14 +84,15 @@ class EngineProcesses:
         context = multiprocessing.get_context("spawn")
         self.paths = [os.path.join(directory, f"engine-{number}.sock") for number in range(len(configs))]
         self.processes: List[multiprocessing.process.BaseProcess] = []
+        listening = [context.Event() for _ in configs]
         for number, (config, path) in enumerate(zip(configs, self.paths)):
-            listening = context.Event()
-            process = context.Process(target=_engine_main, args=(config, path, listening),
+            process = context.Process(target=_engine_main, args=(config, path, listening[number]),
                                       name=f"clip_flash-engine-{number}")
-            process.start()
-            if not listening.wait(ENGINE_START_SECONDS) and process.is_alive():
-                process.kill()
+            process.start()  # all at once: each spends its start importing
             self.processes.append(process)
+        for process, event in zip(self.processes, listening):  # the frontends connect once every socket listens
+            if not event.wait(ENGINE_START_SECONDS) and process.is_alive():
+                process.kill()
 
     def load(self) -> None:
         pass  # each engine process loads its model as it starts
