@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import List, Optional, Sequence
 
 from .config import ServeConfig
@@ -90,9 +91,12 @@ class EngineProcesses:
                                       name=f"clip_flash-engine-{number}")
             process.start()  # all at once: each spends its start importing
             self.processes.append(process)
+        deadline = time.monotonic() + ENGINE_START_SECONDS
         for process, event in zip(self.processes, listening):  # the frontends connect once every socket listens
-            if not event.wait(ENGINE_START_SECONDS) and process.is_alive():
-                process.kill()
+            while not event.wait(0.2) and process.is_alive():
+                if time.monotonic() > deadline:
+                    process.kill()  # reported by ``failed``
+                    break
 
     def load(self) -> None:
         pass  # each engine process loads its model as it starts
