@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .config import ServeConfig
 from .jobs import IMAGE, TEXT, DROPPED, QUEUED, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
@@ -261,17 +261,34 @@ class Engine:
             batcher.inputs.close()
 
 
-def combined_state(states: Iterable[str]) -> str:
-    """Several engines' states as one server's: failed if any failed, else loading while any loads, else stopped
-    if any stopped, else ready."""
-    states = set(states)
-    for state in (FAILED, LOADING, STOPPED):
-        if state in states:
-            return state
-    return READY
+class EnginesTogether:
+    """Several engines' state, error, description and queue depths as one server's (``members``: the engines, in
+    this process or behind sockets): failed if any failed, else loading while any loads, else stopped if any
+    stopped, else ready."""
+
+    members: Sequence[Any] = ()
+
+    @property
+    def state(self) -> str:
+        states = {member.state for member in self.members}
+        for state in (FAILED, LOADING, STOPPED):
+            if state in states:
+                return state
+        return READY
+
+    @property
+    def error(self) -> Optional[str]:
+        return next((member.error for member in self.members if member.error), None)
+
+    @property
+    def description(self) -> str:
+        return "; ".join(member.description for member in self.members if member.description)
+
+    def queue_depth(self, tower: str) -> int:
+        return sum(member.queue_depth(tower) for member in self.members)
 
 
-class EnginePool:
+class EnginePool(EnginesTogether):
     """The engines of one server (one per device); a request goes whole to the least loaded ready engine."""
 
     def __init__(self, config: ServeConfig) -> None:
@@ -280,6 +297,7 @@ class EnginePool:
         self.config = config
         self.metrics = ServeMetrics(self.queue_depth)  # the server's one registry, its engines' counts in it
         self.engines: List[Engine] = [Engine(config, name, self.metrics) for name in config.device_names()]
+        self.members = self.engines
         self.limit = -(-config.max_queue // len(self.engines))
 
     def load(self) -> None:
@@ -293,21 +311,6 @@ class EnginePool:
             thread.start()
         for thread in threads:
             thread.join()
-
-    @property
-    def state(self) -> str:
-        return combined_state(engine.state for engine in self.engines)
-
-    @property
-    def error(self) -> Optional[str]:
-        return next((engine.error for engine in self.engines if engine.error), None)
-
-    @property
-    def description(self) -> str:
-        return "; ".join(engine.description for engine in self.engines)
-
-    def queue_depth(self, tower: str) -> int:
-        return sum(engine.queue_depth(tower) for engine in self.engines)
 
     @property
     def text_tokenizer(self) -> Optional[Tuple[str, int]]:

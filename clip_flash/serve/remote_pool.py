@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .engine import READY, combined_state
+from .engine import READY, EnginesTogether
 from .jobs import TOWERS, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
 from .wire import Outbox, read_messages, token_bytes, unpack_batch
 
@@ -211,14 +211,14 @@ class RemotePool:
             self._jobs.clear()
 
 
-class RemotePools:
+class RemotePools(EnginesTogether):
     """What ``build_app`` needs of an ``EnginePool``, over several engine processes (one per GPU): a request goes
     whole to the ready engine with the fewest of this frontend's requests outstanding; the state, queue depths and
     /metrics are the engines' together (as one process's ``EnginePool`` gives them). The frontend's own counts
     travel with the first engine's questions only, so they are counted once."""
 
     def __init__(self, pools: Sequence[RemotePool]) -> None:
-        self.pools = list(pools)
+        self.pools = self.members = list(pools)
         self.metrics = self.pools[0].metrics
         self._turn = itertools.count()  # engines equally free take requests in turn
 
@@ -229,21 +229,6 @@ class RemotePools:
     async def disconnect(self) -> None:
         for pool in self.pools:
             await pool.disconnect()
-
-    @property
-    def state(self) -> str:
-        return combined_state(pool.state for pool in self.pools)
-
-    @property
-    def error(self) -> Optional[str]:
-        return next((pool.error for pool in self.pools if pool.error), None)
-
-    @property
-    def description(self) -> str:
-        return "; ".join(pool.description for pool in self.pools if pool.description)
-
-    def queue_depth(self, tower: str) -> int:
-        return sum(pool.queue_depth(tower) for pool in self.pools)
 
     def submit(self, job: EmbeddingJob, images: Sequence[QueuedInputs], texts: Sequence[QueuedInputs]
                ) -> RemoteHandle:
