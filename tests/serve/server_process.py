@@ -26,12 +26,12 @@ def free_port() -> int:
 class ServerProcess:
     """Starts the server with ``args``; ``wait_ready`` polls /health then /ready and records what /ready said."""
 
-    def __init__(self, args: Sequence[str], api_key: Optional[str] = None) -> None:
+    def __init__(self, args: Sequence[str], api_key: Optional[str] = None, module: str = "clip_flash.serve") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile(prefix="clip_flash_serve_", suffix=".log", delete=False)
-        command = [sys.executable, "-m", "clip_flash.serve", "--port", str(self.port), *args]
+        command = [sys.executable, "-m", module, "--port", str(self.port), *args]
         if api_key:
             command += ["--api-key", api_key]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -147,3 +147,24 @@ async def _metrics_of(path: str) -> bytes:
         return await pool.engine_metrics()
     finally:
         await pool.disconnect()
+
+
+def test_a_server_of_two_engine_processes_starts_answers_and_stops():
+    """The whole server as ``--devices 0,1`` runs it (two engine processes, two frontends; on the CPU here): ready
+    once both engines are, answers through either frontend, and SIGTERM exits 0."""
+    import httpx
+
+    from tests.serve.contract import CAPTIONS, vectors
+    from tests.serve.server_process import ServerProcess
+
+    process = ServerProcess(["--device", "cpu", "--workers", "2", "--max-batch", "8", "--max-text-batch", "16"],
+                            module="tests.serve.two_cpu_engines")
+    try:
+        process.wait_ready(timeout=240)
+        ready = httpx.get(process.url + "/ready", timeout=30).json()
+        assert ready["engine"].count("on cpu") == 2, ready
+        answers = [vectors(httpx.post(process.url + "/v1/embeddings", json={"model": "ViT-B-32", "input": CAPTIONS},
+                                      timeout=60).json()) for _ in range(4)]
+        assert all(abs(answer - answers[0]).max() < 1e-6 for answer in answers)
+    finally:
+        assert process.stop(timeout=60) == 0
