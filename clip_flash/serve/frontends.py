@@ -67,13 +67,14 @@ def serve_with_frontends(config: ServeConfig) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    directory = tempfile.mkdtemp(prefix="clip_flash_serve_")
-    engines = start_engines(config, directory)
+    # Listening first: connections made while engine processes start wait in the backlog instead of failing.
     listener = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((config.host, config.port))
     listener.listen(2048)
     listener.set_inheritable(True)
+    directory = tempfile.mkdtemp(prefix="clip_flash_serve_")
+    engines = start_engines(config, directory)
     context = multiprocessing.get_context("spawn")
     frontends = [context.Process(target=_frontend_main, args=(config, engines.paths, listener),
                                  name=f"clip_flash-http-{n}") for n in range(config.workers)]
