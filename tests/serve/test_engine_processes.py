@@ -168,3 +168,18 @@ def test_a_server_of_two_engine_processes_starts_answers_and_stops():
         assert all(abs(answer - answers[0]).max() < 1e-6 for answer in answers)
     finally:
         assert process.stop(timeout=60) == 0
+
+
+def test_an_engine_process_that_cannot_load_stops_the_server_with_its_reason(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.serve.server_process import ROOT, free_port
+
+    checkpoint = tmp_path / "not_a_checkpoint.pt"
+    checkpoint.write_text("not a checkpoint")
+    done = subprocess.run([sys.executable, "-m", "tests.serve.two_cpu_engines", "--model", f"ViT-B-32::{checkpoint}",
+                           "--device", "cpu", "--workers", "2", "--port", str(free_port())], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1
+    assert "cannot build" in done.stderr and "the model could not be loaded" in done.stderr
