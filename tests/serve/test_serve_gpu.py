@@ -103,7 +103,13 @@ def test_one_engine_process_per_gpu(reference):
         answered = sum(float(line.split()[-1]) for line in metrics.splitlines()
                        if line.startswith("clip_flash_requests_total{") and 'status="200"' in line)
         assert answered >= 8
-        engines = httpx.get(process.url + "/ready", timeout=30).json()["engine"]
+        ready = httpx.get(process.url + "/ready", timeout=30)  # each frontend polls the engines' state every 0.25 s
+        for _ in range(100):
+            if ready.status_code == 200:
+                break
+            time.sleep(0.1)
+            ready = httpx.get(process.url + "/ready", timeout=30)
+        engines = ready.json()["engine"]
         assert "cuda:0" in engines and "cuda:1" in engines, engines
     finally:
         assert process.stop() == 0
