@@ -135,16 +135,14 @@ def eager_batch_deciding_graphs(pipeline: Any, pixels: torch.Tensor,
     torch.cuda.synchronize(device)
     share = (launched - started) / max(time.perf_counter() - started, 1e-9)
     pipeline.image_graphs_decided = True
-    if full_batches_left is not None and full_batches_left < GRAPH_MIN_BATCHES_LEFT:
+    few_left = full_batches_left is not None and full_batches_left < GRAPH_MIN_BATCHES_LEFT
+    if few_left or share < GRAPH_LAUNCH_SHARE:
         pipeline.image_graphs.release()
         pipeline.image_graphs = None
-        logger.info("image batches run eager: %d full batches are left, under the %d a graph's capture pays for",
-                    full_batches_left, GRAPH_MIN_BATCHES_LEFT)
-    elif share < GRAPH_LAUNCH_SHARE:
-        pipeline.image_graphs.release()
-        pipeline.image_graphs = None
-        logger.info("image batches run eager: launching an eager batch takes %.0f%% of its time, under the %.0f%% "
-                    "where a graph's replay pays for its capture", 100 * share, 100 * GRAPH_LAUNCH_SHARE)
+        why = (f"{full_batches_left} full batches are left, under the {GRAPH_MIN_BATCHES_LEFT} a graph's capture "
+               "pays for" if few_left else f"launching an eager batch takes {100 * share:.0f}% of its time, under "
+               f"the {100 * GRAPH_LAUNCH_SHARE:.0f}% where a graph's replay pays for its capture")
+        logger.info("image batches run eager: %s", why)
     else:
         logger.info("full image batches replay a CUDA graph from the next one: launching an eager batch takes "
                     "%.0f%% of its time", 100 * share)

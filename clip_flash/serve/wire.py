@@ -169,11 +169,7 @@ def unpack_batch(message: Tuple[Any, ...]) -> List[Tuple[int, int, Any]]:
     _, ids, indices, matrix, which, tokens, errors = message
     out: List[Tuple[int, int, Any]] = []
     if ids:
-        if which is True or which is False:
-            out = [(request_id, indices[row], Embedded(None, matrix[row], tokens[row]) if which
-                    else Embedded(matrix[row], None, tokens[row])) for row, request_id in enumerate(ids)]
-        else:
-            flags = np.frombuffer(which, dtype=np.bool_).tolist()
-            out = [(request_id, indices[row], Embedded(None, matrix[row], tokens[row]) if flags[row]
-                    else Embedded(matrix[row], None, tokens[row])) for row, request_id in enumerate(ids)]
+        flags = [which] * len(ids) if which is True or which is False else np.frombuffer(which, np.bool_).tolist()
+        out = [(request_id, indices[row], Embedded(None, matrix[row], tokens[row]) if flags[row]
+                else Embedded(matrix[row], None, tokens[row])) for row, request_id in enumerate(ids)]
     return out + [(request_id, index, ItemError(text)) for request_id, index, text in errors]
