@@ -1,5 +1,5 @@
-"""The batcher's pieces without a server: out-of-memory retries in halves, caption length groups, and a
-TowerBatcher end to end with a fake tower (batches close at max_batch, results scattered back in order)."""
+"""The batcher's pieces without a server: out-of-memory retries in halves, caption length groups, the graph
+batch sizes, and a TowerBatcher end to end with a fake tower (batches close at max_batch, results scattered back in order)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from clip_flash.serve.batcher import TowerBatcher, encode_in_pieces
+from clip_flash.serve.engine import IMAGE_BUCKETS_PER_OCTAVE, batch_buckets
 from clip_flash.serve.inputs import length_groups
 from clip_flash.serve.jobs import DROPPED, QUEUED, Embedded, EmbeddingJob, ItemError, QueuedInputs
 
@@ -21,6 +22,19 @@ def oom_above(limit: int, calls: list):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return x * 2
     return encode
+
+
+@pytest.mark.parametrize("largest", [1, 3, 8, 9, 17, 64, 100, 256, 1024])
+def test_batch_buckets_cover_every_batch_with_bounded_padding(largest):
+    for per_octave, worst in ((1, 2.0), (IMAGE_BUCKETS_PER_OCTAVE, 1.25)):
+        sizes = batch_buckets(largest, per_octave)
+        assert list(sizes) == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == largest
+        for n in range(1, largest + 1):
+            padded = min(size for size in sizes if size >= n)
+            assert padded <= max(8, worst * n), (largest, per_octave, n, padded)
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64)  # text: its graphs multiply by the length buckets
+    assert batch_buckets(64, IMAGE_BUCKETS_PER_OCTAVE) == (1, 2, 4, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48,
+                                                           56, 64)
 
 
 def test_out_of_memory_retried_in_halves():

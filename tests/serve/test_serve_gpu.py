@@ -99,10 +99,17 @@ def test_one_engine_process_per_gpu(reference):
             got = vectors(body)
             np.testing.assert_allclose(got[:len(CAPTIONS)], reference.texts(CAPTIONS), atol=1e-4, rtol=0)
             np.testing.assert_allclose(got[len(CAPTIONS):], reference.images(photos), atol=1e-4, rtol=0)
-        metrics = httpx.get(process.url + "/metrics", timeout=30).text
-        answered = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                       if line.startswith("clip_flash_requests_total{") and 'status="200"' in line)
-        assert answered >= 8
+        # A frontend's counts travel to the engines with its next message (its state poll, every 0.25 s).
+        answered = 0.0
+        for _ in range(50):
+            metrics = httpx.get(process.url + "/metrics", timeout=30).text
+            answered = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                           if line.startswith("clip_flash_requests_total{") and 'status="200"' in line
+                           and 'route="/v1/embeddings"' in line)
+            if answered >= 8:
+                break
+            time.sleep(0.1)
+        assert answered == 8
         ready = httpx.get(process.url + "/ready", timeout=30)  # each frontend polls the engines' state every 0.25 s
         for _ in range(100):
             if ready.status_code == 200:
