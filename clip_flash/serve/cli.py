@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
     add("--decode", choices=("cpu", "gpu"), default=defaults.decode,
         help="cpu: exact (OpenCLIP's pixels, bit for bit); gpu: nvJPEG, faster, not exact (default: %(default)s)")
-    add("--decode-workers", type=int, default=None, help="image decoding workers (default: the preparer's)")
+    add("--decode-workers", type=int, default=None,
+        help="image decoding threads per engine (default: one per core, shared out between --devices' engines)")
     add("--no-patch", dest="patch", action="store_false", help="serve the stock OpenCLIP model (a baseline)")
     add("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run every batch eager")
     add("--inputs", choices=("fast", "stock"), default=defaults.inputs,

@@ -13,11 +13,15 @@ MAX_DEFAULT_WORKERS = 4
 CORES_PER_DEFAULT_WORKER = 4  # leave most cores to image decoding, the engine process and the clients
 
 
+def host_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_workers() -> int:
     """HTTP frontend processes when ``--workers`` is not given: one per 4 cores this process may use, at most 4
     (one on a machine of fewer than 8 cores, where extra processes only compete with the engine)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_DEFAULT_WORKERS, cores // CORES_PER_DEFAULT_WORKER))
+    return max(1, min(MAX_DEFAULT_WORKERS, host_cores() // CORES_PER_DEFAULT_WORKER))
 
 
 @dataclass
@@ -51,7 +55,8 @@ class ServeConfig:
         inputs: ``"fast"`` (clip_flash's exact image preparer and tokenizer) or ``"stock"`` (OpenCLIP's own
             ``preprocess`` and tokenizer: a baseline).
         cuda_graphs: replay CUDA graphs (``clip_flash.GraphedEncoder``) on CUDA.
-        decode_workers: image decoding workers (None: the preparer's default).
+        decode_workers: image decoding workers (None: the preparer's default, a thread per core; with several
+            ``devices`` the cores shared out between their engine processes).
         workers: HTTP frontend processes feeding the engine process(es); 1: one process does everything. The
             default (``default_workers()``) is 1 on small machines and up to 4 on large ones: one process's event
             loop shares the GIL with the batchers (one process answered 1,500-2,400 requests/s on a 16-core GPU

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
-from .config import ServeConfig
+from .config import ServeConfig, host_cores
 from .engine_server import EngineServer
 
 logger = logging.getLogger(__name__)
@@ -116,8 +116,14 @@ class EngineProcesses:
 
 def start_engines(config: ServeConfig, directory: str):
     """The server's engines, serving on sockets under ``directory`` (their paths: ``.paths``)."""
-    if len(config.devices) > 1:  # --max-queue shared out between them
-        share = -(-config.max_queue // len(config.devices))
-        return EngineProcesses([dataclasses.replace(config, devices=(index,), max_queue=share)
+    if len(config.devices) > 1:  # --max-queue and the host's cores shared out between them
+        count = len(config.devices)
+        share = -(-config.max_queue // count)
+        # Each preparer would start a decoding thread per core: two engines' bursts then put twice as many
+        # threads as cores on the run queue, and the frontends wait their turn (measured, two H100s:
+        # benchmarks/results/h100x2/serve_rates_912c3c9/two_dw16).
+        decoders = config.decode_workers or max(1, host_cores() // count)
+        return EngineProcesses([dataclasses.replace(config, devices=(index,), max_queue=share,
+                                                    decode_workers=decoders)
                                 for index in config.devices], directory)
     return InProcessEngines(config, directory)

@@ -1,5 +1,6 @@
 """The batcher's pieces without a server: out-of-memory retries in halves, caption length groups, the graph
-batch sizes, and a TowerBatcher end to end with a fake tower (batches close at max_batch, results scattered back in order)."""
+batch sizes, and a TowerBatcher end to end with a fake tower (batches close at max_batch, results scattered back
+in order)."""
 from __future__ import annotations
 
 import asyncio

@@ -12,6 +12,8 @@ pytest.importorskip("prometheus_client", reason="the serve extra is not installe
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from clip_flash.serve import engine_hosts  # noqa: E402
+from clip_flash.serve.config import ServeConfig  # noqa: E402
 from clip_flash.serve.metrics import ServeMetrics, merge_expositions  # noqa: E402
 from clip_flash.serve.remote_pool import RemotePools  # noqa: E402
 
@@ -97,6 +99,16 @@ def test_no_ready_engine_leaves_the_request_to_the_first_to_refuse():
     first, second = _Engine("a", state="loading"), _Engine("b", state="loading")
     RemotePools([first, second]).submit("job", [], [])
     assert first.submitted == ["job"] and not second.submitted
+
+
+def test_engine_processes_share_the_queue_and_the_cores(monkeypatch):
+    started = []
+    monkeypatch.setattr(engine_hosts, "EngineProcesses", lambda configs, directory: started.append(configs))
+    monkeypatch.setattr(engine_hosts, "host_cores", lambda: 32)
+    engine_hosts.start_engines(ServeConfig(devices=(0, 1), max_queue=101), "unused")
+    assert [(c.devices, c.max_queue, c.decode_workers) for c in started[-1]] == [((0,), 51, 16), ((1,), 51, 16)]
+    engine_hosts.start_engines(ServeConfig(devices=(0, 1, 2), decode_workers=5), "unused")
+    assert [c.decode_workers for c in started[-1]] == [5, 5, 5]  # given: each engine's own
 
 
 def test_two_engine_processes_answer_as_stock(tmp_path):
