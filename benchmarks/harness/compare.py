@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 SCHEMA = "clip_flash.bench_clip/1"
-SHAPES, PIPELINES, JOB, THROUGHPUT = "shapes", "pipelines", "job", "throughput"
+SHAPES, PIPELINES, JOB, THROUGHPUT, SERVE = "shapes", "pipelines", "job", "throughput", "serve"
 
 Key = Tuple[str, ...]
 Values = Dict[str, Optional[float]]  # metric -> rate (None: not measured)
@@ -54,6 +54,8 @@ KINDS: Dict[str, Kind] = {kind.name: kind for kind in (
     Kind(THROUGHPUT, "image_decode_throughput", ("executor", "workers", "JPEG route"),
          (("decode", "decode images/s"), ("to device", "files -> device batch images/s")), "rounds",
          unrecorded_last_matches=True),
+    Kind(SERVE, "bench_serve curves", ("server", "workload", "offered req/s"), (("achieved", "achieved req/s"),),
+         "p50 / p99 ms"),
 )}
 
 
@@ -95,14 +97,19 @@ def kinds_of(data: Any) -> Tuple[str, ...]:
         return (JOB,)
     if rows and all("executor" in row and "decode_images_per_s" in row for row in rows):
         return (THROUGHPUT,)
+    if isinstance(data, dict) and isinstance(data.get("configs"), dict) and isinstance(data.get("runs"), list):
+        return (SERVE,)
     return ()
 
 
 def header(data: Dict[str, Any]) -> Dict[str, str]:
     """git revision, GPU, torch version and command line of a run, ``"?"`` where the file does not say."""
     record = data.get("environment") if data.get("schema") == SCHEMA else data
+    runs = data.get("runs")  # bench_serve: one record per invocation into the folder; the last one
+    if isinstance(runs, list) and runs and isinstance(runs[-1], dict):
+        record = runs[-1]
     record = record if isinstance(record, dict) else {}
-    versions = record.get("clip_flash_environment")
+    versions = record.get("clip_flash_environment") or (data.get("environment") or {}).get("clip_flash_environment")
     versions = versions if isinstance(versions, dict) else {}
     return {"git": str(record.get("git_revision", "?")), "gpu": str(record.get("device_name", "?")),
             "torch": str(versions.get("torch", "?")), "command": str(record.get("command", "?"))}
@@ -221,8 +228,23 @@ def read_throughput(data: Dict[str, Any]) -> Rows:
     return rows
 
 
+def read_serve(data: Dict[str, Any]) -> Rows:
+    """Achieved requests/s per (server configuration, workload, offered rate), with p50 / p99 beside them.
+
+    A rate offered twice in one curve (bisection) keeps its last point."""
+    rows = Rows(KINDS[SERVE])
+    for server, config in data["configs"].items():
+        for workload, curve in ((config or {}).get("curves") or {}).items():
+            for point in (curve or {}).get("points") or []:
+                key = (server, workload, f"{_number(point.get('offered_rps')) or 0:,.1f}")
+                latency = point.get("latency_ms") or {}
+                rows.values[key] = {"achieved": _number(point.get("achieved_rps"))}
+                rows.details[key] = f"{latency.get('p50', '?')} / {latency.get('p99', '?')}"
+    return rows
+
+
 _READERS: Dict[str, Callable[[Dict[str, Any]], Rows]] = {
-    PIPELINES: read_pipelines, JOB: read_job, THROUGHPUT: read_throughput}
+    PIPELINES: read_pipelines, JOB: read_job, THROUGHPUT: read_throughput, SERVE: read_serve}
 
 
 def pair_keys(old: Sequence[Key], new: Sequence[Key], unrecorded_last_matches: bool = False

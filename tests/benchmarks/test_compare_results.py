@@ -1,5 +1,6 @@
 """benchmarks/compare_results.py: per-shape ratios of two bench_clip JSON runs, regressions flagged; rate ratios of
-pipeline runs, job benches and preprocessing throughput runs (benchmarks/harness/compare.py). CPU only."""
+pipeline runs, job benches, preprocessing throughput runs and server curves (benchmarks/harness/compare.py). CPU
+only."""
 from __future__ import annotations
 
 import importlib.util
@@ -293,6 +294,26 @@ def test_other_records_are_not_results_it_reads(tmp_path, capsys):
     assert "nor a bench_embed or image_decode_throughput JSON" in capsys.readouterr().err
 
 
+def test_serve_curves_compare_achieved_rates_per_offered_rate(tmp_path, capsys):
+    def curve(path, revision, points):
+        path.write_text(json.dumps({
+            "runs": [{"git_revision": revision, "device_name": "Fake GPU", "command": "bench_serve.py ..."}],
+            "configs": {"clip_flash": {"curves": {"image-raw": {"points": [
+                {"offered_rps": offered, "achieved_rps": achieved, "latency_ms": {"p50": p50, "p99": p99}}
+                for offered, achieved, p50, p99 in points]}}}}}))
+        return path
+
+    old = curve(tmp_path / "old.json", "aaa", [(800.0, 800.0, 9.0, 20.0), (1600.0, 1500.0, 90.0, 150.0)])
+    new = curve(tmp_path / "new.json", "bbb", [(800.0, 799.0, 8.0, 18.0), (1600.0, 1200.0, 95.0, 190.0),
+                                              (3200.0, 1300.0, 400.0, 600.0)])
+    assert compare_results.main([str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "git aaa, Fake GPU" in out and "git bbb, Fake GPU" in out
+    assert "| clip_flash | image-raw | 800.0 | 9.0 / 20.0 -> 8.0 / 18.0 | 800 -> 799 | 0.999 |  |" in out
+    assert "| 1,600.0 | 90.0 / 150.0 -> 95.0 / 190.0 | 1,500 -> 1,200 | 0.800 | slower (achieved < 0.952) |" in out
+    assert "only in the new run: clip_flash / image-raw / 3,200.0" in out
+
+
 JOB_RUN = "job_final_cc384da/embed_bench_cc384da.json"  # the one committed H100 job run: compared with itself
 
 
@@ -302,6 +323,8 @@ JOB_RUN = "job_final_cc384da/embed_bench_cc384da.json"  # the one committed H100
     (JOB_RUN, JOB_RUN, "| ViT-B-32 | photos | clip_flash, exact, decode in processes |"),
     ("image_decode_throughput_f5006ac.json", "image_decode_throughput_f5006ac.json",
      "| process | 16 | GPU (entropy decode on CPU) | 2 |"),
+    ("serve_ab_80bab2b/old_a/serve_bench.json", "serve_ab_80bab2b/new_a/serve_bench.json",
+     "| clip_flash | image-raw | 1,600.0 | 32.703 / 62.783 -> 16.215 / 35.327 | 1,599 -> 1,601 | 1.001 |  |"),
 ])
 def test_runs_as_a_script_on_committed_rate_runs(old, new, expected):
     committed = REPO_ROOT / "benchmarks" / "results" / "h100"
