@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a fresh process's embedding job spends its start, step by step, on the main thread: the model load, the
-pipeline's construction, the device warm-up (its synthetic decode and the rest), and the first full image
-batches' launches, the third of which captures the image graph when one is kept.
+pipeline's construction, the device warm-up (its synthetic decode, the encoders' first calls beside it), and the
+first full image batches' launches, the third of which captures the image graph when one is kept.
 
     python benchmarks/probe_job_start.py --photos DIR --json OUT.json --markdown OUT.md [--model ViT-B-32]
         [--repeat 20] [--capture always|default]
@@ -59,6 +59,7 @@ def main() -> int:
     timed(job_module, "make_runner", "pipeline built")
     timed(pipeline_module, "warm_up_device", "device warm-up (all of it)")
     timed(warm_up, "_warm_up_images", "device warm-up: synthetic images decoded and prepared")
+    timed(warm_up, "_warm_up_encoders", "device warm-up: the encoders' first calls, beside the images")
     encode_image = pipeline_module.EmbeddingPipeline._encode_image
     full = [0]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

@@ -7,9 +7,10 @@ decoder for the JPEGs it leaves), cuBLAS's and cuDNN's first calls. None of it d
 it is done on a few synthetic images and a row of zeros, in two halves:
 
 - :func:`start_decoder` (the CPU half) before the run: the decoder's threads must exist before the first read.
-- :func:`warm_up_device` (the device half): in a job, at the start of the run, on the main thread while the
-  run's own threads already read and decode the first batches (the page-locked blocks those batches need are
-  made meanwhile), so the GPU's warm-up and the first reads overlap instead of adding up; a Ray actor does it
+- :func:`warm_up_device` (the device half, the synthetic images' preparation beside the encoders' first calls):
+  in a job, at the start of the run, on the main thread while the run's own threads already read and decode the
+  first batches (the page-locked blocks those batches need are made meanwhile), so the GPU's warm-up and the
+  first reads overlap instead of adding up; a Ray actor does it
   with its model load, before it takes shards. Either way it is inside the accounts: the job's rate "after the
   model load" counts it.
 
@@ -85,38 +86,76 @@ def start_decoder(pipeline: Any) -> float:
 
 def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
     """The device half on ``pipeline`` (an :class:`~clip_flash.jobs.pipeline.EmbeddingPipeline`) on CUDA: the
-    synthetic images decoded by ``decode_threads`` threads at once and prepared, the image encoder on one row,
-    the text encoder; returns the seconds spent (0 off CUDA)."""
+    synthetic images decoded by ``decode_threads`` threads at once and prepared, and, in a thread beside them,
+    the image encoder on one row of zeros and the text encoder; returns the seconds spent (0 off CUDA).
+
+    The two halves share nothing but the device: the preparation's first kernels and the encoders' (their
+    modules' loads, cuBLAS's first handle) each take a few hundred ms on an H100 host, and while the main thread
+    waits for them the decoders' queue fills and they stop; side by side they cost the longer of the two."""
     if not pipeline.cuda:
         return 0.0
     started = time.perf_counter()
     steps: Dict[str, float] = {}
-
-    def lap(step: str) -> None:
-        steps[step] = time.perf_counter() - started - sum(steps.values())
-
     device = pipeline.device
-    compute = torch.cuda.current_stream(device)
-    with torch.inference_mode():
-        if pipeline.image_preparer is not None:
-            pixels = _warm_up_images(pipeline, decode_threads)
-            lap("synthetic images decoded and prepared")
-            if pixels is not None:
-                row = torch.zeros((1, *pixels.shape[1:]), dtype=pixels.dtype, device=device)
-                pipeline._to_host(pipeline._finish(pipeline.model.encode_image(row)))
-                compute.synchronize()
-                lap("image encoder on one row")
-        if pipeline.tokenizer is not None:
-            tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
-            if not pipeline.host_tokens:
-                tokens = tokens.to(device, non_blocking=True)
-            pipeline._to_host(pipeline._finish(pipeline.model.encode_text(tokens)))
-            compute.synchronize()
-            lap("text encoder")
+    row_shape = _image_row_shape(pipeline.image_preparer)
+    failure: List[BaseException] = []
+    encoders = threading.Thread(target=_warm_up_encoders, args=(pipeline, row_shape, steps, started, failure),
+                                name="clip_flash-warm-up-encoders", daemon=True)
+    encoders.start()
+    try:
+        with torch.inference_mode():
+            if pipeline.image_preparer is not None:
+                pixels = _warm_up_images(pipeline, decode_threads)
+                steps["synthetic images decoded and prepared"] = time.perf_counter() - started
+                if pixels is not None and row_shape is None:  # a preparer that does not say its rows' shape
+                    _encode_images(pipeline, torch.zeros((1, *pixels.shape[1:]), dtype=pixels.dtype,
+                                                         device=device))
+                    steps["image encoder on one row, after them"] = time.perf_counter() - started
+    except BaseException as error:  # noqa: BLE001 - re-raised once the encoders' thread is done
+        failure.insert(0, error)
+    encoders.join()
+    if failure:
+        raise failure[0]
     seconds = time.perf_counter() - started
     logger.info("device warmed up in %.2f s (%s)", seconds,
-                ", ".join(f"{step} {step_seconds:.2f} s" for step, step_seconds in steps.items()))
+                ", ".join(f"{step} by {step_seconds:.2f} s" for step, step_seconds in steps.items()))
     return seconds
+
+
+def _image_row_shape(preparer: Any) -> "tuple | None":
+    """(channels, height, width, dtype) of the rows ``preparer`` returns, when it says (clip_flash's does)."""
+    size, dtype = getattr(preparer, "output_size", None), getattr(preparer, "dtype", None)
+    if size is None or dtype is None:
+        return None
+    height, width = size
+    return 3, int(height), int(width), dtype
+
+
+def _encode_images(pipeline: Any, pixels: torch.Tensor) -> None:
+    pipeline._to_host(pipeline._finish(pipeline.model.encode_image(pixels)))
+    torch.cuda.current_stream(pipeline.device).synchronize()
+
+
+def _warm_up_encoders(pipeline: Any, row_shape: "tuple | None", steps: Dict[str, float], started: float,
+                      failure: List[BaseException]) -> None:
+    """The encoders' first calls (in a thread: its own inference mode and device), each step's end noted in
+    ``steps`` as seconds from ``started``; an error appended to ``failure`` for the caller to raise."""
+    device = pipeline.device
+    try:
+        with torch.cuda.device(device), torch.inference_mode():
+            if pipeline.image_preparer is not None and row_shape is not None:
+                channels, height, width, dtype = row_shape
+                _encode_images(pipeline, torch.zeros((1, channels, height, width), dtype=dtype, device=device))
+                steps["image encoder on one row"] = time.perf_counter() - started
+            if pipeline.tokenizer is not None:
+                tokens = pipeline.tokenizer(["a photo"] * WARM_UP_CAPTIONS).pin_memory()
+                if not pipeline.host_tokens:
+                    tokens = tokens.to(device, non_blocking=True)
+                pipeline._to_host(pipeline._finish(pipeline.model.encode_text(tokens)))
+                torch.cuda.current_stream(device).synchronize()
+                steps["text encoder"] = time.perf_counter() - started
+    except BaseException as error:  # noqa: BLE001 - raised by warm_up_device in the caller's thread
+        failure.append(error)
 
 
 def eager_batch_deciding_graphs(pipeline: Any, pixels: torch.Tensor,

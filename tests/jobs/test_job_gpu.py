@@ -174,3 +174,42 @@ def test_gpu_caption_job_equals_unpipelined_text_encoding(tmp_path):
         expected = torch.cat([loaded.model.encode_text(tokenizer(captions[start:stop]).cuda()).float().cpu()
                               for start, stop in _batches(3000, 1500, 512)]).numpy()
     np.testing.assert_array_equal(read_output(tmp_path / "out")["text_emb"], expected)
+
+
+def test_the_encoders_warm_up_beside_the_synthetic_images_and_their_errors_reach_the_caller():
+    """The device warm-up calls each encoder once, on a thread of its own, while the main thread prepares the
+    synthetic images; an encoder's failure there is raised by the warm-up, not lost with its thread."""
+    import threading
+
+    from clip_flash.jobs.job import make_runner
+    from clip_flash.jobs.items import Source
+    from clip_flash.models.model_spec import load_model, parse_model_spec
+
+    loaded = load_model(parse_model_spec(GPU_MODEL), torch.device("cuda"), "fp16")
+    clip_flash.patch(loaded.model)
+    source = Source("unused", has_images=True, has_captions=True)
+    pipeline = make_runner(loaded, source, torch.device("cuda"), "clip_flash", "cpu", 8, True, "float16", 2)
+    calls = []
+    encode_image, encode_text = loaded.model.encode_image, loaded.model.encode_text
+
+    def noting(name, encode):
+        def call(*args, **kwargs):
+            calls.append((name, threading.current_thread().name, torch.is_inference_mode_enabled()))
+            return encode(*args, **kwargs)
+        return call
+
+    loaded.model.encode_image, loaded.model.encode_text = noting("image", encode_image), noting("text", encode_text)
+    try:
+        assert warm_up.warm_up_device(pipeline) > 0
+        assert sorted(calls) == [("image", "clip_flash-warm-up-encoders", True),
+                                 ("text", "clip_flash-warm-up-encoders", True)]
+
+        def failing(*args, **kwargs):
+            raise RuntimeError("the encoder failed")
+
+        loaded.model.encode_image = failing
+        with pytest.raises(RuntimeError, match="the encoder failed"):
+            warm_up.warm_up_device(pipeline)
+    finally:
+        loaded.model.encode_image, loaded.model.encode_text = encode_image, encode_text
+        pipeline.close()
