@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 LOADING, READY, FAILED, STOPPED = "loading", "ready", "failed", "stopped"
 
 
-IMAGE_BUCKETS_PER_OCTAVE = 4  # an image batch pads to a graph at most 25% larger (1/8 on average) past 8 rows
+IMAGE_BUCKETS_PER_OCTAVE = 4  # past 8 rows an image batch pads to a graph under 25% larger (about 8% on average)
 
 
 def batch_buckets(largest: int, per_octave: int = 1) -> Tuple[int, ...]:
@@ -28,8 +28,9 @@ def batch_buckets(largest: int, per_octave: int = 1) -> Tuple[int, ...]:
 
     A batch runs the smallest graph that holds it, its padding rows computed and dropped. Under load the image
     batches of a server land anywhere between 8 and ``max_batch``: with powers of two alone a batch of 33 pays
-    for 64 rows, a third of the image tower's work on average; ViT graphs are cheap to hold (one memory pool),
-    so images get finer steps. Text batches are cheap per row and their graphs multiply by the length buckets:
+    for 64 rows, and on average a third more rows are computed than asked for; ViT graphs are cheap to hold (one
+    memory pool), so images get finer steps (at 1,600 one-JPEG requests/s on an H100 the server's p50 halved:
+    ``benchmarks/results/h100/serve_ab_80bab2b``). Text batches are cheap per row and their graphs multiply by the length buckets:
     they keep powers of two."""
     sizes, low = [1, 2, 4], 8
     while low < largest:
