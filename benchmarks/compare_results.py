@@ -11,8 +11,9 @@ Exit status: 0 when no shape regressed, 1 when one did, 2 when a file cannot be 
 listed, never flagged.
 
 Rates (``benchmarks/harness/compare.py``): ``bench_clip.py --pipeline`` runs per (model, dtype, pipeline),
-``bench_embed.py`` job benches per (model, inputs, case) and ``image_decode_throughput.py`` runs per (executor,
-workers, JPEG route): old and new rates and their ratio (new / old: above 1 is faster). A row slower by more than
+``bench_embed.py`` job benches per (model, inputs, case), ``image_decode_throughput.py`` runs per (executor,
+workers, JPEG route) and ``serve/bench_serve.py`` curves per (server, workload, offered rate), their p50 / p99
+beside: old and new rates and their ratio (new / old: above 1 is faster). A row slower by more than
 the threshold is marked, not judged: these rates move with the host's CPUs, and the exit status stays 0. Two
 files of different kinds, or with no row in common, have nothing to compare: it says so and exits 0.
 """
