@@ -10,9 +10,8 @@ it is done on a few synthetic images and a row of zeros, in two halves:
 - :func:`warm_up_device` (the device half, the synthetic images' preparation beside the encoders' first calls):
   in a job, at the start of the run, on the main thread while the run's own threads already read and decode the
   first batches (the page-locked blocks those batches need are made meanwhile), so the GPU's warm-up and the
-  first reads overlap instead of adding up; a Ray actor does it
-  with its model load, before it takes shards. Either way it is inside the accounts: the job's rate "after the
-  model load" counts it.
+  first reads overlap instead of adding up; a Ray actor does it with its model load, before it takes shards.
+  Either way it is inside the accounts: the job's rate "after the model load" counts it.
 
 Whether full image batches replay a CUDA graph is decided in the run, on its own batches
 (:func:`eager_batch_deciding_graphs`): the first full batch runs eager (it pays its kernels' first loads), the
