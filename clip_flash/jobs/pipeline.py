@@ -351,10 +351,6 @@ class EmbeddingPipeline:
         """Embed every shard and ``commit`` each finished one (from a writer thread, in shard order).
         ``more_runs_follow``: this pipeline will run more shards after these (a Ray actor's), so this run's size
         does not bound how many batches an image graph would serve."""
-        return self._run(shards, commit, progress, more_runs_follow)
-
-    def _run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None], progress: Any,
-             more_runs_follow: bool = False) -> PipelineStats:
         stats = PipelineStats()
         sizes = [shard.size for shard in shards] if isinstance(shards, (list, tuple)) else [None]
         known = not more_runs_follow and all(size is not None for size in sizes)
