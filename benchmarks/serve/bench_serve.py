@@ -40,7 +40,9 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``clip
 from benchmarks.serve.curves import Curve, CurvePlan, run_curve  # noqa: E402
 from benchmarks.serve.load_generator import LoadSettings, PointResult, Request, Workload  # noqa: E402
 from benchmarks.serve.report import check_targets, render_markdown  # noqa: E402
-from benchmarks.serve.server_metrics import curve_means, scrape  # noqa: E402
+from benchmarks.serve.server_metrics import (  # noqa: E402
+    Scrape, bucket_bounds, curve_means, p99_intervals, scrape, shares_past, tail_bound,
+)
 from benchmarks.serve.servers import (  # noqa: E402
     REPO_ROOT, ServerConfig, ServerProcess, build_configs, infinity_available, raise_open_files_limit,
 )
@@ -157,6 +159,20 @@ def served_model_id(server: ServerProcess) -> str:
         return json.loads(response.read())["data"][0]["id"]
 
 
+def gpu_processes() -> Optional[List[Dict[str, Any]]]:
+    """The processes holding GPU memory now (pid, name, MiB), from nvidia-smi; None where there is none. Read
+    once a server is ready and alone on the machine: it shows the server computes on the GPU."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    rows = [line.rsplit(",", 2) for line in done.stdout.splitlines() if line.strip()]
+    return [{"pid": int(pid), "name": name.strip(), "mib": float(mib)} for pid, name, mib in rows]
+
+
 def check_one(base_url: str, request: Request) -> str:
     """Send one request; '' when it answered 200 with one embedding per item, else what was wrong."""
     http = urllib.request.Request(base_url + request.path, data=request.body, method="POST",
@@ -198,6 +214,30 @@ def print_point(curve: Curve, point: PointResult) -> None:
           f"{'meets' if curve.meets(point) else 'misses'}", flush=True)
 
 
+class PointTails:
+    """Reads the server's ``/metrics`` after each point: where that point's slow requests spent their time
+    (``server_metrics.shares_past`` at the bound under the client's p99), beside the client's share past it."""
+
+    def __init__(self, base_url: str, before: Optional[Scrape]) -> None:
+        self.base_url = base_url
+        self.last = before
+        self.points: List[Dict[str, Any]] = []
+
+    def after_point(self, curve: Curve, point: PointResult) -> None:
+        print_point(curve, point)
+        now = scrape(self.base_url) if self.last is not None else None
+        bound = tail_bound(point.latency_ms(99), bucket_bounds(now))
+        tail: Dict[str, Any] = {}
+        if bound is not None:
+            client = point.share_slower_than(bound * 1e3)
+            tail = {"bound_ms": bound * 1e3, "client_share": None if client is None else round(client, 5),
+                    "server": shares_past(self.last, now, bound),
+                    "server_p99_s": {stage: {label: list(interval) for label, interval in labels.items()}
+                                     for stage, labels in p99_intervals(self.last, now).items()}}
+        self.points.append(tail)
+        self.last = now
+
+
 def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes], captions: List[str],
                wrk_jpeg: Path, logs: Path) -> Dict[str, Any]:
     record: Dict[str, Any] = {"description": config.description, "model": config.model}
@@ -211,6 +251,7 @@ def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes
     try:
         record["ready_after_s"] = round(server.wait_ready(), 2)
         print(f"[{config.name}] ready after {record['ready_after_s']} s", flush=True)
+        record["gpu_processes"] = gpu_processes()
         model_id = served_model_id(server)
         wanted = [name for name in args.workloads.split(",") if name in config.workloads]
         workloads = build_workloads(model_id, jpegs, captions, config.embeddings_path, config.image_path, wanted,
@@ -229,9 +270,14 @@ def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes
                 print(f"[{config.name}] {name}: check failed: {problems[0]}", flush=True)
                 continue
             before = scrape(server.base_url)
-            curve = run_curve(config.name, server.base_url, workload, curve_plan(args, name), settings, print_point)
+            tails = PointTails(server.base_url, before)
+            curve = run_curve(config.name, server.base_url, workload, curve_plan(args, name), settings,
+                              tails.after_point)
             record["curves"][name] = curve.to_dict()
-            means = curve_means(before, scrape(server.base_url))
+            for point, tail in zip(record["curves"][name]["points"], tails.points):
+                if tail:
+                    point["server_tail"] = tail
+            means = curve_means(before, tails.last)
             if means:  # which stage bounds the curve: batch sizes and per-stage seconds over its points
                 record["curves"][name]["server_metrics"] = means
         wrk = None if args.no_wrk else find_wrk(args.wrk)

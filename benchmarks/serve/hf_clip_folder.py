@@ -5,9 +5,10 @@
 infinity-emb serves CLIP only from a Hugging Face folder, and the GPU host has no network: this writes one
 offline with ``save_pretrained``. The towers take OpenCLIP's sizes for ``--model`` (widths, depths, heads of
 64 channels, patch and image size, context length, projection size); the tokenizer's ``vocab.json`` and
-``merges.txt`` are written from the BPE file OpenCLIP ships (the same vocabulary as OpenAI's CLIP); the image
-processor is OpenAI CLIP's (resize shortest side, centre crop, OpenAI mean/std). Weights are random (seeded):
-timings do not depend on them, and a results table says they are random.
+``merges.txt`` are written from the BPE file OpenCLIP ships (the same vocabulary as OpenAI's CLIP), and the
+fast tokenizer's ``tokenizer.json`` from them; the image processor is OpenAI CLIP's (resize shortest side,
+centre crop, OpenAI mean/std). Weights are random (seeded): timings do not depend on them, and a results table
+says they are random.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def write_tokenizer(out: Path) -> None:
 def write_folder(model: str, out: Path, dtype: str = "float16") -> None:
     import open_clip
     import torch
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizerFast
 
     config = open_clip.get_model_config(model.partition("::")[0])
     if config is None:
@@ -66,7 +67,9 @@ def write_folder(model: str, out: Path, dtype: str = "float16") -> None:
     out.mkdir(parents=True, exist_ok=True)
     model_hf.save_pretrained(out)
     write_tokenizer(out)
-    tokenizer = CLIPTokenizer(str(out / "vocab.json"), str(out / "merges.txt"))
+    # The fast (Rust) tokenizer, saved as tokenizer.json, as the Hub's CLIP folders ship it: a server loading
+    # this folder tokenizes as it would a downloaded one.
+    tokenizer = CLIPTokenizerFast(vocab_file=str(out / "vocab.json"), merges_file=str(out / "merges.txt"))
     processor = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size,
                                    "width": image_size}, image_mean=OPENAI_MEAN, image_std=OPENAI_STD)
     CLIPProcessor(image_processor=processor, tokenizer=tokenizer).save_pretrained(out)

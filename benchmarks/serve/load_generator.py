@@ -115,6 +115,16 @@ class PointResult:
             return None
         return self.latency.get_value_at_percentile(percentile) / 1000.0
 
+    def share_slower_than(self, milliseconds: float) -> Optional[float]:
+        """The share of successful requests whose latency passed ``milliseconds`` (HDR precision)."""
+        total = self.latency.get_total_count()
+        if total == 0:
+            return None
+        bound_us = milliseconds * 1000.0
+        slower = sum(item.count_at_value_iterated_to for item in self.latency.get_recorded_iterator()
+                     if item.value_iterated_to > bound_us)
+        return slower / total
+
     def to_dict(self) -> Dict[str, object]:
         def ms(histogram: HdrHistogram, q: float) -> Optional[float]:
             return histogram.get_value_at_percentile(q) / 1000.0 if histogram.get_total_count() else None

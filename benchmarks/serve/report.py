@@ -92,6 +92,56 @@ def _errors(errors: Dict[str, int]) -> str:
     return ", ".join(f"{kind}: {count}" for kind, count in errors.items()) or "0"
 
 
+def _gpu_note(processes: Optional[List[Dict[str, Any]]]) -> str:
+    if processes is None:
+        return ""
+    if not processes:
+        return " No process held GPU memory once it was ready (nvidia-smi)."
+    held = ", ".join(f"{entry['mib']:,.0f} MiB (pid {entry['pid']})" for entry in processes)
+    return f" GPU memory held once it was ready (nvidia-smi): {held}."
+
+
+STAGES_AFTER_ARRIVAL = ("queued", "prepare (per batch)", "encode (per batch)", "answer")
+
+
+def _interval_ms(interval) -> str:
+    low, high = (1e3 * value for value in interval)
+    return f"{low:g}-{high:g}" if high != float("inf") else f"> {low:g}"
+
+
+def _labelled(labels: Dict[str, Any], cell) -> str:
+    entries = sorted(labels.items())
+    return ", ".join(cell(value) if len(entries) == 1 else f"{label} {cell(value)}"
+                     for label, value in entries) or "-"
+
+
+def _tail_table(points: List[Dict[str, Any]]) -> List[str]:
+    """Per point: the share of requests past a bound under its p99 on the client's clock and on the server's,
+    and the bucket holding each server stage's own p99 (``server_metrics``)."""
+    rows = []
+    for point in points:
+        tail = point.get("server_tail")
+        if not tail:
+            continue
+        client = tail["client_share"]
+        requests = _labelled(tail["server"].get("request") or {}, lambda entry: f"{entry['share']:.2%}")
+        stages = [_labelled((tail.get("server_p99_s") or {}).get(stage) or {}, _interval_ms)
+                  for stage in STAGES_AFTER_ARRIVAL]
+        rows.append(f"| {point['offered_rps']:,.1f} | {tail['bound_ms']:g} | "
+                    f"{'-' if client is None else f'{client:.2%}'} | {requests} | " + " | ".join(stages) + " |")
+    if not rows:
+        return []
+    return ["Where each point's slow requests were: the share past a bound under its p99 on the client's clock and "
+            "on the server's (from arrival in the app to the response body), and the bucket (ms) holding each "
+            "server stage's own p99 (`/metrics` read between points; the server's counts include the point's "
+            "warm-up seconds). A share the server's clock also shows lies inside the server, its stages' p99 say "
+            "where; one only the client shows lies outside it (HTTP parsing, the network stack, the load "
+            "generator).", "",
+            "| offered req/s | past (ms) | client | server | queued p99 | prepare p99 (per batch) "
+            "| encode p99 (per batch) | answer p99 |",
+            "|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
 def render_markdown(results: Dict[str, Any]) -> str:
     env = results.get("environment", {})
     versions = env.get("clip_flash_environment", {})
@@ -152,7 +202,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
         ready = (f"Ready after {config['ready_after_s']:.1f} s" if config.get("ready_after_s") is not None
                  else "Never ready")
         lines += [f"Command: `{config.get('command')}`. {ready}; exit status after SIGTERM: "
-                  f"{config.get('exit_status')}.", ""]
+                  f"{config.get('exit_status')}." + _gpu_note(config.get("gpu_processes")), ""]
         if config.get("error"):
             lines += [f"Error: {config['error']}", ""]
             if config.get("log_tail"):
@@ -175,6 +225,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
                     f"{_ms(latency['p99'])} | {_ms(latency['p99.9'])} | {_errors(point['errors'])} | "
                     f"{_ms(point['send_lag_ms']['p99'])} | {'yes' if point['meets_target'] else 'no'} |")
             lines.append("")
+            lines += _tail_table(curve["points"])
             for tower, means in (curve.get("server_metrics") or {}).items():
                 lines += [f"Server's /metrics over the curve, {tower} tower: " + ", ".join(
                     f"{key} {value:,.4g}" for key, value in means.items()) + ".", ""]

@@ -174,3 +174,48 @@ def test_driver_against_the_operator_baseline_with_a_real_model(tmp_path):
     for name in ("caption", "image-raw"):
         point = operator["curves"][name]["points"][0]
         assert point["ok"] > 0 and point["errors"] == {}
+
+
+def test_a_points_slow_requests_are_located_in_the_servers_stages():
+    """Between two reads of a server's /metrics, the share of requests and of each stage's observations past a
+    bucket bound under the client's p99; the report sets them beside the client's share."""
+    from benchmarks.serve import server_metrics
+    from benchmarks.serve.load_generator import PointResult
+    from benchmarks.serve.report import _tail_table
+    from clip_flash.serve.metrics import ServeMetrics
+
+    route = "/v1/embeddings/image"
+    metrics = ServeMetrics(lambda tower: 0)
+    metrics.answered(route, 200, 0.2)  # before the point: not counted in it
+    before = server_metrics.parse(metrics.render().decode())
+    for seconds in [0.003] * 96 + [0.03] * 4:  # 4 of 100 requests past 25 ms on the server's clock
+        metrics.answered(route, 200, seconds, answer_seconds=0.0002)
+    metrics.batch("image", 8, 0.002)
+    metrics.batch("image", 8, 0.04)  # one of two batches prepared past 25 ms
+    metrics.encoded("image", 0.002)
+    metrics.queued("image", [0.001] * 16)
+    after = server_metrics.parse(metrics.render().decode())
+
+    point = PointResult(offered_rps=50.0)
+    for milliseconds in [3.5] * 94 + [32.0] * 6:  # the client's clock: 6 of 100 past 25 ms, p99 32 ms
+        point.latency.record_value(int(milliseconds * 1000))
+    assert point.share_slower_than(25.0) == pytest.approx(0.06)
+    bound = server_metrics.tail_bound(point.latency_ms(99), server_metrics.bucket_bounds(after))
+    assert bound == 0.025
+    shares = server_metrics.shares_past(before, after, bound)
+    assert shares["request"][route] == {"share": 0.04, "count": 100}
+    assert shares["prepare (per batch)"]["image"] == {"share": 0.5, "count": 2}
+    assert shares["encode (per batch)"]["image"]["share"] == 0.0
+    assert shares["queued"]["image"] == {"share": 0.0, "count": 16}
+    assert shares["answer"][route]["share"] == 0.0
+    assert server_metrics.curve_means(before, after)["image"]["mean batch"] == 8.0
+
+    intervals = server_metrics.p99_intervals(before, after)
+    assert intervals["request"][route] == (0.025, 0.05) and intervals["queued"]["image"] == (0.0005, 0.001)
+    assert intervals["prepare (per batch)"]["image"] == (0.025, 0.05)
+
+    row = {"offered_rps": 50.0, "server_tail": {"bound_ms": 25.0, "client_share": 0.06, "server": shares,
+                                                "server_p99_s": intervals}}
+    table = "\n".join(_tail_table([row]))
+    assert "| 50.0 | 25 | 6.00% | 4.00% | 0.5-1 | 25-50 | 1-2.5 | 0.1-0.25 |" in table
+    assert server_metrics.tail_bound(0.5, server_metrics.bucket_bounds(after)) is None  # under 1 ms: none
