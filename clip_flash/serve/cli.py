@@ -67,9 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--inputs", choices=("fast", "stock"), default=defaults.inputs,
         help="fast: clip_flash's exact image preparer and tokenizer; stock: OpenCLIP's own preprocess and "
              "tokenizer (a baseline) (default: %(default)s)")
-    add("--workers", type=int, default=defaults.workers,
-        help="HTTP frontend processes in front of the engine process; 1: one process does everything "
-             "(default: one per 4 cores, at most 4: %(default)s here)")
+    add("--workers", type=int, default=None,
+        help="HTTP frontend processes in front of the engine process(es); 1: one process does everything "
+             f"(default: one per 4 cores, at most 4 per engine: {defaults.workers} here with one GPU)")
     add("--log-level", default=defaults.log_level, choices=("critical", "error", "warning", "info", "debug"),
         help="(default: %(default)s)")
     return parser

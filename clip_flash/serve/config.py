@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 DEFAULT_MODEL = "ViT-B-32"
 INPUTS = ("fast", "stock")
 DECODERS = ("cpu", "gpu")
-MAX_DEFAULT_WORKERS = 4
+MAX_DEFAULT_WORKERS_PER_ENGINE = 4
 CORES_PER_DEFAULT_WORKER = 4  # leave most cores to image decoding, the engine process and the clients
 
 
@@ -18,10 +18,14 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def default_workers() -> int:
+def default_workers(engines: int = 1) -> int:
     """HTTP frontend processes when ``--workers`` is not given: one per 4 cores this process may use, at most 4
-    (one on a machine of fewer than 8 cores, where extra processes only compete with the engine)."""
-    return max(1, min(MAX_DEFAULT_WORKERS, host_cores() // CORES_PER_DEFAULT_WORKER))
+    per engine (one on a machine of fewer than 8 cores, where extra processes only compete with the engine).
+
+    The frontends' HTTP work grows with the request rate, and the rate with the GPUs: on two H100s (32 cores),
+    one JPEG a request, 4 frontends left about 1.6% of requests at 4,000 req/s over 100 ms before the app's
+    clock started, while the server's own clock saw 0.14% (``benchmarks/results/h100x2/serve_581abb9``)."""
+    return max(1, min(MAX_DEFAULT_WORKERS_PER_ENGINE * max(1, engines), host_cores() // CORES_PER_DEFAULT_WORKER))
 
 
 @dataclass
@@ -57,10 +61,10 @@ class ServeConfig:
         cuda_graphs: replay CUDA graphs (``clip_flash.GraphedEncoder``) on CUDA.
         decode_workers: image decoding workers (None: the preparer's default, a thread per core; with several
             ``devices`` the cores shared out between their engine processes).
-        workers: HTTP frontend processes feeding the engine process(es); 1: one process does everything. The
-            default (``default_workers()``) is 1 on small machines and up to 4 on large ones: one process's event
-            loop shares the GIL with the batchers (one process answered 1,500-2,400 requests/s on a 16-core GPU
-            host).
+        workers: HTTP frontend processes feeding the engine process(es); 1: one process does everything. None
+            (the default): ``default_workers(engines)``, 1 on small machines and up to 4 per engine on large ones:
+            one process's event loop shares the GIL with the batchers (one process answered 1,500-2,400
+            requests/s on a 16-core GPU host).
         log_level: uvicorn's and the server's log level.
         served_name: the model name clients send (default: the spec as written, e.g. ``ViT-B-32``).
     """
@@ -85,7 +89,7 @@ class ServeConfig:
     inputs: str = "fast"
     cuda_graphs: bool = True
     decode_workers: Optional[int] = None
-    workers: int = field(default_factory=lambda: default_workers())
+    workers: Optional[int] = None
     log_level: str = "info"
     served_name: Optional[str] = None
 
@@ -96,6 +100,9 @@ class ServeConfig:
             raise ValueError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
         if self.inputs == "stock" and self.decode == "gpu":
             raise ValueError("--decode gpu is clip_flash's image path; --inputs stock uses OpenCLIP's preprocess")
+        self.devices = tuple(int(d) for d in self.devices)
+        if self.workers is None:
+            self.workers = default_workers(len(self.devices))
         for name in ("max_batch", "max_text_batch", "max_queue", "max_request_bytes", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -103,7 +110,6 @@ class ServeConfig:
             raise ValueError(f"max_batches_in_flight must be at least 0, got {self.max_batches_in_flight}")
         if self.max_wait_ms < 0 or self.request_timeout <= 0:
             raise ValueError("max_wait_ms must be >= 0 and request_timeout > 0")
-        self.devices = tuple(int(d) for d in self.devices)
 
     def device_names(self) -> Tuple[Optional[str], ...]:
         """One device name per engine (None: pick CUDA where there is one, else the CPU)."""

@@ -315,3 +315,9 @@ def test_default_workers_leave_small_machines_one_process(monkeypatch):
     for cores, workers in ((2, 1), (7, 1), (8, 2), (16, 4), (128, 4)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
         assert config.default_workers() == workers
+        assert config.ServeConfig().workers == workers
+    # with an engine per GPU, up to 4 frontends each, cores allowing
+    for cores, devices, workers in ((32, (0, 1), 8), (16, (0, 1), 4), (128, (0, 1, 2, 3), 16), (32, (0,), 4)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
+        assert config.ServeConfig(devices=devices).workers == workers
+    assert config.ServeConfig(devices=(0, 1), workers=2).workers == 2  # given: kept
