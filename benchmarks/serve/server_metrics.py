@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 # family -> what the curve summary calls its mean
 HISTOGRAMS = {"clip_flash_batch_size": "mean batch", "clip_flash_prepare_seconds": "mean prepare s",
               "clip_flash_encode_seconds": "mean encode s", "clip_flash_queue_seconds": "mean queued s"}
-# families whose share past a bound a point reports: (family, what an observation is)
+# family -> its name in a point's report (the share past a bound, the bucket of its p99)
 STAGES = {"clip_flash_request_seconds": "request", "clip_flash_queue_seconds": "queued",
           "clip_flash_prepare_seconds": "prepare (per batch)", "clip_flash_encode_seconds": "encode (per batch)",
           "clip_flash_answer_seconds": "answer"}

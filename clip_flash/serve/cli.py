@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
              "tokenizer (a baseline) (default: %(default)s)")
     add("--workers", type=int, default=None,
         help="HTTP frontend processes in front of the engine process(es); 1: one process does everything "
-             f"(default: one per 4 cores, at most 4 per engine: {defaults.workers} here with one GPU)")
+             f"(default: one per 4 cores, at most 4 per engine: {defaults.workers} here for one engine)")
     add("--log-level", default=defaults.log_level, choices=("critical", "error", "warning", "info", "debug"),
         help="(default: %(default)s)")
     return parser
