@@ -5,20 +5,32 @@ The revision comes from git only when clip_flash runs from a git checkout (``pip
 """
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from . import __version__, envs
+
+if TYPE_CHECKING:  # imported where used: the serve CLI's --help reads usable_cores() without loading torch
+    import torch
 
 CHECKOUT_ROOT = Path(__file__).resolve().parents[1]
 
 
+def usable_cores() -> int:
+    """Cores this process may use (its affinity mask, which containers set), not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def device_name(device: torch.device) -> str:
     """The GPU's name, or for CPU ``CPU: <model name> (<n> threads)``."""
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = platform.processor() or platform.machine() or "unknown"

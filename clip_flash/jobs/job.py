@@ -25,7 +25,8 @@ import torch
 
 from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
 from .run_stats import PipelineStats
-from .record import JobSummary, cpu_cores, gpu_peak_mib, record_name, run_record, steady_rate
+from ..environment import usable_cores
+from .record import JobSummary, gpu_peak_mib, record_name, run_record, steady_rate
 from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
 from .weights_identity import checkpoint_sha256
 from .writer import OutputFolder
@@ -342,7 +343,7 @@ def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: 
         precision=job.precision, patched=job.patch, pipeline=pipeline,
         decode=job.decode if job.source.has_images else "n/a", shards_planned=len(job.plan),
         shards_skipped=len(job.plan) - len(job.todo), shards_written=stats.shards, rows=stats.rows,
-        failures=stats.failures, failures_total=failures_total, seconds=stats.seconds, cpu_cores=cpu_cores(),
+        failures=stats.failures, failures_total=failures_total, seconds=stats.seconds, cpu_cores=usable_cores(),
         gpu_peak_mib=gpu_peak, steady_items_per_s=steady_rate(stats.marks), shard_marks=stats.marks,
         setup_seconds=setup_seconds, model_load_seconds=model_load_seconds,
         warm_up_seconds=(warm_up_seconds or 0.0) + stats.warm_up_seconds if warm_up_seconds is not None else None,

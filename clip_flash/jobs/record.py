@@ -139,14 +139,6 @@ def gpu_peak_mib(device: torch.device) -> Optional[float]:
     return torch.cuda.max_memory_allocated(device) / 2**20
 
 
-def cpu_cores() -> int:
-    """Cores this process may use (its affinity mask, which containers set), not the host's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def run_record(summary: JobSummary, settings: Dict[str, Any], device: torch.device, command: str,
                options: Dict[str, Any]) -> Dict[str, Any]:
     """The JSON record of a run: environment (versions, git revision, GPU, command), settings, summary."""

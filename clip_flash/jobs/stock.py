@@ -18,7 +18,7 @@ import torch
 
 from .pipeline import finish_features
 from .run_stats import PipelineStats
-from .record import cpu_cores
+from ..environment import usable_cores
 from .items import Item, Shard, Source
 from .writer import ShardResult
 
@@ -79,7 +79,7 @@ class StockPipeline:
         self.wds_key_column = source.kind == "webdataset"
         self.batch_size, self.normalize, self.out_dtype = batch_size, normalize, np.dtype(out_dtype)
         self.dtype = loaded.dtype
-        self.workers = max(cpu_cores() - 1, 1) if workers is None else workers
+        self.workers = max(usable_cores() - 1, 1) if workers is None else workers
 
     def _finish(self, features: torch.Tensor) -> np.ndarray:
         return finish_features(features, self.normalize, self.out_dtype).cpu().numpy()

@@ -2,20 +2,16 @@
 (``ray.py``) both build one of these."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
+
+from ..environment import usable_cores
 
 DEFAULT_MODEL = "ViT-B-32"
 INPUTS = ("fast", "stock")
 DECODERS = ("cpu", "gpu")
 MAX_DEFAULT_WORKERS_PER_ENGINE = 4
 CORES_PER_DEFAULT_WORKER = 4  # leave most cores to image decoding, the engine process and the clients
-
-
-def host_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def default_workers(engines: int = 1) -> int:
@@ -25,7 +21,7 @@ def default_workers(engines: int = 1) -> int:
     The frontends' HTTP work grows with the request rate, and the rate with the GPUs: on two H100s (32 cores),
     one JPEG a request, 4 frontends left about 1.6% of requests at 4,000 req/s over 100 ms before the app's
     clock started, while the server's own clock saw 0.14% (``benchmarks/results/h100x2/serve_581abb9``)."""
-    return max(1, min(MAX_DEFAULT_WORKERS_PER_ENGINE * max(1, engines), host_cores() // CORES_PER_DEFAULT_WORKER))
+    return max(1, min(MAX_DEFAULT_WORKERS_PER_ENGINE * max(1, engines), usable_cores() // CORES_PER_DEFAULT_WORKER))
 
 
 @dataclass

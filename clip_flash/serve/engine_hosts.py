@@ -18,7 +18,8 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
-from .config import ServeConfig, host_cores
+from ..environment import usable_cores
+from .config import ServeConfig
 from .engine_server import EngineServer
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def start_engines(config: ServeConfig, directory: str):
         # engines. On two H100s at 3,600 one-JPEG requests/s, 16 threads each: p99 48.6 ms, the load generator
         # 1.7 ms late at p99; a thread per core each: 107.2 ms and 15.1 ms (one run each,
         # benchmarks/results/h100x2/serve_rates_912c3c9/two_dw16 and two).
-        decoders = config.decode_workers or max(1, host_cores() // count)
+        decoders = config.decode_workers or max(1, usable_cores() // count)
         return EngineProcesses([dataclasses.replace(config, devices=(index,), max_queue=share,
                                                     decode_workers=decoders)
                                 for index in config.devices], directory)

@@ -104,7 +104,7 @@ def test_no_ready_engine_leaves_the_request_to_the_first_to_refuse():
 def test_engine_processes_share_the_queue_and_the_cores(monkeypatch):
     started = []
     monkeypatch.setattr(engine_hosts, "EngineProcesses", lambda configs, directory: started.append(configs))
-    monkeypatch.setattr(engine_hosts, "host_cores", lambda: 32)
+    monkeypatch.setattr(engine_hosts, "usable_cores", lambda: 32)
     engine_hosts.start_engines(ServeConfig(devices=(0, 1), max_queue=101), "unused")
     assert [(c.devices, c.max_queue, c.decode_workers) for c in started[-1]] == [((0,), 51, 16), ((1,), 51, 16)]
     engine_hosts.start_engines(ServeConfig(devices=(0, 1, 2), decode_workers=5), "unused")

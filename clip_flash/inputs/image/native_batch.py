@@ -12,13 +12,13 @@ Inputs in memory (PIL images, arrays) and whatever the native decoder leaves to 
 """
 from __future__ import annotations
 
-import os
 from concurrent.futures import Executor
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from ...environment import usable_cores
 from ...ops.image_resample import plan_batch
 from .image_batches import DecodedImages, PackedPixels
 from .image_decoding import (DctCoefficients, DecodedItem, DecodedPixels, DecodeFailure, DecodeOptions, EncodedJpeg,
@@ -33,11 +33,8 @@ MAX_CHUNK = 16  # inputs per Python task
 
 
 def default_workers() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """Decoding threads when none are asked for: one per core this process may run on."""
+    return usable_cores()
 
 
 def python_decode(pairs: List[Tuple[int, Any]], options: DecodeOptions, threads: Executor) -> List[DecodedItem]:
