@@ -62,6 +62,22 @@ def timed(call: Callable[[], torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
+def write_profile(folder: Path, request: Callable[[], torch.Tensor], requests: int = 100) -> None:
+    """``requests`` calls of ``request`` under torch.profiler (CPU and CUDA): where a single request's time goes,
+    host side and device side, as two tables and a Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        for _ in range(requests):
+            request()
+    averages = profiler.key_averages()
+    for sort_by in ("cpu_time_total", "self_cuda_time_total"):
+        table = averages.table(sort_by=sort_by, row_limit=40, max_name_column_width=70)
+        (folder / f"profile_by_{sort_by}.txt").write_text(f"{requests} requests\n{table}\n")
+    profiler.export_chrome_trace(str(folder / "trace.json"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="ViT-L-14", help="NAME, NAME::TAG or NAME::/path (random init if NAME)")
@@ -73,6 +89,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--profile", type=Path, help="also run 100 clip_flash requests under torch.profiler and "
+                        "write its tables (by CPU and by device time) and a Chrome trace into this folder")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: needs a CUDA GPU (GraphedEncoder)")
@@ -98,6 +116,7 @@ def main() -> int:
     steps = {
         "stock preprocess (PIL, CPU)": lambda: preprocess(Image.open(io.BytesIO(data))),
         "clip_flash ImagePreprocessor (to GPU pixels)": lambda: (prep([data]).pixels, torch.cuda.synchronize()),
+        "  of which ImagePreprocessor.decode (the CPU step: read, entropy decode)": lambda: prep.decode([data]),
         "stock encode_image": lambda: stock_model.encode_image(pixels).float().cpu(),
         "GraphedEncoder encode_image": lambda: encoder.encode_image(pixels).float().cpu(),
     }
@@ -114,6 +133,8 @@ def main() -> int:
                 seconds[side] += [timed(call) for _ in range(block)]
             done += block
         step_p50 = {name: statistics.median(timed(call) for _ in range(200)) * 1e3 for name, call in steps.items()}
+        if args.profile:
+            write_profile(args.profile, fast_request)
     cosine = torch.nn.functional.cosine_similarity(stock_embedding, fast_embedding).item()
     rows = [{
         "side": side,
