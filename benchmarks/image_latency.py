@@ -23,6 +23,7 @@ from typing import Callable, Dict, List
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
@@ -62,6 +63,24 @@ def timed(call: Callable[[], torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
+def native_steps(prep: "clip_flash.ImagePreprocessor", data: bytes) -> Dict[str, Callable[[], object]]:
+    """The native decoder's two calls for the one JPEG, alone: the scan (header) and the entropy decode into
+    page-locked coefficients (empty where the native decoder does not run here)."""
+    from clip_flash.inputs.image.native_decode import COEFFICIENT_BYTES, ScanMode
+
+    native = prep._native_decoder()
+    if native is None:
+        return {}
+    scanned = native.scan([data], ScanMode.COEFFICIENTS)
+    coefficients = torch.empty(int(scanned.info[0, COEFFICIENT_BYTES]) + 128, dtype=torch.uint8, pin_memory=True)
+    no_pixels, at_zero = np.full(1, -1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    return {
+        "    native scan (header) of the bytes": lambda: native.scan([data], ScanMode.COEFFICIENTS),
+        "    native entropy decode to coefficients": lambda: native.decode(scanned, coefficients[:1], no_pixels,
+                                                                          coefficients, at_zero),
+    }
+
+
 def write_profile(folder: Path, request: Callable[[], torch.Tensor], requests: int = 100) -> None:
     """``requests`` calls of ``request`` under torch.profiler (CPU and CUDA): where a single request's time goes,
     host side and device side, as two tables and a Chrome trace."""
@@ -87,6 +106,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
+    parser.add_argument("--backend", default="auto", help="clip_flash.patch(model, backend=...) of the clip_flash side")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--profile", type=Path, help="also run 100 clip_flash requests under torch.profiler and "
@@ -99,7 +119,7 @@ def main() -> int:
     loaded = load_model(parse_model_spec(args.model), device, args.dtype)
     stock_model, preprocess, dtype = loaded.model, loaded.preprocess, loaded.dtype
     patched = copy.deepcopy(stock_model)
-    clip_flash.patch(patched)
+    clip_flash.patch(patched, backend=args.backend)
     encoder = clip_flash.GraphedEncoder(patched, batch_sizes=(1,))
     encoder.capture_all(image_shape=(3, *loaded.image_size), image_dtype=dtype)
     prep = clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype)
@@ -117,6 +137,8 @@ def main() -> int:
         "stock preprocess (PIL, CPU)": lambda: preprocess(Image.open(io.BytesIO(data))),
         "clip_flash ImagePreprocessor (to GPU pixels)": lambda: (prep([data]).pixels, torch.cuda.synchronize()),
         "  of which ImagePreprocessor.decode (the CPU step: read, entropy decode)": lambda: prep.decode([data]),
+        **native_steps(prep, data),
+        "Pillow's whole decode (Image.open + load), for scale": lambda: Image.open(io.BytesIO(data)).load(),
         "stock encode_image": lambda: stock_model.encode_image(pixels).float().cpu(),
         "GraphedEncoder encode_image": lambda: encoder.encode_image(pixels).float().cpu(),
     }
