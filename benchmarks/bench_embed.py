@@ -118,12 +118,14 @@ def compare(out: Path, reference: Path) -> Dict[str, float]:
 
 def run_case(scratch: Path, name: str, source: Any, model: str, pipeline: str, decode: str, repeat: int,
              shard_size: int, batch_size: Optional[int], device: torch.device,
-             executor: str = "thread", cuda_graphs: bool = True) -> Dict[str, Any]:
+             executor: str = "thread", cuda_graphs: bool = True, decode_threads: Optional[int] = None
+             ) -> Dict[str, Any]:
     out = scratch / name
     shutil.rmtree(out, ignore_errors=True)
     summary = clip_flash.embed(source, out, model, device=device, patch=pipeline != "stock", pipeline=pipeline,
                                decode=decode, executor=executor, cuda_graphs=cuda_graphs, repeat=repeat,
-                               shard_size=shard_size, batch_size=batch_size, progress=False)
+                               shard_size=shard_size, batch_size=batch_size, decode_threads=decode_threads,
+                               progress=False)
     print(summary.format(), flush=True)
     gc.collect()
     if device.type == "cuda":
@@ -150,6 +152,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--scratch", type=Path, default=None, help="where the embeddings go (deleted after)")
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu only to smoke-test the script")
     parser.add_argument("--encoder-calls", type=int, default=30, help="timed calls of the encoder-only ceiling")
+    parser.add_argument("--decode-threads", type=int, default=None,
+                        help="the image jobs' decode_threads (batches prepared at once; default: the job's)")
     args = parser.parse_args(argv)
     missing = [name for name in ("pyarrow", "tqdm", "tokenizers") if importlib.util.find_spec(name) is None]
     if missing:  # fail in a second, not after the first model load
@@ -175,7 +179,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if decode == "gpu" and device.type != "cuda":
                     continue
                 done.append((case, run_case(scratch, f"{model}-{case}-{count}", args.photos, model, pipeline, decode,
-                                            repeats[model], args.shard_size, None, device, executor, graphs)))
+                                            repeats[model], args.shard_size, None, device, executor, graphs,
+                                            args.decode_threads)))
             stock = done[0][1] if not args.no_stock else None
             for case_name, case in done:
                 pipeline, decode, executor, graphs = IMAGE_CASES[case_name]

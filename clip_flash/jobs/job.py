@@ -111,15 +111,18 @@ def _progress(total: Optional[int], enabled: bool):
 
 
 def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
-                 executor: str = "thread") -> Tuple[Any, Any]:
-    """clip_flash's image preparer and tokenizer for this model (None for what the source lacks)."""
-    from clip_flash.inputs.image.preprocessor import ImagePreprocessor
+                 executor: str = "thread", decode_threads: int = DEFAULT_DECODE_THREADS) -> Tuple[Any, Any]:
+    """clip_flash's image preparer and tokenizer for this model (None for what the source lacks). With
+    ``decode="gpu"``, one nvJPEG hardware decoder per decoding thread (up to nvJPEG's 8), so that no batch waits
+    for another's decoder."""
+    from clip_flash.inputs.image.preprocessor import MAX_NVJPEG_DECODERS, ImagePreprocessor
     from clip_flash.inputs.text.tokenizer import get_tokenizer
 
     preparer = tokenizer = None
     if source.has_images:
         preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
-                                     workers=workers, executor=executor)
+                                     workers=workers, executor=executor,
+                                     nvjpeg_decoders=max(1, min(MAX_NVJPEG_DECODERS, decode_threads)))
     if source.has_captions:
         base = get_tokenizer(loaded.spec.name)
         context = loaded.context_length
@@ -136,10 +139,11 @@ def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str
 
         return StockPipeline(loaded, device, source, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], workers=workers)
-    preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor)
+    decode_threads = decode_threads or DEFAULT_DECODE_THREADS
+    preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor, decode_threads)
     return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset",
-                             cuda_graphs=cuda_graphs, decode_threads=decode_threads or DEFAULT_DECODE_THREADS)
+                             cuda_graphs=cuda_graphs, decode_threads=decode_threads)
 
 
 def _caption_file(input: Union[str, Path]) -> bool:

@@ -41,6 +41,7 @@ PYTHON_DECODE_THREADS = 4
 EXECUTORS = ("auto", "native", "thread")
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray]
 DECODERS = ("cpu", "gpu")
+MAX_NVJPEG_DECODERS = 8  # kMaxDecoders in csrc/nvjpeg_decode.cpp
 
 
 class ImagePreprocessor:
@@ -108,8 +109,8 @@ class ImagePreprocessor:
             raise ValueError(f"gpu_chroma must be one of {CHROMA}, got {gpu_chroma!r}")
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-        if not 1 <= nvjpeg_decoders <= 8:
-            raise ValueError(f"nvjpeg_decoders must be from 1 to 8, got {nvjpeg_decoders}")
+        if not 1 <= nvjpeg_decoders <= MAX_NVJPEG_DECODERS:
+            raise ValueError(f"nvjpeg_decoders must be from 1 to {MAX_NVJPEG_DECODERS}, got {nvjpeg_decoders}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
         self.gpu_chroma = gpu_chroma
