@@ -50,7 +50,7 @@ from benchmarks.harness.results import environment_record, markdown_table  # noq
 from benchmarks.harness.timing import synchronize  # noqa: E402
 from benchmarks.harness.workloads import caption_prompts  # noqa: E402
 from clip_flash.jobs.job import DEFAULT_TEXT_BATCH  # noqa: E402
-from clip_flash.jobs.record import cpu_cores  # noqa: E402
+from clip_flash.environment import usable_cores  # noqa: E402
 
 CAPTION_SHARD = 32768  # captions per shard of the caption jobs: a steady rate over several shards of 8 batches
 
@@ -210,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  ceiling, compare(case["out"], stock["out"])))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    record = {**environment_record(device, command), "cpu_cores": cpu_cores(), "encoder_only_items_per_s": ceilings,
+    record = {**environment_record(device, command), "cpu_cores": usable_cores(), "encoder_only_items_per_s": ceilings,
               "rows": rows}
     (args.results / "embed_bench.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     table = markdown_table(COLUMNS, [[str(row[column]) for column in COLUMNS] for row in rows])

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
 from benchmarks.harness.results import environment_record, markdown_table  # noqa: E402
-from clip_flash.jobs.record import cpu_cores  # noqa: E402
+from clip_flash.environment import usable_cores  # noqa: E402
 
 COLUMNS = ("run", "GPUs", "items", "failures", "items/s (whole run)", "items/s (after the first shard)",
            "items/s (with setup)", "seconds (with setup)", "x one GPU (whole run)", "x one GPU (with setup)")
@@ -124,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "x one GPU (whole run)": f"{summary['items_per_s'] / base['items_per_s']:.2f}",
             "x one GPU (with setup)": f"{with_setup / (base['items'] / base['total_seconds']):.2f}",
         })
-    record = {**environment_record(device, command), "cpu_cores": cpu_cores(), "gpus": gpus,
+    record = {**environment_record(device, command), "cpu_cores": usable_cores(), "gpus": gpus,
               "ray": ray.__version__, "runs": runs, "rows": rows, "same_rows": identical}
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "embed_ray.json").write_text(json.dumps(record, indent=2, default=str) + "\n")

@@ -26,7 +26,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.ops._extension import load_extension  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
-from clip_flash.gemm_epilogue import alternating_median_ms  # noqa: E402
+from benchmarks.harness.timing import alternating_median_ms  # noqa: E402
 from clip_flash.inputs.image.transform_spec import spec_from_preprocess  # noqa: E402
 from clip_flash.ops.image_resample import (  # noqa: E402
     META_FIELDS, _value_table, plan_batch, resample_batch,

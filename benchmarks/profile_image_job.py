@@ -103,7 +103,8 @@ def profile_job(photos: Path, model: str, repeat: int, decode: str, executor: st
 
 
 def profile_bench_loop(photos: Path, model: str, batches: int, interval: float) -> Dict[str, Any]:
-    from benchmarks.harness.image_pipelines import host_cores, measure_pipeline
+    from benchmarks.harness.image_pipelines import measure_pipeline
+    from clip_flash.environment import usable_cores
     from clip_flash.models.model_spec import load_model, parse_model_spec
     from benchmarks.harness.workloads import image_files
 
@@ -112,7 +113,7 @@ def profile_bench_loop(photos: Path, model: str, batches: int, interval: float) 
     clip_flash.patch(loaded.model)
     with ThreadSampler(interval=interval) as sampler:
         row = measure_pipeline("exact", image_files(photos), loaded.preprocess, loaded.model, device, loaded.dtype,
-                               tuple(loaded.image_size), 256, batches, 6, host_cores())
+                               tuple(loaded.image_size), 256, batches, 6, usable_cores())
     row.pop("first_batch_embeddings", None)
     return {"row": row, "sampler": sampler.report()}
 

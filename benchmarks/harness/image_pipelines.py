@@ -17,7 +17,6 @@ A file that cannot be read is skipped and reported, never fatal.
 from __future__ import annotations
 
 import collections
-import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ import torch
 from PIL import Image
 
 import clip_flash
+from clip_flash.environment import usable_cores
 
 PIPELINES = ("stock", "exact", "gpu", "gpu-nvjpeg-chroma")
 PIPELINE_NOTES = {
@@ -164,14 +164,6 @@ def measure_pipeline(pipeline: str, paths: Sequence[Path], preprocess: Callable,
     }
 
 
-def host_cores() -> int:
-    """The cores this process may run on (what a DataLoader user would give num_workers)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def clip_flash_sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -237,7 +229,7 @@ def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths:
     ``warmup``: untimed batches first (default: ``CLIP_FLASH_WARMUP``, and for ``stock`` one per DataLoader
     worker plus one, so every worker has a batch in flight before the clock starts).
     """
-    workers = workers or host_cores()
+    workers = workers or usable_cores()
     rows = []
     for pipeline in pipelines:
         # The stock DataLoader needs a batch per worker in flight before it reaches steady state.
@@ -266,7 +258,7 @@ def measure_image_pipelines(model: torch.nn.Module, preprocess: Callable, paths:
     if step is not None:
         step["encoder_ms"] = encoder["ms"] * step["batch"] / encoder["batch"]
         step["kernel_share_of_gpu"] = step["kernel_ms"] / (step["kernel_ms"] + step["copy_ms"] + step["encoder_ms"])
-    return {"files": len(paths), "cpu_cores": host_cores(), "pipelines": rows, "encoder_only": encoder,
+    return {"files": len(paths), "cpu_cores": usable_cores(), "pipelines": rows, "encoder_only": encoder,
             "device_step": step}
 
 
