@@ -7,7 +7,11 @@ OpenCLIP models, the milliseconds each backend took and which won::
      "flash_attn": "2.8.3" | null, "command": "...", "created": "...",
      "entries": [{"dtype": "float16", "causal": false, "varlen": false, "batch": 256, "seq": 257,
                   "heads": 16, "head_dim": 64, "ms": {"sdpa:cudnn": <median ms>, "flash_attn": ..., ...},
-                  "best": "sdpa:cudnn"}, ...]}
+                  "best": "sdpa:cudnn", "device_ms": {"sdpa:cudnn": <median ms>, ...}}, ...]}
+
+``ms`` is one call as it runs eagerly: from the device reaching it to its end, the host's launch included
+(at small shapes the launch is most of it). ``device_ms`` (optional) is the kernel alone on a device kept busy
+ahead of it, which is what a CUDA graph's replay pays; a call being captured into a graph is chosen by it.
 
 For variable-length (packed) entries ``batch`` is the number of sequences, ``seq`` the longest one and
 ``tokens`` their total. A table applies only on a GPU with the same name (and capability, when recorded).
@@ -68,7 +72,8 @@ def dtype_name(dtype: DtypeLike) -> str:
 
 @dataclass
 class TableEntry:
-    """One measured attention shape: per backend its median milliseconds (None: it failed, see ``errors``)."""
+    """One measured attention shape: per backend its median milliseconds (None: it failed, see ``errors``), eager
+    (``ms``) and, where measured, replayed (``device_ms``: the kernel alone)."""
 
     dtype: str
     causal: bool
@@ -81,9 +86,15 @@ class TableEntry:
     best: Optional[str] = None
     tokens: Optional[int] = None
     errors: Dict[str, str] = field(default_factory=dict)
+    device_ms: Dict[str, Optional[float]] = field(default_factory=dict)
 
-    def fastest(self, usable: Callable[[str], bool]) -> Optional[str]:
-        """The fastest backend of this entry that ``usable`` allows (``best`` if no timing is usable)."""
+    def fastest(self, usable: Callable[[str], bool], replay: bool = False) -> Optional[str]:
+        """The fastest backend of this entry that ``usable`` allows: by ``device_ms`` for a graph's replay where
+        the entry has them, else by ``ms`` (``best`` if no timing is usable)."""
+        if replay:
+            timed = [(ms, name) for name, ms in self.device_ms.items() if ms is not None and usable(name)]
+            if timed:
+                return min(timed)[1]
         timed = [(ms, name) for name, ms in self.ms.items() if ms is not None and usable(name)]
         if timed:
             return min(timed)[1]
@@ -98,6 +109,8 @@ class TableEntry:
             data["tokens"] = self.tokens
         data["ms"] = dict(self.ms)
         data["best"] = self.best
+        if self.device_ms:
+            data["device_ms"] = dict(self.device_ms)
         if self.errors:
             data["errors"] = dict(self.errors)
         return data
@@ -177,16 +190,22 @@ def _require(data: dict, key: str, kind, where: str):
     return value
 
 
+def _timings(raw: Dict[Any, Any], key: str, where: str) -> Dict[str, Optional[float]]:
+    """Per backend a positive number of milliseconds or null (the backend failed there)."""
+    timings: Dict[str, Optional[float]] = {}
+    for name, value in raw.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise AttentionTableError(f"{where}: {key}[{name!r}] must be a positive number or null, got {value!r}")
+        timings[str(name)] = None if value is None else float(value)
+    return timings
+
+
 def _parse_entry(data: Any, where: str) -> TableEntry:
     if not isinstance(data, dict):
         raise AttentionTableError(f"{where}: an entry must be an object, got {type(data).__name__}")
-    ms_raw = _require(data, "ms", dict, where)
-    ms: Dict[str, Optional[float]] = {}
-    for name, value in ms_raw.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
-            raise AttentionTableError(f"{where}: ms[{name!r}] must be a positive number or null, got {value!r}")
-        ms[str(name)] = None if value is None else float(value)
+    ms = _timings(_require(data, "ms", dict, where), "ms", where)
+    device_ms = _timings(_require(data, "device_ms", dict, where) if "device_ms" in data else {}, "device_ms", where)
     best = data.get("best")
     if best is not None and not isinstance(best, str):
         raise AttentionTableError(f"{where}: 'best' must be a backend name or null, got {best!r}")
@@ -207,6 +226,7 @@ def _parse_entry(data: Any, where: str) -> TableEntry:
         head_dim=_require(data, "head_dim", int, where),
         ms=ms, best=best, tokens=tokens,
         errors={str(k): str(v) for k, v in (data.get("errors") or {}).items()},
+        device_ms=device_ms,
     )
     if min(entry.batch, entry.seq, entry.heads, entry.head_dim) < 1:
         raise AttentionTableError(f"{where}: batch, seq, heads and head_dim must be >= 1")

@@ -10,8 +10,11 @@ uniformly from ``--varlen-lengths`` with a fixed seed). q/k/v are strided views 
 tensor, the layout a patched model passes (views of its QKV projection).
 
 Each shape: every backend warmed up, then ``--repeats`` rounds, each timing one call per backend with CUDA
-events, the backends' order alternating between rounds; the median is recorded. A backend that cannot
-serve or raises on a shape is skipped, with the reason recorded. Packed shapes time ``sdpa`` (torch's
+events, the backends' order alternating between rounds; the median is recorded (``ms``: eager, the launch
+included). Then as many rounds with the device held busy ahead of them (a sleep kernel longer than the round's
+launches), so that the events time the kernels alone, back to back, as a CUDA graph replays them (``device_ms``;
+``auto`` chooses by these while a graph is captured). A backend that cannot serve or raises on a shape is
+skipped, with the reason recorded. Packed shapes time ``sdpa`` (torch's
 ``varlen_attn``: pinning an SDPA kernel does not apply to it) and ``flash_attn``.
 
 Writes the JSON table (default ``clip_flash/backends/attention_tables/<gpu slug>.json``, which ships with the package
@@ -74,11 +77,15 @@ class Measurement:
     models: List[str]
     ms: Dict[str, Optional[float]] = field(default_factory=dict)
     errors: Dict[str, str] = field(default_factory=dict)
+    device_ms: Dict[str, Optional[float]] = field(default_factory=dict)
 
     @property
     def best(self) -> Optional[str]:
-        timed = [(ms, name) for name, ms in self.ms.items() if ms is not None]
-        return min(timed)[1] if timed else None
+        return _fastest(self.ms)
+
+    @property
+    def best_replayed(self) -> Optional[str]:
+        return _fastest(self.device_ms)
 
     def to_entry(self) -> Dict[str, Any]:
         shape = self.shape
@@ -90,9 +97,16 @@ class Measurement:
             entry["tokens"] = shape.tokens
             entry["max_seqlen"] = shape.seq
         entry.update({"ms": dict(self.ms), "best": self.best, "models": list(self.models)})
+        if self.device_ms:
+            entry.update({"device_ms": dict(self.device_ms), "best_replayed": self.best_replayed})
         if self.errors:
             entry["errors"] = dict(self.errors)
         return entry
+
+
+def _fastest(timings: Dict[str, Optional[float]]) -> Optional[str]:
+    timed = [(ms, name) for name, ms in timings.items() if ms is not None]
+    return min(timed)[1] if timed else None
 
 
 # -- shapes ---------------------------------------------------------------------------------------------------
@@ -207,20 +221,44 @@ def measure_shape(shape: Shape, models: List[str], names: Sequence[str], repeats
             torch.cuda.synchronize(device)
             continue
         calls[name] = call
+    result.ms.update(_timed_rounds(calls, repeats, device, busy_ahead_cycles=0))
+    cycles = _sleep_cycles(device, BUSY_AHEAD_MS)
+    device_ms = _timed_rounds(calls, repeats, device, busy_ahead_cycles=cycles)
+    result.device_ms.update({name: None if result.ms.get(name) is None else ms for name, ms in device_ms.items()})
+    return result
+
+
+# Milliseconds of device work queued ahead of each device-time round: longer than launching a round of every
+# backend's call (each at most a few hundred microseconds of host time), so the round's kernels run back to back.
+BUSY_AHEAD_MS = 5.0
+
+
+def _sleep_cycles(device: torch.device, ms: float) -> int:
+    """Clock cycles that ``torch.cuda._sleep`` spins for about ``ms`` on ``device`` (its clock rate, else 2 GHz)."""
+    khz = getattr(torch.cuda.get_device_properties(device), "clock_rate", 0) or 2_000_000
+    return int(khz * ms)
+
+
+def _timed_rounds(calls: Dict[str, Any], repeats: int, device: torch.device,
+                  busy_ahead_cycles: int) -> Dict[str, Optional[float]]:
+    """Median CUDA-event ms per call over ``repeats`` rounds of one call each, the order alternating between
+    rounds so that drift and caching favour no backend. With ``busy_ahead_cycles``, each round is queued behind a
+    sleep kernel: the events then time the kernels alone, not the host launching them."""
     order = list(calls)
     events: Dict[str, List[Tuple[torch.cuda.Event, torch.cuda.Event]]] = {name: [] for name in order}
     for round_index in range(repeats):
-        # Alternate the order every round so drift and caching favour no backend.
+        if busy_ahead_cycles:
+            torch.cuda._sleep(busy_ahead_cycles)
         for name in (order if round_index % 2 == 0 else reversed(order)):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             calls[name]()
             end.record()
             events[name].append((start, end))
+        if busy_ahead_cycles:
+            torch.cuda.synchronize(device)  # the next round's sleep must start after this round's host work
     torch.cuda.synchronize(device)
-    for name in order:
-        result.ms[name] = round(statistics.median(s.elapsed_time(e) for s, e in events[name]), 5)
-    return result
+    return {name: round(statistics.median(s.elapsed_time(e) for s, e in events[name]), 5) for name in order}
 
 
 # -- output ---------------------------------------------------------------------------------------------------
@@ -251,6 +289,7 @@ def render_markdown(table: Dict[str, Any]) -> str:
     names = []
     for entry in entries:
         names += [name for name in entry["ms"] if name not in names]
+    replayed = any(entry.get("device_ms") for entry in entries)
     lines = [
         f"# Attention timings: {table['gpu']}",
         "",
@@ -261,9 +300,13 @@ def render_markdown(table: Dict[str, Any]) -> str:
         f"- created: {table.get('created')}; median of {table.get('repeats')} CUDA-event-timed calls per backend "
         f"after {table.get('warmup')} warm-up calls, backends in alternating order",
         "- packed (varlen) rows: batch = sequences, seq = the longest; `sdpa` there is torch's varlen_attn",
+        "- ms: eager calls (the launch included); device ms: the kernel alone, the device kept busy ahead of it "
+        "(what a CUDA graph's replay pays; `auto` chooses by these while capturing a graph)" if replayed else
+        "- ms: eager calls (the launch included)",
         "",
-        "| dtype | kind | models | batch | seq | tokens | heads | head_dim | " + " | ".join(names) + " | best |",
-        "|---" * (9 + len(names)) + "|",
+        "| dtype | kind | models | batch | seq | tokens | heads | head_dim | " + " | ".join(names) + " | best |"
+        + ("".join(f" {name} device ms |" for name in names) + " best replayed |" if replayed else ""),
+        "|---" * (9 + len(names) + (len(names) + 1 if replayed else 0)) + "|",
     ]
     for entry in entries:
         kind = "varlen causal" if entry["varlen"] else ("causal" if entry["causal"] else "full")
@@ -272,6 +315,9 @@ def render_markdown(table: Dict[str, Any]) -> str:
                  str(tokens), str(entry["heads"]), str(entry["head_dim"])]
         cells += [_fmt(entry["ms"].get(name)) for name in names]
         cells.append(f"**{entry['best']}**" if entry.get("best") else "-")
+        if replayed:
+            cells += [_fmt(entry.get("device_ms", {}).get(name)) for name in names]
+            cells.append(f"**{entry['best_replayed']}**" if entry.get("best_replayed") else "-")
         lines.append("| " + " | ".join(cells) + " |")
     skipped = [(entry, name, why) for entry in entries for name, why in entry.get("errors", {}).items()]
     if skipped:
@@ -366,10 +412,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         names = varlen_names if shape.varlen else padded_names
         measurement = measure_shape(shape, models, names, args.repeats, args.warmup, device)
         measurements.append(measurement)
-        timings = ", ".join(f"{n} {_fmt(ms)}" for n, ms in measurement.ms.items())
+        timings = ", ".join(f"{n} {_fmt(ms)}/{_fmt(measurement.device_ms.get(n))}" for n, ms in measurement.ms.items())
         print(f"[{index}/{len(shapes)}] {shape.dtype} {'varlen ' if shape.varlen else ''}"
               f"{'causal ' if shape.causal else ''}b{shape.batch} s{shape.seq} h{shape.heads} d{shape.head_dim}: "
-              f"{timings} -> {measurement.best}", file=sys.stderr)
+              f"eager/device ms {timings} -> {measurement.best} eager, {measurement.best_replayed} replayed",
+              file=sys.stderr)
         torch.cuda.empty_cache()
 
     table = dict(header)

@@ -3,7 +3,9 @@
 The numbers come from a measured table (``attention_table.py``: schema, parsing, which table applies here).
 ``MeasuredAutoBackend`` serves one kind of site (dtype, head dim, causal) and picks the backend per call from
 the call's shapes: one dict lookup per call once a shape has been seen, pure Python on shapes (no device
-sync), so CUDA-graph capture and ``torch.compile`` see only the chosen kernel.
+sync), so CUDA-graph capture and ``torch.compile`` see only the chosen kernel. A call being captured into a CUDA
+graph is chosen by the table's device times where it has them (a replay pays the kernel, not its launch); an
+eager call by its eager times.
 """
 from __future__ import annotations
 
@@ -73,8 +75,8 @@ class MeasuredAutoBackend(AttentionBackend):
         # It serves what its fallback serves: any call it cannot give a measured winner runs there.
         self.fallback = fallback_backend()
         self.limits, self.varlen_limits = self.fallback.limits, self.fallback.varlen_limits
-        # Per (causal, varlen): the entries' winners among backends usable here that serve such a call.
-        self._points: Dict[Tuple[bool, bool], List[Point]] = {}
+        # Per (causal, varlen, replay): the entries' winners among backends usable here that serve such a call.
+        self._points: Dict[Tuple[bool, bool, bool], List[Point]] = {}
         for call_causal in (False, True):
             for varlen in (False, True):
                 needs = AttentionNeeds(device_type=device_type, dtype=self.dtype, head_dim=head_dim,
@@ -85,14 +87,17 @@ class MeasuredAutoBackend(AttentionBackend):
                         return False
                     return not get_backend(name).unsupported_reasons(needs)
 
-                self._points[(call_causal, varlen)] = [
-                    _point(entry, name) for entry in table.kind_entries(self.dtype, call_causal, varlen, head_dim)
-                    for name in [entry.fastest(serves)] if name is not None
-                ]
+                for replay in (False, True):
+                    self._points[(call_causal, varlen, replay)] = [
+                        _point(entry, name) for entry in table.kind_entries(self.dtype, call_causal, varlen, head_dim)
+                        for name in [entry.fastest(serves, replay)] if name is not None
+                    ]
         # The backends that win some entry of this site's kind, most wins first.
         wins: Dict[str, int] = {}
-        for point in self._points[(causal, False)] + self._points[(causal, True)]:
-            wins[point[3]] = wins.get(point[3], 0) + 1
+        for varlen in (False, True):
+            for replay in (False, True):
+                for point in self._points[(causal, varlen, replay)]:
+                    wins[point[3]] = wins.get(point[3], 0) + 1
         self.winners: List[str] = sorted(wins, key=lambda name: (-wins[name], name))
         # patch() reports a site's backend by its name, so the name says what may run there.
         self.name = f"auto(measured: {'|'.join(self.winners) or self.fallback.name})"
@@ -107,22 +112,24 @@ class MeasuredAutoBackend(AttentionBackend):
 
     def decision(self, q: torch.Tensor, causal: bool, varlen: bool, batch: int, seq: int,
                  kv_seq: int) -> AttentionBackend:
-        """The backend for a call with these shapes: computed once per distinct shape, then looked up."""
-        key = (varlen, q.device.type, q.dtype, causal, batch, seq, kv_seq, q.shape[-2], q.shape[-1])
+        """The backend for a call with these shapes (and whether it is being captured into a CUDA graph): computed
+        once per distinct shape, then looked up."""
+        replay = being_captured(q)
+        key = (varlen, q.device.type, q.dtype, causal, batch, seq, kv_seq, q.shape[-2], q.shape[-1], replay)
         backend = self._decisions.get(key)
         if backend is None:
-            backend = self._decide(q, causal, varlen, batch, seq, kv_seq)
+            backend = self._decide(q, causal, varlen, batch, seq, kv_seq, replay)
             if len(self._decisions) >= self.MAX_DECISIONS:
                 self._decisions.clear()
             self._decisions[key] = backend
         return backend
 
     def _decide(self, q: torch.Tensor, causal: bool, varlen: bool, batch: int, seq: int,
-                kv_seq: int) -> AttentionBackend:
+                kv_seq: int, replay: bool = False) -> AttentionBackend:
         if (q.device.type != self.device_type or q.dtype != self.dtype or q.shape[-1] != self.head_dim
                 or kv_seq != seq):
             return self.fallback
-        name = nearest(self._points[(bool(causal), varlen)], q.shape[-2], batch, seq)
+        name = nearest(self._points[(bool(causal), varlen, replay)], q.shape[-2], batch, seq)
         if name is None:
             return self.fallback
         return runnable_on(get_backend(name), q)
@@ -136,6 +143,11 @@ class MeasuredAutoBackend(AttentionBackend):
     def attend_varlen(self, q, k, v, cu_seqlens, max_seqlen, causal):
         backend = self.decision(q, causal, True, cu_seqlens.shape[0] - 1, max_seqlen, max_seqlen)
         return backend.attend_varlen(q, k, v, cu_seqlens, max_seqlen, causal)
+
+
+def being_captured(q: torch.Tensor) -> bool:
+    """Whether this call is being captured into a CUDA graph, to be replayed (then device time decides)."""
+    return q.is_cuda and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing()
 
 
 def measured_backend(needs: AttentionNeeds) -> Optional[MeasuredAutoBackend]:

@@ -126,7 +126,7 @@ def qkv(batch, seq, heads=2, head_dim=8, dtype=torch.float32, seed=0):
 def test_table_parses_and_round_trips(tmp_path):
     path = write_table(tmp_path / "t.json", [
         entry(256, 257, {"sdpa:cudnn": 0.46, "sdpa:flash": 0.64, "flash_attn": None},
-              errors={"flash_attn": "skipped: not installed"}),
+              errors={"flash_attn": "skipped: not installed"}, device_ms={"sdpa:cudnn": 0.4, "sdpa:flash": 0.6}),
         entry(16, 40, {"sdpa": 0.05, "flash_attn": 0.04}, causal=True, varlen=True, heads=12, tokens=384),
     ])
     table = attention_table.read_table(path)
@@ -137,6 +137,7 @@ def test_table_parses_and_round_trips(tmp_path):
         ("float16", False, False, 256, 257, 16, 64)
     assert first.ms == {"sdpa:cudnn": 0.46, "sdpa:flash": 0.64, "flash_attn": None}
     assert first.best == "sdpa:cudnn" and first.errors == {"flash_attn": "skipped: not installed"}
+    assert first.device_ms == {"sdpa:cudnn": 0.4, "sdpa:flash": 0.6} and packed.device_ms == {}
     assert packed.varlen and packed.causal and packed.tokens == 384 and packed.heads == 12
     again = parse_table(table.to_dict(), "again")
     assert again.to_dict() == table.to_dict()
@@ -149,6 +150,9 @@ def test_table_parses_and_round_trips(tmp_path):
     (lambda t: t["entries"][0].pop("head_dim"), r"entries\[0\]: missing 'head_dim'"),
     (lambda t: t["entries"][0].update(dtype="float8"), r"entries\[0\].*unknown dtype"),
     (lambda t: t["entries"][0]["ms"].update(flash_attn=-1.0), r"ms\['flash_attn'\] must be a positive number"),
+    (lambda t: t["entries"][0].update(device_ms={"sdpa:flash": "fast"}),
+     r"device_ms\['sdpa:flash'\] must be a positive number"),
+    (lambda t: t["entries"][0].update(device_ms=[0.1]), "'device_ms' must be dict"),
     (lambda t: t["entries"][0].update(batch="256"), "'batch' must be int"),
     (lambda t: t["entries"][0].update(causal=1), "'causal' must be bool"),
     (lambda t: t["entries"][0].update(varlen="no"), "'varlen' must be bool"),
@@ -447,6 +451,35 @@ def test_a_seen_shape_costs_one_dict_lookup(spies, monkeypatch):
     assert len(decided) == 2 and len(spies["spy:a"].calls) == 4
 
 
+def test_a_call_being_captured_into_a_graph_is_chosen_by_device_time(spies, monkeypatch):
+    """Eager, the entry's eager times decide (the launch is most of a small call); captured into a CUDA graph, its
+    device times (a replay pays only the kernel). An entry without device times decides by its eager ones."""
+    backend = _cpu_backend([
+        entry(2, 10, {"spy:a": 0.1, "spy:b": 0.2}, dtype="float32", heads=2, head_dim=8,
+              device_ms={"spy:a": 0.02, "spy:b": 0.01}),
+        entry(64, 10, {"spy:a": 0.1, "spy:b": 0.2}, dtype="float32", heads=2, head_dim=8),
+    ])
+    assert backend.name == "auto(measured: spy:a|spy:b)"
+    capturing = []
+    monkeypatch.setattr(measured, "being_captured", lambda q: bool(capturing))
+    small, large = qkv(2, 10), qkv(64, 10)
+    backend.attend(*small, False)
+    backend.attend(*large, False)
+    capturing.append(True)
+    backend.attend(*small, False)
+    backend.attend(*large, False)
+    assert [call[1][0] for call in spies["spy:a"].calls] == [2, 64, 64]
+    assert [call[1][0] for call in spies["spy:b"].calls] == [2]
+    capturing.clear()  # eager again: the eager decision, remembered apart from the captured one
+    backend.attend(*small, False)
+    assert [call[1][0] for call in spies["spy:a"].calls] == [2, 64, 64, 2]
+
+
+def test_a_cpu_call_is_never_taken_for_a_capture():
+    q = torch.empty(1, 4, 2, 8)
+    assert not measured.being_captured(q)
+
+
 def test_dispatch_traces_under_torch_compile_without_graph_breaks():
     """The decision is plain Python on shapes: fullgraph tracing works, and picks what eager picks."""
     torch._dynamo.reset()
@@ -581,16 +614,22 @@ def test_script_entries_parse_as_a_table_and_render():
     result = measure_attention.Measurement(shape, ["ViT-B-32"], {"sdpa": 0.2, "flash_attn": 0.1},
                                            {})
     padded = measure_attention.Measurement(measure_attention.Shape("float16", False, False, 4, 50, 12, 64),
-                                           ["ViT-B-32"], {"sdpa:cudnn": 0.3, "flash_attn": None},
-                                           {"flash_attn": "skipped: not installed"})
+                                           ["ViT-B-32"], {"sdpa:cudnn": 0.3, "sdpa:flash": 0.35, "flash_attn": None},
+                                           {"flash_attn": "skipped: not installed"},
+                                           {"sdpa:cudnn": 0.02, "sdpa:flash": 0.01, "flash_attn": None})
     data = table_dict([result.to_entry(), padded.to_entry()], gpu="NVIDIA H100 80GB HBM3")
     data.update(cudnn=91900, repeats=50, warmup=10)
     table = parse_table(data)
     assert table.entries[0].tokens == 20 and table.entries[0].best == "flash_attn"
     assert table.entries[1].best == "sdpa:cudnn" and table.entries[1].ms["flash_attn"] is None
+    assert table.entries[1].fastest(everything, replay=True) == "sdpa:flash"
+    assert table.entries[0].fastest(everything, replay=True) == "flash_attn"  # no device times: the eager ones
     text = measure_attention.render_markdown(data)
     assert "NVIDIA H100 80GB HBM3" in text and "cuDNN 91900" in text and "command: `test`" in text
-    assert "| float16 | varlen causal | ViT-B-32 | 3 | 9 | 20 | 8 | 64 | 0.2000 | 0.1000 | - | **flash_attn** |" in text
+    assert ("| float16 | varlen causal | ViT-B-32 | 3 | 9 | 20 | 8 | 64 | 0.2000 | 0.1000 | - | - | **flash_attn** | "
+            "- | - | - | - | - |") in text
+    assert ("| float16 | full | ViT-B-32 | 4 | 50 | 200 | 12 | 64 | - | - | 0.3000 | 0.3500 | **sdpa:cudnn** | - | - | "
+            "0.0200 | 0.0100 | **sdpa:flash** |") in text
     assert "flash_attn: skipped: not installed" in text
     assert measure_attention.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
