@@ -9,8 +9,10 @@ eager call by its eager times.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Callable, Dict, List, Optional, Tuple
+import threading
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -145,9 +147,26 @@ class MeasuredAutoBackend(AttentionBackend):
         return backend.attend_varlen(q, k, v, cu_seqlens, max_seqlen, causal)
 
 
+_for_replay = threading.local()
+
+
+@contextlib.contextmanager
+def choosing_for_replay() -> Iterator[None]:
+    """Calls made in this block (on this thread) choose as a capture does, by device time. A graph's warm-up runs
+    in it, so that the kernels the capture records have run before: a kernel's first call may set itself up in
+    ways a capture forbids (cuDNN builds its plan for the shape), which would fail the capture."""
+    previous = getattr(_for_replay, "on", False)
+    _for_replay.on = True
+    try:
+        yield
+    finally:
+        _for_replay.on = previous
+
+
 def being_captured(q: torch.Tensor) -> bool:
-    """Whether this call is being captured into a CUDA graph, to be replayed (then device time decides)."""
-    return q.is_cuda and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing()
+    """Whether this call is being captured into a CUDA graph, or warms one up (then device time decides)."""
+    return q.is_cuda and not torch.compiler.is_compiling() and (
+        getattr(_for_replay, "on", False) or torch.cuda.is_current_stream_capturing())
 
 
 def measured_backend(needs: AttentionNeeds) -> Optional[MeasuredAutoBackend]:
@@ -178,4 +197,5 @@ def measured_backend(needs: AttentionNeeds) -> Optional[MeasuredAutoBackend]:
     return backend if backend.winners else None
 
 
-__all__ = ["MeasuredAutoBackend", "describe_auto_choice", "backend_usable", "measured_backend"]
+__all__ = ["MeasuredAutoBackend", "being_captured", "choosing_for_replay", "describe_auto_choice", "backend_usable",
+           "measured_backend"]

@@ -24,6 +24,8 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from ..backends.measured import choosing_for_replay
+
 # CUDA allows one capture at a time per process in practice (torch.cuda.graph shares one default capture
 # stream, and capture_begin/end drive shared allocator state); encoders of different models share this lock.
 _CAPTURE_LOCK = threading.Lock()
@@ -80,13 +82,16 @@ class CaptureSpace:
 
     def capture(self, key: GraphKey, function: Callable[[torch.Tensor], torch.Tensor],
                 warmup_iters: int) -> Union[CapturedGraph, str]:
-        """Warm up, then capture ``function`` of a zero static input into the pool (call in inference mode).
+        """Warm up, then capture ``function`` of a zero static input into the pool (call in inference mode). Both
+        choose attention kernels as a replay is paid (``choosing_for_replay``), so the capture records kernels the
+        warm-up has already run.
 
         Errors from the warm-up are the model's own (eager would raise them too) and propagate; an error in the
         capture itself is returned as the reason the key must run eager.
         """
         device, stream = self.device, self.stream
-        with _CAPTURE_LOCK, torch.cuda.device(device), torch.autocast("cuda", enabled=False):
+        # choosing_for_replay: the warm-up runs the kernels the capture records (``auto`` picks by device time).
+        with _CAPTURE_LOCK, torch.cuda.device(device), torch.autocast("cuda", enabled=False), choosing_for_replay():
             started = time.perf_counter()
             static_input = torch.zeros(key.input_shape, dtype=key.dtype, device=device)
             caller = torch.cuda.current_stream(device)

@@ -2,11 +2,14 @@
 
     encoder = clip_flash.GraphedEncoder(model)   # model patched (clip_flash.patch) or stock, on a CUDA device
     encoder.capture_all()                        # optional: capture every bucket now, before serving
-    features = encoder.encode_image(images)      # same results as model.encode_image, from a replayed graph
+    features = encoder.encode_image(images)      # model.encode_image's results, from a replayed graph
     features = encoder.encode_text(tokens)       # tokens may stay on the CPU, as the tokenizer returns them
 
 At batch 1 a ViT spends most of its time launching kernels; replaying a captured CUDA graph of the same work
-removes that. Choices made here, and why:
+removes that. With ``clip_flash.patch(model, backend="auto")`` and a measured attention table, a capture picks
+each attention kernel by its device time (a replay pays no launch), where an eager call picks by its eager time:
+a graph's rows are then bit for bit the eager model's under ``clip_flash.backends.choosing_for_replay()`` on the
+bucket's shape, and within fp16 rounding of a plain eager call. Choices made here, and why:
 
 Buckets. One graph per batch-size bucket (default 1, 2, 4, 8, 16, 32), per input shape and dtype. A batch is
 padded up to the smallest bucket that holds it (rows are independent in every OpenCLIP tower, so padding rows

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import List
 
 import open_clip
@@ -478,6 +480,24 @@ def test_a_call_being_captured_into_a_graph_is_chosen_by_device_time(spies, monk
 def test_a_cpu_call_is_never_taken_for_a_capture():
     q = torch.empty(1, 4, 2, 8)
     assert not measured.being_captured(q)
+    with measured.choosing_for_replay():
+        assert not measured.being_captured(q)
+
+
+def test_a_graphs_warm_up_chooses_as_its_capture_on_its_own_thread_only():
+    """Inside choosing_for_replay a CUDA call chooses as a capture does (so the warm-up runs the kernels the capture
+    records); the flag is per thread and restored on exit, nested or not."""
+    cuda_call = SimpleNamespace(is_cuda=True)
+    seen = []
+    with measured.choosing_for_replay():
+        seen.append(measured.being_captured(cuda_call))
+        with measured.choosing_for_replay():
+            seen.append(measured.being_captured(cuda_call))
+        seen.append(measured.being_captured(cuda_call))
+        other = threading.Thread(target=lambda: seen.append(getattr(measured._for_replay, "on", False)))
+        other.start()
+        other.join()
+    assert seen == [True, True, True, False] and not measured._for_replay.on
 
 
 def test_dispatch_traces_under_torch_compile_without_graph_breaks():

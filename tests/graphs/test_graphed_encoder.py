@@ -17,6 +17,7 @@ from tests.utils import assert_within_twice_stock, edge_case_tokens
 from torch import nn
 
 import clip_flash
+from clip_flash.backends import choosing_for_replay
 from clip_flash.graphs import GraphedEncoder
 from clip_flash.graphs.capture import GraphKey
 from clip_flash.graphs.staleness import _live_watches
@@ -314,11 +315,13 @@ def _pad(x: torch.Tensor, bucket: int) -> torch.Tensor:
 
 
 def _eager_like_graph_image(model, encoder, images):
-    """The model's eager call on the same padded shape the graph ran: expected bit-identical in the real rows."""
+    """The model's eager call on the same padded shape the graph ran, choosing kernels as a capture does: expected
+    bit-identical in the real rows."""
     bucket = encoder.batch_bucket(images.shape[0])
     if bucket is None:
         return model.encode_image(images)
-    return model.encode_image(_pad(images, bucket))[: images.shape[0]]
+    with choosing_for_replay():
+        return model.encode_image(_pad(images, bucket))[: images.shape[0]]
 
 
 def _eager_like_graph_text(model, encoder, tokens):
@@ -327,9 +330,10 @@ def _eager_like_graph_text(model, encoder, tokens):
         return model.encode_text(tokens)
     padded = _pad(tokens, bucket)
     plan = model.__dict__.get("_clip_flash_text")
-    if plan is None:
-        return model.encode_text(padded)[: tokens.shape[0]]
-    return encode_pooled_text(model, padded, plan, cut_length=encoder.length_bucket(tokens))[: tokens.shape[0]]
+    with choosing_for_replay():
+        if plan is None:
+            return model.encode_text(padded)[: tokens.shape[0]]
+        return encode_pooled_text(model, padded, plan, cut_length=encoder.length_bucket(tokens))[: tokens.shape[0]]
 
 
 def _pool_bytes(encoder: GraphedEncoder, pools=None) -> int:
