@@ -146,9 +146,9 @@ class EmbeddingPipeline:
         from ..patching.text_fast_path import takes_host_token_ids  # here: decoding workers import this module
 
         self.host_tokens = self.cuda and tokenizer is not None and takes_host_token_ids(model)
-        # Full image batches replay one CUDA graph (the same kernels, so the same rows as eager). An eager ViT
-        # forward is hundreds of launches, each releasing the GIL to the decoding threads and waiting to take it
-        # back, which can bound the whole job; a replay is one launch.
+        # Full image batches replay one CUDA graph (the same work; attention kernels chosen for a replay, so rows
+        # within fp16 rounding of eager). An eager ViT forward is hundreds of launches, each releasing the GIL to
+        # the decoding threads and waiting to take it back, which can bound the whole job; a replay is one launch.
         self.image_graphs = None
         if self.cuda and cuda_graphs and image_preparer is not None:
             from ..graphs import GraphedEncoder
