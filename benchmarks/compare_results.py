@@ -13,7 +13,8 @@ listed, never flagged.
 Rates (``benchmarks/harness/compare.py``): ``bench_clip.py --pipeline`` runs per (model, dtype, pipeline),
 ``bench_embed.py`` job benches per (model, inputs, case), ``image_decode_throughput.py`` runs per (executor,
 workers, JPEG route) and ``serve/bench_serve.py`` curves per (server, workload, offered rate), their p50 / p99
-beside: old and new rates and their ratio (new / old: above 1 is faster). A row slower by more than
+beside: old and new rates and their ratio (new / old: above 1 is faster); ``image_latency.py`` runs per side
+(p50 and p99 ms) and step (p50 alone), the ratio old / new (above 1 is faster). A row slower by more than
 the threshold is marked, not judged: these rates move with the host's CPUs, and the exit status stays 0. Two
 files of different kinds, or with no row in common, have nothing to compare: it says so and exits 0.
 """
@@ -133,7 +134,8 @@ def _compare_shapes(old_path: Path, new_path: Path, threshold: float) -> int:
 
 
 def _compare_rates(old_file: ResultsFile, new_file: ResultsFile, kind: str, threshold: float) -> None:
-    print(f"\n{KINDS[kind].title}: rates old -> new, ratio new / old (above 1 is faster)")
+    what = "times (ms) old -> new, ratio old / new" if KINDS[kind].times else "rates old -> new, ratio new / old"
+    print(f"\n{KINDS[kind].title}: {what} (above 1 is faster)")
     lines, in_both = compare_rows(old_file.rows(kind), new_file.rows(kind), threshold)
     print("\n".join(lines))
     if not in_both:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 SCHEMA = "clip_flash.bench_clip/1"
-SHAPES, PIPELINES, JOB, THROUGHPUT, SERVE = "shapes", "pipelines", "job", "throughput", "serve"
+SHAPES, PIPELINES, JOB, THROUGHPUT, SERVE, LATENCY = "shapes", "pipelines", "job", "throughput", "serve", "latency"
 
 Key = Tuple[str, ...]
 Values = Dict[str, Optional[float]]  # metric -> rate (None: not measured)
@@ -43,6 +43,7 @@ class Kind:
     metrics: Tuple[Tuple[str, str], ...]  # (short name, column label)
     detail: str  # column saying how each row ran (old -> new where that changed)
     unrecorded_last_matches: bool = False  # a last key part "-" (not recorded) pairs with any value of it
+    times: bool = False  # the metrics are milliseconds (lower is faster): the ratio is old / new
 
 
 KINDS: Dict[str, Kind] = {kind.name: kind for kind in (
@@ -56,6 +57,8 @@ KINDS: Dict[str, Kind] = {kind.name: kind for kind in (
          unrecorded_last_matches=True),
     Kind(SERVE, "bench_serve curves", ("server", "workload", "offered req/s"), (("achieved", "achieved req/s"),),
          "p50 / p99 ms"),
+    Kind(LATENCY, "image_latency requests", ("side or step",), (("p50", "p50 ms"), ("p99", "p99 ms")), "requests",
+         times=True),
 )}
 
 
@@ -99,6 +102,8 @@ def kinds_of(data: Any) -> Tuple[str, ...]:
         return (THROUGHPUT,)
     if isinstance(data, dict) and isinstance(data.get("configs"), dict) and isinstance(data.get("runs"), list):
         return (SERVE,)
+    if any("side" in row and "p50_ms" in row for row in rows):
+        return (LATENCY,)
     return ()
 
 
@@ -148,7 +153,7 @@ def open_results(path: Path) -> ResultsFile:
     kinds = kinds_of(data)
     if not kinds:
         raise ResultsFileError(f"{path}: not a bench_clip result (schema {SCHEMA!r} expected), nor a "
-                               "bench_embed or image_decode_throughput JSON")
+                               "bench_embed, image_decode_throughput, bench_serve or image_latency JSON")
     return ResultsFile(Path(path), data, kinds)
 
 
@@ -243,8 +248,23 @@ def read_serve(data: Dict[str, Any]) -> Rows:
     return rows
 
 
+def read_latency(data: Dict[str, Any]) -> Rows:
+    """p50 and p99 ms per side of an ``image_latency.py`` run (stock, clip_flash), and each step's p50 alone."""
+    rows = Rows(KINDS[LATENCY])
+    for row in _dict_rows(data):
+        if "side" in row:
+            key = (str(row["side"]),)
+            rows.values[key] = {"p50": _number(row.get("p50_ms")), "p99": _number(row.get("p99_ms"))}
+            rows.details[key] = str(row.get("requests", "?"))
+        elif "step" in row:
+            key = (f"step: {' '.join(str(row['step']).split())}",)
+            rows.values[key] = {"p50": _number(row.get("p50_ms")), "p99": None}
+            rows.details[key] = "-"
+    return rows
+
+
 _READERS: Dict[str, Callable[[Dict[str, Any]], Rows]] = {
-    PIPELINES: read_pipelines, JOB: read_job, THROUGHPUT: read_throughput, SERVE: read_serve}
+    PIPELINES: read_pipelines, JOB: read_job, THROUGHPUT: read_throughput, SERVE: read_serve, LATENCY: read_latency}
 
 
 def pair_keys(old: Sequence[Key], new: Sequence[Key], unrecorded_last_matches: bool = False
@@ -269,15 +289,17 @@ def _changed(before: str, after: str) -> str:
     return before if before == after else f"{before} -> {after}"
 
 
-def _rate(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value:,.0f}"
+def _rate(value: Optional[float], times: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.3f}" if times else f"{value:,.0f}"
 
 
 def compare_rows(old: Rows, new: Rows, threshold: float) -> Tuple[List[str], int]:
     """(markdown table lines plus "only in" lines, number of rows in both runs).
 
-    Each rate shows old -> new and the ratio new / old; a row whose ratio falls below ``1 / (1 + threshold)``
-    is marked slower, naming the rates that fell.
+    Each rate shows old -> new and the ratio new / old (for times, old / new: above 1 is faster either way); a
+    row whose ratio falls below ``1 / (1 + threshold)`` is marked slower, naming the metrics that fell behind.
     """
     kind = old.kind
     columns = list(kind.key_columns) + [kind.detail]
@@ -293,10 +315,13 @@ def compare_rows(old: Rows, new: Rows, threshold: float) -> Tuple[List[str], int
         slower = []
         for metric, _ in kind.metrics:
             a, b = before.get(metric), after.get(metric)
-            ratio = b / a if a and b is not None else None
+            if kind.times:
+                ratio = a / b if a is not None and b else None
+            else:
+                ratio = b / a if a and b is not None else None
             if ratio is not None and ratio < floor:
                 slower.append(metric)
-            cells += ["-" if a is None and b is None else f"{_rate(a)} -> {_rate(b)}",
+            cells += ["-" if a is None and b is None else f"{_rate(a, kind.times)} -> {_rate(b, kind.times)}",
                       "-" if ratio is None else f"{ratio:.3f}"]
         flag = f"slower ({', '.join(slower)} < {floor:.3f})" if slower else ""
         lines.append("| " + " | ".join(cells) + f" | {flag} |")

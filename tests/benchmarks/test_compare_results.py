@@ -291,7 +291,7 @@ def test_other_records_are_not_results_it_reads(tmp_path, capsys):
     tokenizer.write_text(json.dumps({**ENVIRONMENT, "title": "tokenizer", "rows": [{"caption_set": "x"}]}))
     good = write_job(tmp_path / "job.json", [("stock OpenCLIP (DataLoader)", "2,223", "1,607")])
     assert compare_results.main([str(tokenizer), str(good)]) == 2
-    assert "nor a bench_embed or image_decode_throughput JSON" in capsys.readouterr().err
+    assert "nor a bench_embed, image_decode_throughput, bench_serve or image_latency JSON" in capsys.readouterr().err
 
 
 def test_serve_curves_compare_achieved_rates_per_offered_rate(tmp_path, capsys):
@@ -314,6 +314,25 @@ def test_serve_curves_compare_achieved_rates_per_offered_rate(tmp_path, capsys):
     assert "only in the new run: clip_flash / image-raw / 3,200.0" in out
 
 
+def test_image_latency_runs_compare_p50_and_p99_old_over_new(tmp_path, capsys):
+    def latency(path, revision, clip_flash_p50, step_p50):
+        path.write_text(json.dumps({"git_revision": revision, "device_name": "Fake GPU", "command": "image_latency.py",
+                                    "rows": [{"side": "stock", "requests": 1000, "p50_ms": 14.0, "p99_ms": 24.0},
+                                             {"side": "clip_flash", "requests": 1000, "p50_ms": clip_flash_p50,
+                                              "p99_ms": 4.0},
+                                             {"step": "GraphedEncoder  encode_image", "p50_ms": step_p50},
+                                             {"embedding_cosine_stock_vs_clip_flash": 0.999999}]}))
+        return path
+
+    old = latency(tmp_path / "old.json", "aaa", 3.4, 1.6)
+    new = latency(tmp_path / "new.json", "bbb", 3.0, 1.8)
+    assert compare_results.main([str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "times (ms) old -> new, ratio old / new (above 1 is faster)" in out
+    assert "| clip_flash | 1000 | 3.400 -> 3.000 | 1.133 | 4.000 -> 4.000 | 1.000 |  |" in out
+    assert "| step: GraphedEncoder encode_image | - | 1.600 -> 1.800 | 0.889 | - | - | slower (p50 < 0.952) |" in out
+
+
 JOB_RUN = "job_final_cc384da/embed_bench_cc384da.json"  # the one committed H100 job run: compared with itself
 
 
@@ -325,6 +344,8 @@ JOB_RUN = "job_final_cc384da/embed_bench_cc384da.json"  # the one committed H100
      "| process | 16 | GPU (entropy decode on CPU) | 2 |"),
     ("serve_ab_80bab2b/old_a/serve_bench.json", "serve_ab_80bab2b/new_a/serve_bench.json",
      "| clip_flash | image-raw | 1,600.0 | 32.703 / 62.783 -> 16.215 / 35.327 | 1,599 -> 1,601 | 1.001 |  |"),
+    ("job_0bcb378/image_latency_ViT-L-14.json", "serve_latency_8da9c3e/image_latency_ViT-L-14.json",
+     "| clip_flash | 1000 | 3.430 -> 3.071 | 1.117 | 4.304 -> 3.790 | 1.136 |  |"),
 ])
 def test_runs_as_a_script_on_committed_rate_runs(old, new, expected):
     committed = REPO_ROOT / "benchmarks" / "results" / "h100"
