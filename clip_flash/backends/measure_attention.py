@@ -222,9 +222,8 @@ def measure_shape(shape: Shape, models: List[str], names: Sequence[str], repeats
             continue
         calls[name] = call
     result.ms.update(_timed_rounds(calls, repeats, device, busy_ahead_cycles=0))
-    cycles = _sleep_cycles(device, BUSY_AHEAD_MS)
-    device_ms = _timed_rounds(calls, repeats, device, busy_ahead_cycles=cycles)
-    result.device_ms.update({name: None if result.ms.get(name) is None else ms for name, ms in device_ms.items()})
+    if hasattr(torch.cuda, "_sleep"):  # torch's sleep kernel, which keeps the device busy ahead of a round
+        result.device_ms.update(_timed_rounds(calls, repeats, device, _sleep_cycles(device, BUSY_AHEAD_MS)))
     return result
 
 

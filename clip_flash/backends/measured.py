@@ -2,10 +2,10 @@
 
 The numbers come from a measured table (``attention_table.py``: schema, parsing, which table applies here).
 ``MeasuredAutoBackend`` serves one kind of site (dtype, head dim, causal) and picks the backend per call from
-the call's shapes: one dict lookup per call once a shape has been seen, pure Python on shapes (no device
-sync), so CUDA-graph capture and ``torch.compile`` see only the chosen kernel. A call being captured into a CUDA
-graph is chosen by the table's device times where it has them (a replay pays the kernel, not its launch); an
-eager call by its eager times.
+the call's shapes: a capture check and one dict lookup per call once a shape has been seen, pure Python on
+shapes (no device sync), so CUDA-graph capture and ``torch.compile`` see only the chosen kernel. A call being
+captured into a CUDA graph is chosen by the table's device times where it has them (a replay pays the kernel,
+not its launch); an eager call by its eager times.
 """
 from __future__ import annotations
 
