@@ -11,7 +11,7 @@ OpenCLIP models, the milliseconds each backend took and which won::
 
 ``ms`` is one call as it runs eagerly: from the device reaching it to its end, the host's launch included
 (at small shapes the launch is most of it). ``device_ms`` (optional) is the kernel alone on a device kept busy
-ahead of it, which is what a CUDA graph's replay pays; a call being captured into a graph is chosen by it.
+ahead of it, which is what a CUDA graph's replay pays; a call clip_flash captures into a graph is chosen by it.
 
 For variable-length (packed) entries ``batch`` is the number of sequences, ``seq`` the longest one and
 ``tokens`` their total. A table applies only on a GPU with the same name (and capability, when recorded).

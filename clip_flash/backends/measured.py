@@ -2,10 +2,10 @@
 
 The numbers come from a measured table (``attention_table.py``: schema, parsing, which table applies here).
 ``MeasuredAutoBackend`` serves one kind of site (dtype, head dim, causal) and picks the backend per call from
-the call's shapes: a capture check and one dict lookup per call once a shape has been seen, pure Python on
-shapes (no device sync), so CUDA-graph capture and ``torch.compile`` see only the chosen kernel. A call being
-captured into a CUDA graph is chosen by the table's device times where it has them (a replay pays the kernel,
-not its launch); an eager call by its eager times.
+the call's shapes: a thread-local flag and one dict lookup per call once a shape has been seen, pure Python on
+shapes (no device sync), so CUDA-graph capture and ``torch.compile`` see only the chosen kernel. A call warming
+up or being captured into one of clip_flash's CUDA graphs (``choosing_for_replay``) is chosen by the table's
+device times where it has them (a replay pays the kernel, not its launch); any other call by its eager times.
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class MeasuredAutoBackend(AttentionBackend):
 
     def decision(self, q: torch.Tensor, causal: bool, varlen: bool, batch: int, seq: int,
                  kv_seq: int) -> AttentionBackend:
-        """The backend for a call with these shapes (and whether it is being captured into a CUDA graph): computed
+        """The backend for a call with these shapes (and whether clip_flash is capturing it into a CUDA graph): computed
         once per distinct shape, then looked up."""
         replay = being_captured(q)
         key = (varlen, q.device.type, q.dtype, causal, batch, seq, kv_seq, q.shape[-2], q.shape[-1], replay)
@@ -164,9 +164,12 @@ def choosing_for_replay() -> Iterator[None]:
 
 
 def being_captured(q: torch.Tensor) -> bool:
-    """Whether this call is being captured into a CUDA graph, or warms one up (then device time decides)."""
-    return q.is_cuda and not torch.compiler.is_compiling() and (
-        getattr(_for_replay, "on", False) or torch.cuda.is_current_stream_capturing())
+    """Whether this call warms up or is captured into one of clip_flash's CUDA graphs (then device time decides).
+
+    Only the ``choosing_for_replay`` flag counts, not the stream's capture state: a graph someone captures
+    themselves after eager warm-up calls must record the kernels those calls ran (a kernel first called inside a
+    capture can fail it), and eager calls pay no CUDA query for the check."""
+    return getattr(_for_replay, "on", False) and q.is_cuda and not torch.compiler.is_compiling()
 
 
 def measured_backend(needs: AttentionNeeds) -> Optional[MeasuredAutoBackend]:

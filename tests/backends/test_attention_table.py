@@ -477,6 +477,12 @@ def test_a_call_being_captured_into_a_graph_is_chosen_by_device_time(spies, monk
     assert [call[1][0] for call in spies["spy:a"].calls] == [2, 64, 64, 2]
 
 
+def test_a_stream_capturing_outside_clip_flash_chooses_as_eager(monkeypatch):
+    """Someone's own capture, after eager warm-up calls, must record the kernels those calls ran."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not measured.being_captured(SimpleNamespace(is_cuda=True))
+
+
 def test_a_cpu_call_is_never_taken_for_a_capture():
     q = torch.empty(1, 4, 2, 8)
     assert not measured.being_captured(q)

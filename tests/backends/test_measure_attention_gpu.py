@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from clip_flash.backends import measure_attention
-from clip_flash.backends.measured import being_captured
+from clip_flash.backends.measured import being_captured, choosing_for_replay
 
 
 def test_device_times_are_the_kernels_alone_under_the_eager_times():
@@ -23,12 +23,16 @@ def test_device_times_are_the_kernels_alone_under_the_eager_times():
     assert result.best_replayed in timed and result.to_entry()["best_replayed"] == result.best_replayed
 
 
-def test_only_a_call_on_a_capturing_stream_counts_as_captured():
+def test_only_clip_flash_captures_choose_for_replay():
+    """A graph captured outside clip_flash (its warm-up eager) records the eager choice; inside
+    choosing_for_replay (clip_flash's warm-up and capture) the replay choice."""
     q = torch.empty(1, 8, 2, 64, device="cuda", dtype=torch.float16)
     assert not being_captured(q)
     seen = []
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         seen.append(being_captured(q))
+        with choosing_for_replay():
+            seen.append(being_captured(q))
         q.add_(1)  # something to capture
-    assert seen == [True] and not being_captured(q)
+    assert seen == [False, True] and not being_captured(q)
