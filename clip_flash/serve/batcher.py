@@ -20,6 +20,10 @@ batch N the next batch is already decoded (or tokenized) and launched behind it:
    L2 normalisation, and an asynchronous copy of the embeddings to page-locked host memory.
 3. ``answer``: waits for that copy and hands every item's result back to its request's event loop.
 
+On a GPU, a batch that is alone in the pipeline (low load) skips the hand-off to ``launch``: the collector
+queues its device work itself (launches, no waiting), as the launch thread is idle and waking it would only add
+to the request's latency. On the CPU the device step is the computation itself, so it stays on its thread.
+
 A failure in any step fails only the batch's items concerned, as per-item errors; out of device memory retries
 the batch in halves (``encode_in_pieces``). Nothing here can stop the threads but ``close()``.
 """
@@ -74,11 +78,14 @@ class TowerBatcher:
         close_when_idle: close a batch at once when none of this tower is in flight (else wait ``max_wait``).
         max_in_flight: batches taken and not yet answered at most (0: no limit; a batch then closes after
             ``max_wait`` however far behind the device is).
+        launch_alone: the collector runs the device step of a batch that is alone in the pipeline itself
+            (None: on a CUDA device, where that step only queues work).
     """
 
     def __init__(self, tower: str, inputs: Any, encode: Callable[[torch.Tensor], torch.Tensor], max_batch: int,
                  max_wait: float, lock: threading.Lock, on_dequeue: Callable[[int], None], metrics: Any = None,
-                 device: Optional[torch.device] = None, close_when_idle: bool = True, max_in_flight: int = 2) -> None:
+                 device: Optional[torch.device] = None, close_when_idle: bool = True, max_in_flight: int = 2,
+                 launch_alone: Optional[bool] = None) -> None:
         self.tower = tower
         self.inputs = inputs
         self.encode = encode
@@ -94,6 +101,7 @@ class TowerBatcher:
         self.stopping = False
         self.close_when_idle = close_when_idle
         self.max_in_flight = max_in_flight
+        self.launch_alone = self.device is not None if launch_alone is None else launch_alone
         self.in_flight = 0  # batches taken and not yet answered (under lock)
         self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
@@ -214,14 +222,30 @@ class TowerBatcher:
         except Exception as error:  # noqa: BLE001 - a batch the step refuses fails its inputs, not the server
             self._fail(batch, len(payloads), f"preparing the {self.tower} batch failed: {describe_error(error)}")
             return True
-        self._to_launch.put((batch, len(payloads), host, time.perf_counter() - started))
+        work = (batch, len(payloads), host, time.perf_counter() - started)
+        if self.launch_alone and self._alone():
+            self._launch_batch(work)  # nothing to overlap with: no hand-off to wait for
+        else:
+            self._to_launch.put(work)
         return True
+
+    def _alone(self) -> bool:
+        """Whether the batch just collected is the only one of this tower between the queue and its answer: the
+        launch thread is then idle, and the collector launching the batch itself saves that thread's wake-up
+        (about a tenth of a millisecond on the critical path of a request at low load)."""
+        with self.lock:
+            return self.in_flight == 1 and self._to_launch.empty()
 
     def _launch(self) -> bool:
         work = self._to_launch.get()
         if work is _STOP:
             self._to_answer.put(_STOP)
             return False
+        self._launch_batch(work)
+        return True
+
+    def _launch_batch(self, work: Tuple[List[QueuedInputs], int, Any, float]) -> None:
+        """The device step, the encoder and the copy to the host for one batch; then to the answer stage."""
         batch, size, host, host_seconds = work
         started = time.perf_counter()
         results: List[Optional[Result]] = [None] * size
@@ -229,7 +253,7 @@ class TowerBatcher:
             groups, failures = self.inputs.device(host)
         except Exception as error:  # noqa: BLE001
             self._fail(batch, size, f"preparing the {self.tower} batch failed: {describe_error(error)}")
-            return True
+            return
         for position, reason in failures:
             results[position] = ItemError(reason)
         prepared = time.perf_counter()
@@ -254,12 +278,11 @@ class TowerBatcher:
                 done.record()
         except Exception as error:  # noqa: BLE001 - e.g. out of memory for the copy: these inputs fail
             self._fail(batch, size, f"copying the {self.tower} batch's embeddings failed: {describe_error(error)}")
-            return True
+            return
         counts = host[1] if self.tower == "text" else None  # captions' token counts; the rest of host can go
         del host  # (an image batch's host step may hold a reused pixel arena)
         covered = [positions for positions, _ in encoded]
         self._to_answer.put((batch, size, counts, results, rows, covered, done, prepared))
-        return True
 
     def _answer(self) -> bool:
         work = self._to_answer.get()

@@ -321,3 +321,60 @@ def test_default_workers_leave_small_machines_one_process(monkeypatch):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
         assert config.ServeConfig(devices=devices).workers == workers
     assert config.ServeConfig(devices=(0, 1), workers=2).workers == 2  # given: kept
+
+
+def test_a_batch_alone_is_launched_by_the_collector_and_one_behind_another_by_the_launch_thread():
+    """``launch_alone`` (the default on a GPU): a batch with nothing else in flight runs its device step on the
+    collect thread (no hand-off to wake the launch thread for); one taken while the first still waits for its
+    answer (held here in the answer stage, as a GPU still encoding holds it) goes through the launch thread, and
+    both are answered."""
+    lock = threading.Lock()
+    gate, threads = threading.Event(), []
+
+    def encode(x):
+        threads.append(threading.current_thread().name)
+        return x
+
+    class HeldFirstAnswer:
+        """Metrics whose first ``encoded`` (in the answer stage) waits for the gate."""
+
+        def __init__(self):
+            self.answers = 0
+
+        def encoded(self, tower, seconds):
+            self.answers += 1
+            if self.answers == 1:
+                assert gate.wait(10)
+
+        def queued(self, tower, waits):
+            pass
+
+        def batch(self, tower, size, seconds):
+            pass
+
+        def dropped(self, tower, count):
+            pass
+
+    batcher = TowerBatcher("image", FakeTower(), encode, max_batch=64, max_wait=0.01, lock=lock,
+                           on_dequeue=lambda count: None, metrics=HeldFirstAnswer(), launch_alone=True)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for count in (1, 2):
+            job = EmbeddingJob(loop, count, time.monotonic() + 30)
+            with lock:
+                batcher.put_locked([QueuedInputs(job, list(range(count)), list(range(count)))], time.monotonic())
+            jobs.append(job)
+            await asyncio.sleep(0.3)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 10)
+        return jobs
+
+    try:
+        jobs = asyncio.run(main())
+    finally:
+        gate.set()
+        batcher.close()
+    assert threads == ["clip_flash-image-collect", "clip_flash-image-launch"]
+    assert [[float(result.raw[0]) for result in job.results] for job in jobs] == [[0.0], [0.0, 1.0]]
