@@ -69,10 +69,18 @@ class BatchPlan:
         return self._fill_head(torch.empty(self.pixels_at, dtype=torch.uint8,
                                            pin_memory=pin and torch.cuda.is_available()))
 
+    @functools.cached_property
+    def head(self) -> np.ndarray:
+        """The layout up to ``pixels_at`` (meta rows, tap tables, zero padding) as read-only bytes, made once
+        per plan: filling a buffer's head is then one copy."""
+        head = np.zeros(self.pixels_at, dtype=np.uint8)
+        head[: self.meta.nbytes] = self.meta.reshape(-1).view(np.uint8)
+        head[self.tables_at: self.tables_at + self.tables.nbytes] = self.tables.view(np.uint8)
+        head.flags.writeable = False
+        return head
+
     def _fill_head(self, buffer: torch.Tensor) -> torch.Tensor:
-        buffer[: self.meta.nbytes].view(torch.int64).copy_(torch.from_numpy(self.meta.reshape(-1)))
-        tables = buffer[self.tables_at: self.tables_at + self.tables.nbytes]
-        tables.view(torch.int32).copy_(torch.from_numpy(self.tables))
+        buffer.numpy()[: self.pixels_at] = self.head
         return buffer
 
     def pixel_slot(self, buffer: torch.Tensor, index: int) -> torch.Tensor:
@@ -85,8 +93,28 @@ class BatchPlan:
 def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec) -> BatchPlan:
     """Meta rows and tap tables for images of these (H, W, C) shapes. Images of the same size share
     their tables. Raises ``ImageTooSmallError`` (naming the image) where OpenCLIP's transform fails,
-    and ``PillowMismatchError`` if the installed Pillow does not compute what the kernel reproduces."""
+    and ``PillowMismatchError`` if the installed Pillow does not compute what the kernel reproduces.
+
+    Plans of batches up to ``PLAN_CACHE_IMAGES`` images are kept (least recently used first out): a server's
+    requests repeat the same few sizes, and planning one image costs more host time than its resize
+    launch. A plan is immutable (its arrays are read-only), so one may serve any number of batches at once."""
     require_pillow_agreement()
+    key = tuple(map(tuple, shapes))
+    if len(key) <= PLAN_CACHE_IMAGES:
+        return _cached_plan(key, spec)
+    return _plan(key, spec)
+
+
+PLAN_CACHE_IMAGES = 64
+PLAN_CACHE_SIZE = 32
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _cached_plan(shapes: Tuple[Tuple[int, int, int], ...], spec: ImageTransformSpec) -> BatchPlan:
+    return _plan(shapes, spec)
+
+
+def _plan(shapes: Tuple[Tuple[int, int, int], ...], spec: ImageTransformSpec) -> BatchPlan:
     # Web photos come in few sizes: one meta row per distinct shape, then numpy does the rest.
     distinct: Dict[Tuple[int, int, int], int] = {}
     which = [distinct.setdefault(tuple(shape), len(distinct)) for shape in shapes]
@@ -127,7 +155,9 @@ def plan_batch(shapes: Sequence[Tuple[int, int, int]], spec: ImageTransformSpec)
     tables = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
     tables_at = _aligned(meta.nbytes)
     pixels_at = _aligned(tables_at + tables.nbytes)
-    return BatchPlan(spec, tuple(tuple(s) for s in shapes), meta, tables, tables_at, pixels_at, pixels_at + pixel_bytes)
+    meta.flags.writeable = False
+    tables.flags.writeable = False
+    return BatchPlan(spec, shapes, meta, tables, tables_at, pixels_at, pixels_at + pixel_bytes)
 
 
 @functools.lru_cache(maxsize=64)

@@ -3,6 +3,8 @@ implementation: every resize mode x interpolation x size, random images and real
 float32 and the float16/bfloat16 casts, mixed batches, huge images with bounded memory."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -54,7 +56,9 @@ def kernel_in_order(images, spec, vertical_first, dtype=torch.float32):
     from clip_flash.ops.image_resample import META_FIELDS
 
     plan = plan_batch([tuple(image.shape) for image in images], spec)
-    plan.meta[:, META_FIELDS.index("vertical_first")] = int(vertical_first)
+    meta = plan.meta.copy()  # plans are read-only (shared through plan_batch's cache): a forced-order copy
+    meta[:, META_FIELDS.index("vertical_first")] = int(vertical_first)
+    plan = dataclasses.replace(plan, meta=meta)
     buffer = plan.allocate_host()
     for index, image in enumerate(images):
         plan.pixel_slot(buffer, index).copy_(image)

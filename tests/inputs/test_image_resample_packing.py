@@ -192,6 +192,32 @@ def test_plan_batch_shares_tables_and_names_bad_images(corpora):
         plan_batch([(10, 10, 2)], spec)
 
 
+def test_plans_of_small_batches_are_shared_read_only_and_their_head_is_the_layout():
+    """A small batch's plan comes from the cache (the same object for the same sizes and transform), cannot be
+    written (a shared plan changed by one caller would resize another's batch wrongly), and its ``head`` is the
+    meta rows and tap tables at their offsets; a batch past ``PLAN_CACHE_IMAGES`` is planned afresh."""
+    from open_clip.transform import image_transform
+
+    spec = spec_from_preprocess(image_transform(224, is_train=False))
+    other = spec_from_preprocess(image_transform(336, is_train=False))
+    shapes = [(480, 640, 3), (300, 200, 1)]
+    plan = plan_batch(shapes, spec)
+    assert plan_batch([tuple(shape) for shape in shapes], spec) is plan
+    assert plan_batch(shapes, other) is not plan and plan_batch(shapes[:1], spec) is not plan
+    with pytest.raises(ValueError, match="read-only"):
+        plan.meta[0, 0] = 1
+    with pytest.raises(ValueError, match="read-only"):
+        plan.tables[0] = 1
+    head = plan.head
+    assert head.size == plan.pixels_at and not head.flags.writeable
+    assert np.array_equal(head[: plan.meta.nbytes].view(np.int64).reshape(plan.meta.shape), plan.meta)
+    assert np.array_equal(head[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(np.int32), plan.tables)
+    buffer = plan.allocate_host(pin=False, pixel_bytes=0)
+    assert torch.equal(buffer, torch.from_numpy(head.copy()))
+    many = [(480, 640, 3)] * (image_resample_module.PLAN_CACHE_IMAGES + 1)
+    assert plan_batch(many, spec) is not plan_batch(many, spec)
+
+
 def test_resample_batch_falls_back_to_the_cpu(corpora):
     """Without CUDA (or for the CPU device) resample_batch is the CPU implementation, still exact."""
     from open_clip.transform import image_transform

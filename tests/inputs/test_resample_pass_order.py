@@ -60,7 +60,9 @@ def test_forced_order_cpu_and_emulated_kernel(mode, interpolation, vertical_firs
         got = to_model_input(resample_image(torch.from_numpy(array), plan), spec)
         assert torch.equal(got, expected), f"CPU path, {name}: {(got != expected).sum().item()} values differ"
     plan = plan_batch([a.shape for _, a in corpus], spec)
-    plan.meta[:, META_FIELDS.index("vertical_first")] = int(vertical_first)
+    meta = plan.meta.copy()  # plans are read-only (shared through plan_batch's cache): a forced-order copy
+    meta[:, META_FIELDS.index("vertical_first")] = int(vertical_first)
+    plan = dataclasses.replace(plan, meta=meta)
     buffer = plan.allocate_host(pin=False)
     for index, (_, array) in enumerate(corpus):
         plan.pixel_slot(buffer, index).copy_(torch.from_numpy(array))

@@ -109,13 +109,10 @@ class ExactResize:
     def pack_on_device(self, images: Sequence[torch.Tensor]) -> Tuple[BatchPlan, torch.Tensor]:
         """The packed layout built on the GPU, for pixels already there (nvJPEG's): no round trip."""
         plan = plan_batch([tuple(int(size) for size in image.shape) for image in images], self.spec)
-        head = torch.zeros(plan.pixels_at, dtype=torch.uint8)
-        head[: plan.meta.nbytes].view(torch.int64).copy_(torch.from_numpy(plan.meta.reshape(-1)))
-        head[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(torch.int32).copy_(
-            torch.from_numpy(plan.tables))
-        buffer = torch.empty(plan.total_bytes, dtype=torch.uint8, device=self.device)
         on_gpu = self.device.type == "cuda"
-        buffer[: plan.pixels_at].copy_(head.pin_memory() if on_gpu else head, non_blocking=on_gpu)
+        head = plan.allocate_head(pin=on_gpu)
+        buffer = torch.empty(plan.total_bytes, dtype=torch.uint8, device=self.device)
+        buffer[: plan.pixels_at].copy_(head, non_blocking=on_gpu)
         for index, image in enumerate(images):
             plan.pixel_slot(buffer, index).copy_(image)
         return plan, buffer
