@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -81,6 +81,61 @@ def native_steps(prep: "clip_flash.ImagePreprocessor", data: bytes) -> Dict[str,
     }
 
 
+def host_step_targets() -> List[Tuple[str, object, str]]:
+    """(label, owner, attribute) of the calls one clip_flash request makes on the host, outermost first."""
+    from clip_flash.graphs import capture, encoder
+    from clip_flash.inputs.image import jpeg_dct, native_batch, native_decode, preprocessor
+    from clip_flash.ops import image_resample
+
+    return [
+        ("ImagePreprocessor.decode (the CPU step)", preprocessor.ImagePreprocessor, "decode"),
+        ("  NativeBatch.decode", native_batch.NativeBatch, "decode"),
+        ("    native scan (header)", native_decode.NativeBatchDecoder, "scan"),
+        ("    plan_batch (resize layout)", native_batch, "plan_batch"),
+        ("    BatchPlan.allocate_host (page-locked head)", image_resample.BatchPlan, "allocate_host"),
+        ("    native decode (entropy, into page-locked memory)", native_decode.NativeBatchDecoder, "decode"),
+        ("    plan_dct_batch (the JPEG kernels' table)", native_batch, "plan_dct_batch"),
+        ("ImagePreprocessor.prepare (the device step's launches)", preprocessor.ImagePreprocessor, "prepare"),
+        ("  upload of the packed batch", image_resample, "_upload"),
+        ("  DctBatch.decode (coefficients up, JPEG kernels)", jpeg_dct.DctBatch, "decode"),
+        ("GraphedEncoder.encode_image (launches)", encoder.GraphedEncoder, "encode_image"),
+        ("  CaptureSpace.replay (copy in, replay, copy out)", capture.CaptureSpace, "replay"),
+        ("    CUDAGraph.replay", torch.cuda.CUDAGraph, "replay"),
+    ]
+
+
+def host_step_times(request: Callable[[], torch.Tensor], requests: int = 300) -> Dict[str, float]:
+    """p50 host time (ms) of each call in ``host_step_targets`` over ``requests`` clip_flash requests: each call
+    wrapped with a clock for the run, then restored. Host time only: what the GPU does after a launch is not in
+    it (the whole request is)."""
+    seconds: Dict[str, List[float]] = {}
+    originals = []
+
+    def clocked(label: str, function: Callable) -> Callable:
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds.setdefault(label, []).append(time.perf_counter() - start)
+        return call
+
+    try:
+        for label, owner, name in host_step_targets():
+            # a class's own attribute is put back as it was; one it inherits is removed again
+            originals.append((owner, name, vars(owner).get(name)))
+            setattr(owner, name, clocked(label, getattr(owner, name)))
+        for _ in range(requests):
+            request()
+    finally:
+        for owner, name, original in reversed(originals):
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+    return {label: statistics.median(values) * 1e3 for label, values in seconds.items()}
+
+
 def write_profile(folder: Path, request: Callable[[], torch.Tensor], requests: int = 100) -> None:
     """``requests`` calls of ``request`` under torch.profiler (CPU and CUDA): where a single request's time goes,
     host side and device side, as two tables and a Chrome trace."""
@@ -109,6 +164,8 @@ def main() -> int:
     parser.add_argument("--backend", default="auto", help="clip_flash.patch(model, backend=...) of the clip_flash side")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--host-steps", action="store_true", help="also time each host-side call of 300 clip_flash "
+                        "requests (the preparer's and the encoder's steps, p50), in a third table")
     parser.add_argument("--profile", type=Path, help="also run 100 clip_flash requests under torch.profiler and "
                         "write its tables (by CPU and by device time) and a Chrome trace into this folder")
     args = parser.parse_args()
@@ -155,6 +212,7 @@ def main() -> int:
                 seconds[side] += [timed(call) for _ in range(block)]
             done += block
         step_p50 = {name: statistics.median(timed(call) for _ in range(200)) * 1e3 for name, call in steps.items()}
+        host_steps = host_step_times(fast_request) if args.host_steps else {}
         if args.profile:
             write_profile(args.profile, fast_request)
     cosine = torch.nn.functional.cosine_similarity(stock_embedding, fast_embedding).item()
@@ -176,9 +234,13 @@ def main() -> int:
               f"{row['mean_ms']:.3f} |" for row in rows]
     lines += ["", "| step alone (200 calls) | p50 (ms) |", "|---|---|"]
     lines += [f"| {name} | {ms:.3f} |" for name, ms in step_p50.items()]
+    if host_steps:
+        lines += ["", "| host time of each call within a clip_flash request (300 requests) | p50 (ms) |", "|---|---|"]
+        lines += [f"| {name} | {ms:.3f} |" for name, ms in host_steps.items()]
     print(title + "\n\n" + "\n".join(lines))
     results.write_microbenchmark(args.json, args.markdown, title, lines,
                                  rows + [{"step": name, "p50_ms": ms} for name, ms in step_p50.items()]
+                                 + [{"host_call": name, "p50_ms": ms} for name, ms in host_steps.items()]
                                  + [{"embedding_cosine_stock_vs_clip_flash": cosine}])
     prep.close()
     return 0

@@ -1,0 +1,179 @@
+"""Stamps at each hand-off of a request inside a running ``clip-flash serve``, in every process (the HTTP frontends
+and the engine), for ``benchmarks/serve/handoff_trace.py``.
+
+Python imports ``sitecustomize`` at start-up from the first directory on ``sys.path`` that has one, so with this
+folder on ``PYTHONPATH`` every process of the server (spawned frontends and engines too) loads it. It does
+nothing unless ``CLIP_FLASH_TRACE_DIR`` is set; then, as each server module is imported, it wraps the functions a
+request passes through so that each records ``(label, time.perf_counter())`` (CLOCK_MONOTONIC on Linux: one clock
+for every process of the host), and each process writes its stamps to ``CLIP_FLASH_TRACE_DIR/stamps_<pid>.json``
+every second and at exit. A diagnostic: each stamp costs the wrapped call a few microseconds.
+
+Labels, in a request's order (``handoff_trace.py`` orders them by their median offset from ``arrive``):
+``arrive``/``body_read`` (the route reads the body), ``submit``/``fe_flush`` (a frontend queues the request and
+sends its frame), ``eng_frame`` (the engine process handles the frame), ``put`` (queued in the tower's batcher),
+``taken`` (the collector closed a batch), ``host0``/``host1`` (the CPU step), ``to_launch.put``/``launch.got``
+(the hand-off to the launch thread, absent when the collector launches a lone batch), ``dev0``/``dev1`` (the
+device step), ``encoded`` (the encoder's launches returned), ``to_answer.put``/``answer.got`` (to the answer
+thread), ``deliver`` (the results are on the host), ``eng_deliver``/``eng_deliver_done``/``outbox_flush`` (packed
+for and written to the frontend), ``fe_results`` (the frontend read them), ``respond``/``response_made`` (the
+route builds the response).
+"""
+import os
+import sys
+
+TRACE_DIR = os.environ.get("CLIP_FLASH_TRACE_DIR")
+
+if TRACE_DIR:
+    import atexit
+    import functools
+    import importlib.abc
+    import inspect
+    import json
+    import threading
+    import time
+
+    _stamps = []
+
+    def stamp(label):
+        _stamps.append((label, time.perf_counter()))
+
+    def stamp_around(owner, name, before=None, after=None):
+        """Replace ``owner.name`` by a wrapper stamping ``before`` it runs and ``after`` it returns."""
+        original = getattr(owner, name)
+        if inspect.iscoroutinefunction(original):
+            @functools.wraps(original)
+            async def wrapped(*args, **kwargs):
+                if before:
+                    stamp(before)
+                result = await original(*args, **kwargs)
+                if after:
+                    stamp(after)
+                return result
+        else:
+            @functools.wraps(original)
+            def wrapped(*args, **kwargs):
+                if before:
+                    stamp(before)
+                result = original(*args, **kwargs)
+                if after:
+                    stamp(after)
+                return result
+        setattr(owner, name, wrapped)
+
+    def trace_app(module):
+        stamp_around(module, "read_body", "arrive", "body_read")
+        stamp_around(module, "embeddings_response", "respond")
+        stamp_around(module, "json_response", None, "response_made")
+
+    def trace_remote_pool(module):
+        stamp_around(module.RemotePool, "submit", "submit")
+        pack_pending = module.RemotePool._pack_pending
+
+        def pack(self):
+            if self._pending:
+                stamp("fe_flush")
+            return pack_pending(self)
+
+        module.RemotePool._pack_pending = pack
+        receive = module.RemotePool._receive
+
+        def received(self, message):
+            if message[0] == "results":
+                stamp("fe_results")
+            return receive(self, message)
+
+        module.RemotePool._receive = received
+
+    def trace_engine_server(module):
+        stamp_around(module.EngineServer, "_embed", "eng_frame")
+        stamp_around(module.FrontendConnection, "deliver_rows", "eng_deliver", "eng_deliver_done")
+
+    def trace_wire(module):
+        flush = module.Outbox._flush
+
+        def flushed(self):
+            if any(message[0] == "results" for message in self._messages):  # not the state polls' replies
+                stamp("outbox_flush")
+            return flush(self)
+
+        module.Outbox._flush = flushed
+
+    def stamp_queue(queue, put_label, got_label):
+        put, get = queue.put, queue.get
+
+        def stamped_put(item, *args, **kwargs):
+            stamp(put_label)
+            return put(item, *args, **kwargs)
+
+        def stamped_get(*args, **kwargs):
+            item = get(*args, **kwargs)
+            stamp(got_label)
+            return item
+
+        queue.put, queue.get = stamped_put, stamped_get
+
+    def trace_batcher(module):
+        stamp_around(module.TowerBatcher, "put_locked", "put")
+        stamp_around(module.TowerBatcher, "_take_locked", None, "taken")
+        stamp_around(module, "encode_in_pieces", None, "encoded")
+        stamp_around(module, "deliver_rows", "deliver")
+        init = module.TowerBatcher.__init__
+
+        def traced_init(self, *args, **kwargs):
+            # the stage threads start inside __init__; a queue's first put or get comes after it returns
+            init(self, *args, **kwargs)
+            stamp_queue(self._to_launch, "to_launch.put", "launch.got")
+            stamp_queue(self._to_answer, "to_answer.put", "answer.got")
+
+        module.TowerBatcher.__init__ = traced_init
+
+    def trace_inputs(module):
+        stamp_around(module.FastImageInputs, "host", "host0", "host1")
+        stamp_around(module.FastImageInputs, "device", "dev0", "dev1")
+
+    TRACED_MODULES = {
+        "clip_flash.serve.app": trace_app,
+        "clip_flash.serve.remote_pool": trace_remote_pool,
+        "clip_flash.serve.engine_server": trace_engine_server,
+        "clip_flash.serve.wire": trace_wire,
+        "clip_flash.serve.batcher": trace_batcher,
+        "clip_flash.serve.inputs": trace_inputs,
+    }
+
+    class TracingFinder(importlib.abc.MetaPathFinder):
+        """Finds the traced modules through the other finders and wraps their functions once executed."""
+
+        def find_spec(self, fullname, path, target=None):
+            if fullname not in TRACED_MODULES:
+                return None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+            exec_module = spec.loader.exec_module
+
+            def traced_exec(module):
+                exec_module(module)
+                TRACED_MODULES[fullname](module)
+
+            spec.loader.exec_module = traced_exec
+            return spec
+
+    sys.meta_path.insert(0, TracingFinder())
+
+    def write_stamps():
+        if _stamps:
+            with open(os.path.join(TRACE_DIR, f"stamps_{os.getpid()}.json"), "w") as out:
+                json.dump(_stamps, out)
+
+    def write_every_second():
+        while True:  # a process killed at the end of a run still leaves its stamps up to the last second
+            time.sleep(1.0)
+            write_stamps()
+
+    atexit.register(write_stamps)
+    threading.Thread(target=write_every_second, daemon=True, name="handoff-trace-writer").start()

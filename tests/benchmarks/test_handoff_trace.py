@@ -1,0 +1,41 @@
+"""``handoff_trace.py``'s analysis on made-up stamps: only requests that arrived alone count, each stamp is its
+first occurrence after the request's arrival, and the table is ordered by median offset."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.serve.handoff_trace import analyze, handoff_table, isolated_requests
+
+
+def _stamps():
+    stamps = []
+    # eleven lone requests 100 ms apart, each: arrive, put 1 ms later, deliver 3 ms later (from two "processes")
+    for number in range(11):
+        start = number * 0.1
+        stamps += [(start, "arrive"), (start + 0.001, "put"), (start + 0.003, "deliver")]
+    # two arrivals 2 ms apart: neither is alone
+    stamps += [(2.0, "arrive"), (2.002, "arrive"), (2.003, "put")]
+    return sorted(stamps)
+
+
+def test_only_lone_requests_count_and_warm_up_is_dropped():
+    requests, arrived = isolated_requests(_stamps(), isolation_s=0.015)
+    assert arrived == 13
+    assert len(requests) == 10  # 11 alone, the first tenth (one) dropped as warm-up
+    assert all(request == pytest.approx({"arrive": 0.0, "put": 0.001, "deliver": 0.003}) for request in requests)
+
+
+def test_table_in_order_with_steps(tmp_path):
+    rows = handoff_table(isolated_requests(_stamps(), 0.015)[0])
+    assert [row["stamp"] for row in rows] == ["arrive", "put", "deliver"]
+    assert [round(row["step_ms"], 6) for row in rows] == [0.0, 1.0, 2.0]
+    folder = tmp_path / "stamps"
+    folder.mkdir()
+    stamps = _stamps()
+    (folder / "stamps_1.json").write_text(json.dumps([[label, when] for when, label in stamps[::2]]))
+    (folder / "stamps_2.json").write_text(json.dumps([[label, when] for when, label in stamps[1::2]]))
+    text = analyze(folder, tmp_path, isolation_ms=15)
+    assert "10 requests that arrived alone (of 13)" in text
+    assert json.loads((tmp_path / "handoffs.json").read_text())["stamps"][2]["stamp"] == "deliver"
