@@ -120,7 +120,8 @@ if TRACE_DIR:
         init = module.TowerBatcher.__init__
 
         def traced_init(self, *args, **kwargs):
-            # the stage threads start inside __init__; a queue's first put or get comes after it returns
+            # the stage threads start inside __init__ and already wait in the queues' get: their first "got"
+            # stamps are missing (the server's warm-up batches, which the table does not count)
             init(self, *args, **kwargs)
             stamp_queue(self._to_launch, "to_launch.put", "launch.got")
             stamp_queue(self._to_answer, "to_answer.put", "answer.got")
