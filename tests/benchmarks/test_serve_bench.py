@@ -219,3 +219,24 @@ def test_a_points_slow_requests_are_located_in_the_servers_stages():
     table = "\n".join(_tail_table([row]))
     assert "| 50.0 | 25 | 6.00% | 4.00% | 0.5-1 | 25-50 | 1-2.5 | 0.1-0.25 |" in table
     assert server_metrics.tail_bound(0.5, server_metrics.bucket_bounds(after)) is None  # under 1 ms: none
+
+
+def test_sends_wait_for_their_time_and_spin_only_at_low_rates():
+    """A send never leaves before its scheduled time (sleep, then a spin that yields to the loop); processes
+    offered more than SPIN_MAX_RATE requests/s only sleep (spinning would take their core for the whole point)."""
+    import asyncio
+
+    from benchmarks.serve import load_generator
+
+    assert load_generator._spin_seconds(load_generator.SPIN_MAX_RATE) == load_generator.SPIN_S
+    assert load_generator._spin_seconds(load_generator.SPIN_MAX_RATE * 2) == 0.0
+
+    async def late_by() -> list:
+        out = []
+        for offset in (0.0005, 0.003, -0.001):  # within the spin, past it, already due
+            when = time.monotonic() + offset
+            await load_generator._wait_until(when, load_generator.SPIN_S)
+            out.append(time.monotonic() - when)
+        return out
+
+    assert all(late >= 0 for late in asyncio.run(late_by()))
