@@ -100,7 +100,8 @@ def main(argv: Sequence[str] = ()) -> int:
     argv = list(argv or sys.argv[1:])
     bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
+                                     usage="%(prog)s --out DIR -- BENCH_SERVE_ARGS | --analyze STAMPS_DIR")
     parser.add_argument("--out", type=Path, help="folder for the bench's results, the stamps and the table")
     parser.add_argument("--analyze", type=Path, help="a folder of stamps_*.json: only the table (next to it)")
     parser.add_argument("--isolation-ms", type=float, default=15.0)
