@@ -90,7 +90,6 @@ class CaptureSpace:
         capture itself is returned as the reason the key must run eager.
         """
         device, stream = self.device, self.stream
-        # choosing_for_replay: the warm-up runs the kernels the capture records (``auto`` picks by device time).
         with _CAPTURE_LOCK, torch.cuda.device(device), torch.autocast("cuda", enabled=False), choosing_for_replay():
             started = time.perf_counter()
             static_input = torch.zeros(key.input_shape, dtype=key.dtype, device=device)
