@@ -2,7 +2,10 @@
 //
 // Packed path (cols % 8 == 0, 16-byte aligned, cols <= 8192): each row is held in registers by one to
 // eight warps (up to 4 packs of 8 values per thread), so the row is read once and the two-pass
-// mean/variance over registers is exact and costs no extra memory traffic.
+// mean/variance over registers is exact and costs no extra memory traffic. Few rows (one image through
+// ViT-L-14: 257) would leave most of the GPU idle at one warp per row, the kernel then waiting on memory
+// latency alone; the launcher spreads a row over more threads (fewer packs each) until the grid fills
+// the GPU, and with one or two packs per thread the affine vectors are loaded before the reductions.
 // Scalar path (any cols, any alignment): one block per row, three passes through L1/L2.
 #include <algorithm>
 #include <cstdint>
@@ -12,8 +15,9 @@
 namespace clip_flash {
 namespace {
 
-constexpr int kPacksPerThread = 4;
+constexpr int kMaxPacksPerThread = 4;
 constexpr int kMaxThreadsPerRow = 256;  // 256 threads x 4 packs x 8 = 8192 columns in registers
+constexpr int kFillThreadsPerSm = 1024;  // rows are spread over more threads while the grid has fewer
 constexpr int kMinThreadsPerBlock = 128;  // narrow rows share a block, several rows per block
 constexpr int kMaxWarpsPerBlock = 32;
 constexpr int kScalarThreads = 256;
@@ -32,8 +36,11 @@ __device__ __forceinline__ float row_sum(float value, float* partials) {
   return total;
 }
 
-template <typename T, bool kUpdateResidual>
+template <typename T, bool kUpdateResidual, int kPacksPerThread>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) layer_norm_packed_kernel(const LayerNormArgs args) {
+  // With few packs per thread, registers are plenty: the affine vectors are loaded first, so that their
+  // latency overlaps the row's and the reductions'.
+  constexpr bool kAffineFirst = kPacksPerThread <= 2;
   __shared__ float sum_partials[kMaxWarpsPerBlock];
   __shared__ float square_partials[kMaxWarpsPerBlock];
 
@@ -47,12 +54,17 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) layer_norm_packed_kernel(co
   T* normed_out = static_cast<T*>(args.normed_out.data) + row * args.normed_out.row_stride;
 
   float values[kPacksPerThread][kPackElements];
+  float weight[kPacksPerThread][kPackElements], bias[kPacksPerThread][kPackElements];
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kPacksPerThread; ++k) {
     const int pack = threadIdx.x + k * blockDim.x;
     if (!row_in_range || pack >= packs_per_row) continue;
     const int64_t col = static_cast<int64_t>(pack) * kPackElements;
+    if constexpr (kAffineFirst) {
+      load_column_vector(args.weight, col, 1.0f, weight[k]);
+      load_column_vector(args.bias, col, 0.0f, bias[k]);
+    }
     load_floats(residual + col, values[k]);
     if constexpr (kUpdateResidual) {
       float delta_values[kPackElements], scale[kPackElements];
@@ -91,13 +103,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) layer_norm_packed_kernel(co
     const int pack = threadIdx.x + k * blockDim.x;
     if (!row_in_range || pack >= packs_per_row) continue;
     const int64_t col = static_cast<int64_t>(pack) * kPackElements;
-    float weight[kPackElements], bias[kPackElements];
-    load_column_vector(args.weight, col, 1.0f, weight);
-    load_column_vector(args.bias, col, 0.0f, bias);
+    if constexpr (!kAffineFirst) {
+      load_column_vector(args.weight, col, 1.0f, weight[k]);
+      load_column_vector(args.bias, col, 0.0f, bias[k]);
+    }
     Pack<T, kPackElements> normed;
 #pragma unroll
     for (int j = 0; j < kPackElements; ++j) {
-      normed.values[j] = round_from_float<T>(fmaf((values[k][j] - mean) * inv_std, weight[j], bias[j]));
+      normed.values[j] = round_from_float<T>(fmaf((values[k][j] - mean) * inv_std, weight[k][j], bias[k][j]));
     }
     store_pack(normed_out + col, normed);
   }
@@ -150,7 +163,7 @@ __global__ void __launch_bounds__(kScalarThreads) layer_norm_scalar_kernel(const
 bool can_use_packed_kernel(const LayerNormArgs& args) {
   const bool update = args.delta.data != nullptr;
   return args.cols % kPackElements == 0 &&
-         args.cols <= static_cast<int64_t>(kMaxThreadsPerRow) * kPacksPerThread * kPackElements &&
+         args.cols <= static_cast<int64_t>(kMaxThreadsPerRow) * kMaxPacksPerThread * kPackElements &&
          packs_fit(args.residual.data, args.residual.row_stride) &&
          packs_fit(args.normed_out.data, args.normed_out.row_stride) &&
          (!update || (packs_fit(args.delta.data, args.delta.row_stride) &&
@@ -161,15 +174,44 @@ bool can_use_packed_kernel(const LayerNormArgs& args) {
 
 int round_up_to_warp(int64_t threads) { return static_cast<int>((threads + 31) / 32 * 32); }
 
+int multiprocessor_count() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  int count = 1;
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  return std::max(count, 1);
+}
+
+// Packs per thread for rows of `packs_per_row` packs: the fewest (the most threads per row) whose grid
+// still fits kFillThreadsPerSm threads per multiprocessor, else the most threads that hold a row in 4.
+int packs_per_thread(int64_t rows, int64_t packs_per_row) {
+  static const int64_t fill_threads = static_cast<int64_t>(multiprocessor_count()) * kFillThreadsPerSm;
+  for (int packs = 1; packs < kMaxPacksPerThread; ++packs) {
+    const int threads = round_up_to_warp((packs_per_row + packs - 1) / packs);
+    if (threads <= kMaxThreadsPerRow && rows * threads <= fill_threads) return packs;
+  }
+  return kMaxPacksPerThread;
+}
+
+template <typename T, bool kUpdateResidual, int kPacksPerThread>
+void launch_packed(const LayerNormArgs& args, cudaStream_t stream) {
+  const int64_t packs_per_row = args.cols / kPackElements;
+  const int threads_per_row = round_up_to_warp((packs_per_row + kPacksPerThread - 1) / kPacksPerThread);
+  const int rows_per_block = std::max(1, kMinThreadsPerBlock / threads_per_row);
+  const dim3 block(threads_per_row, rows_per_block);
+  const dim3 grid(static_cast<unsigned>((args.rows + rows_per_block - 1) / rows_per_block));
+  layer_norm_packed_kernel<T, kUpdateResidual, kPacksPerThread><<<grid, block, 0, stream>>>(args);
+}
+
 template <typename T, bool kUpdateResidual>
 void launch_kernel(const LayerNormArgs& args, cudaStream_t stream) {
   if (can_use_packed_kernel(args)) {
-    const int64_t packs_per_row = args.cols / kPackElements;
-    const int threads_per_row = round_up_to_warp((packs_per_row + kPacksPerThread - 1) / kPacksPerThread);
-    const int rows_per_block = std::max(1, kMinThreadsPerBlock / threads_per_row);
-    const dim3 block(threads_per_row, rows_per_block);
-    const dim3 grid(static_cast<unsigned>((args.rows + rows_per_block - 1) / rows_per_block));
-    layer_norm_packed_kernel<T, kUpdateResidual><<<grid, block, 0, stream>>>(args);
+    switch (packs_per_thread(args.rows, args.cols / kPackElements)) {
+      case 1: launch_packed<T, kUpdateResidual, 1>(args, stream); break;
+      case 2: launch_packed<T, kUpdateResidual, 2>(args, stream); break;
+      case 3: launch_packed<T, kUpdateResidual, 3>(args, stream); break;
+      default: launch_packed<T, kUpdateResidual, 4>(args, stream); break;
+    }
   } else {
     const dim3 block(std::min<int>(kScalarThreads, round_up_to_warp(args.cols)));
     layer_norm_scalar_kernel<T, kUpdateResidual><<<static_cast<unsigned>(args.rows), block, 0, stream>>>(args);

@@ -547,6 +547,26 @@ def test_layouts_and_scalar_paths_cuda(dtype, cols):
 
 
 @requires_kernels
+@pytest.mark.parametrize("rows, cols", [(1, 1024), (77, 768), (257, 1024), (1500, 1024), (1500, 1536),
+                                        (20000, 1024), (20000, 8192)])
+@torch.inference_mode()
+def test_layer_norm_rows_spread_over_threads_cuda(rows, cols):
+    """The packed LayerNorm spreads few rows over more threads: on a 132-multiprocessor H100 these shapes run
+    with 1, 1, 1, 2, 3, 4 and 4 packs per thread (other GPUs split them differently; each shape is checked)."""
+    assert_kernels_in_use()
+    torch.manual_seed(rows + cols)
+    for dtype, vectors in [(torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)]:
+        residual = _cuda(rows, cols, dtype=dtype, mean=1.0, std=4.0)
+        delta = _cuda(rows, cols, dtype=dtype)
+        scale = _cuda(cols, dtype=vectors, mean=0.5, std=0.1)
+        weight, bias = _cuda(cols, dtype=vectors, mean=1.0, std=0.2), _cuda(cols, dtype=vectors, std=0.2)
+        what = f"{rows}x{cols} {dtype}"
+        check_add_layer_norm(residual, delta, scale, weight, bias, what)
+        check_add_layer_norm(residual, delta, None, None, None, what)
+        check_layer_norm(residual, weight, bias, what)
+
+
+@requires_kernels
 @torch.inference_mode()
 def test_many_rows_loop_over_grid_cuda():
     """More rows than one grid covers (grid.y is capped at 65535), single-row and single-column inputs."""
