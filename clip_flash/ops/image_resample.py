@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -188,13 +188,14 @@ def kernel_usable(spec: ImageTransformSpec, device: Device) -> bool:
 def resample_packed(
     buffer: torch.Tensor, plan: BatchPlan, device: Device, dtype: torch.dtype = torch.float32,
     segments: Optional[Sequence[Tuple[int, int, int]]] = None,
-    fill: Optional[Callable[[torch.Tensor], None]] = None,
+    fill: Optional["DeviceFill"] = None,
 ) -> torch.Tensor:
     """Run the kernel on a host buffer laid out by ``plan`` (pixels written); one upload, one launch.
 
-    ``fill``, when given, is called with the uploaded layout's pixel area (on the device) just before the
-    launch, on the current stream: it writes the pixels of images that were not uploaded (the exact path's
-    GPU JPEG route decodes them there).
+    ``fill``, when given, writes the pixels of images that were not uploaded (the exact path's GPU JPEG route
+    decodes them there): its ``upload(device)`` queues its own copies beside the layout's, and the launch it
+    returns is called with the uploaded layout's pixel area (on the device) on the current stream, just
+    before the resize.
 
     With ``segments``, ``buffer`` holds only pixels, in runs ``(host_start, nbytes, device_start)`` that
     are copied to ``device_start`` of the uploaded layout (the meta rows and tables come from the plan):
@@ -223,17 +224,27 @@ def resample_packed(
         caller, upload = torch.cuda.current_stream(device), upload_stream(device)
         with torch.cuda.stream(upload):
             on_device = _upload(buffer, plan, device, segments)
+            finish = fill.upload(device) if fill is not None else None
         caller.wait_stream(upload)
         on_device.record_stream(caller)
     else:
         on_device = _upload(buffer, plan, device, segments)
+        finish = fill.upload(device) if fill is not None else None
     meta = on_device[: plan.meta.nbytes].view(torch.int64).view(n, len(META_FIELDS))
     tables = on_device[plan.tables_at: plan.tables_at + plan.tables.nbytes].view(torch.int32)
     pixels = on_device[plan.pixels_at:]
-    if fill is not None:
-        fill(pixels)
+    if finish is not None:
+        finish(pixels)
     extension.image_resample(pixels, meta, tables, _value_table(plan.spec, dtype, device), out)
     return out
+
+
+class DeviceFill(Protocol):
+    """Pixels written on the device into a packed layout (``resample_packed``'s ``fill``)."""
+
+    def upload(self, device: torch.device) -> Callable[[torch.Tensor], None]:
+        """Queue the host-to-device copies on the current stream; return the launch (given the pixel area)."""
+        ...
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...ops.image_resample import BatchPlan, kernel_usable, plan_batch, resample_packed
+from ...ops.image_resample import BatchPlan, DeviceFill, kernel_usable, plan_batch, resample_packed
 from .pillow_resample import PillowMismatchError, pillow_disagreement, preprocess_batch_cpu
 from .transform_spec import spec_from_preprocess
 
@@ -101,7 +101,7 @@ class ExactResize:
 
     def run_packed(self, plan: BatchPlan, buffer: torch.Tensor,
                    segments: Optional[Sequence[Tuple[int, int, int]]] = None,
-                   fill: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
+                   fill: Optional[DeviceFill] = None) -> torch.Tensor:
         """The kernel on a packed buffer: one upload (asynchronous from page-locked memory; with
         ``segments``, one copy per run of pixels, see ``resample_packed``), ``fill``, one launch."""
         return resample_packed(buffer, plan, self.device, self.dtype, segments, fill)

@@ -21,7 +21,7 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -59,7 +59,10 @@ def jpeg_library() -> str:
 @dataclass
 class DctBatch:
     """A batch's JPEGs as coefficients in host memory (``sources``: uint8 tensors, each a run of images back
-    to back from 128-aligned starts), and the kernel's table for them, their pixel offsets left to fill."""
+    to back from 128-aligned starts), and the kernel's table for them, their pixel offsets left to fill.
+
+    ``table_room``: a byte offset in the last source with room for the table (``table_bytes``), so that the
+    table goes up in the coefficients' copy; None: the table is staged and copied on its own."""
 
     sources: List[torch.Tensor]
     table: np.ndarray  # (n, TABLE_FIELDS) int64; column 1 (pixel offset) set by ``place``
@@ -67,47 +70,76 @@ class DctBatch:
     plane_bytes: int
     max_blocks: int
     max_pixels: int
+    table_room: Optional[int] = None
 
     def place(self, pixel_offsets: Sequence[int]) -> None:
         """Where each image's pixels go in the packed layout's pixel area."""
         self.table[:, 1] = np.asarray(pixel_offsets, dtype=np.int64)
 
+    def upload(self, device: torch.device) -> Callable[[torch.Tensor], None]:
+        """Queue the copies of the coefficients and the table to ``device`` on the current stream; returns the
+        launch: called on the stream that is to run the kernels (after it waited for this one), with the packed
+        layout's pixel area on the device, it queues them there. Split so that a caller that uploads more
+        (``resample_packed``) switches streams once for all its copies."""
+        coefficients = torch.empty(self.coefficient_bytes, dtype=torch.uint8, device=device)
+        at = 0
+        for source in self.sources:
+            # From the page-locked arena: asynchronous (an item's own tensor, rare, is copied in step).
+            coefficients[at:at + source.numel()].copy_(source, non_blocking=source.is_pinned())
+            at += _aligned(source.numel())
+        table_values = self.table.reshape(-1)
+        if self.table_room is not None:
+            # Written before the copy above runs: the copy of a page-locked source is only queued.
+            last = self.sources[-1]
+            last.numpy()[self.table_room:self.table_room + self.table.nbytes] = table_values.view(np.uint8)
+            table_at = self.coefficient_bytes - _aligned(last.numel()) + self.table_room
+            table = coefficients[table_at:table_at + self.table.nbytes].view(torch.int64).view(self.table.shape)
+        else:
+            table = torch.from_numpy(self.table).pin_memory().to(device, non_blocking=True)
+
+        def launch(pixels: torch.Tensor) -> None:
+            from ...ops._extension import load_extension
+
+            current = torch.cuda.current_stream(device)
+            coefficients.record_stream(current)
+            table.record_stream(current)
+            planes = torch.empty(max(self.plane_bytes, 8), dtype=torch.uint8, device=device)
+            failure = load_extension().jpeg_dct_to_pixels(coefficients, table, planes, pixels, self.max_blocks,
+                                                          self.max_pixels)
+            if failure:  # the arguments are built here: this is a bug, not a bad file
+                raise RuntimeError(f"clip_flash's JPEG kernels refused the batch: {failure}")
+
+        return launch
+
     def decode(self, pixels: torch.Tensor) -> None:
         """Queue the kernels on the current stream; the pixels land at their offsets in ``pixels`` (the packed
         layout's pixel area, on the device). The coefficients go up on the packed batches' upload stream, as
         the pixels do, so that on a GPU still running the previous batch's encoder the copy overlaps it."""
-        from ...ops._extension import load_extension
         from ...ops.image_resample import upload_stream
 
         device = pixels.device
         caller = torch.cuda.current_stream(device)
-        upload = upload_stream(device)
-        with torch.cuda.stream(upload):
-            coefficients = torch.empty(self.coefficient_bytes, dtype=torch.uint8, device=device)
-            at = 0
-            for source in self.sources:
-                # From the page-locked arena: asynchronous (an item's own tensor, rare, is copied in step).
-                coefficients[at:at + source.numel()].copy_(source, non_blocking=source.is_pinned())
-                at += _aligned(source.numel())
-            table = torch.from_numpy(self.table).pin_memory().to(device, non_blocking=True)
-        caller.wait_stream(upload)
-        coefficients.record_stream(caller)
-        table.record_stream(caller)
-        planes = torch.empty(max(self.plane_bytes, 8), dtype=torch.uint8, device=device)
-        failure = load_extension().jpeg_dct_to_pixels(coefficients, table, planes, pixels, self.max_blocks,
-                                                      self.max_pixels)
-        if failure:  # the arguments are built here: this is a bug, not a bad file
-            raise RuntimeError(f"clip_flash's JPEG kernels refused the batch: {failure}")
+        with torch.cuda.stream(upload_stream(device)):
+            launch = self.upload(device)
+        caller.wait_stream(upload_stream(device))
+        launch(pixels)
+
+
+def table_bytes(images: int) -> int:
+    """Bytes to leave for the kernel's table of this many images (see ``DctBatch.table_room``)."""
+    return _aligned(images * TABLE_FIELDS * np.dtype(np.int64).itemsize)
 
 
 def _aligned(size: int) -> int:
     return (size + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan_dct_batch(layouts: Sequence[Sequence[int]], runs: Sequence[Tuple[torch.Tensor, Sequence[int]]]
-                   ) -> DctBatch:
+def plan_dct_batch(layouts: Sequence[Sequence[int]], runs: Sequence[Tuple[torch.Tensor, Sequence[int]]],
+                   table_room: Optional[int] = None) -> DctBatch:
     """The table for images with these reader layouts, whose coefficient tensors lie in ``runs``: each a
-    host tensor and the byte offsets in it of its images' tensors (in the order of ``layouts``)."""
+    host tensor and the byte offsets in it of its images' tensors (in the order of ``layouts``).
+    ``table_room``: where in the last run's tensor ``table_bytes(len(layouts))`` bytes are free for the table
+    (page-locked memory: the table then goes up with the coefficients)."""
     table = np.zeros((len(layouts), TABLE_FIELDS), dtype=np.int64)
     plane_bytes = max_blocks = max_pixels = 0
     row, base = 0, 0
@@ -131,7 +163,9 @@ def plan_dct_batch(layouts: Sequence[Sequence[int]], runs: Sequence[Tuple[torch.
         base += _aligned(source.numel())
     if row != len(layouts):
         raise ValueError(f"{len(layouts)} layouts for {row} placed images")
-    return DctBatch([source for source, _ in runs], table, base, plane_bytes, max_blocks, max_pixels)
+    if table_room is not None and (table_room % ALIGN or table_room + table.nbytes > runs[-1][0].numel()):
+        raise ValueError(f"no room for the table ({table.nbytes} bytes) at byte {table_room} of the last run")
+    return DctBatch([source for source, _ in runs], table, base, plane_bytes, max_blocks, max_pixels, table_room)
 
 
 def decode_to_pixels(datas: Sequence[bytes], device: torch.device) -> List[Optional[torch.Tensor]]:

@@ -24,7 +24,7 @@ from .image_batches import DecodedImages, PackedPixels
 from .image_decoding import (DctCoefficients, DecodedItem, DecodedPixels, DecodeFailure, DecodeOptions, EncodedJpeg,
                              PixelsInLayout, Route, decode_item, describe_error)
 from .image_resize import ExactResize
-from .jpeg_dct import ALIGN, plan_dct_batch
+from .jpeg_dct import ALIGN, plan_dct_batch, table_bytes
 from .native_decode import (CHANNELS, ENCODED_BYTES, FORMAT, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH,
                             COEFFICIENT_BYTES, DecodeKind, FileFormat, NativeBatchDecoder, ScanMode, takes_natively)
 from .resample_plan import plan_image
@@ -171,7 +171,8 @@ class NativeBatch:
             host = torch.empty(max(int(sizes.sum()), 1), dtype=torch.uint8)
         coefficient_bytes = -(-info[coefficients, COEFFICIENT_BYTES] // ALIGN) * ALIGN
         coefficient_offsets[coefficients] = np.cumsum(coefficient_bytes) - coefficient_bytes
-        coefficient_host = torch.empty(max(int(coefficient_bytes.sum()), ALIGN), dtype=torch.uint8,
+        table_room = int(coefficient_bytes.sum())  # the JPEG kernels' table follows, to go up in the same copy
+        coefficient_host = torch.empty(max(table_room + table_bytes(len(coefficients)), ALIGN), dtype=torch.uint8,
                                        pin_memory=self.resize.packs and torch.cuda.is_available())
         declined = [""] * count
         if pixels or coefficients:
@@ -214,7 +215,7 @@ class NativeBatch:
         dct = None
         if coefficients:
             dct = plan_dct_batch([scanned.layout(position) for position in coefficients],
-                                 [(coefficient_host, coefficient_offsets[coefficients].tolist())])
+                                 [(coefficient_host, coefficient_offsets[coefficients].tolist())], table_room)
             dct.place(plan.meta[first_dct:, 0])
         indices = ([pairs[position][0] for position in pixels] + [item.index for item in joining]
                    + [pairs[position][0] for position in coefficients])

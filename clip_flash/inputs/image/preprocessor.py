@@ -238,8 +238,7 @@ class ImagePreprocessor:
         groups: List[Tuple[List[int], torch.Tensor]] = []
         if decoded.packed is not None:
             packed = decoded.packed
-            fill = packed.dct.decode if packed.dct is not None else None
-            rows = self.resize.run_packed(packed.plan, packed.buffer, packed.segments, fill)
+            rows = self.resize.run_packed(packed.plan, packed.buffer, packed.segments, packed.dct)
             indices = packed.indices
             if packed.keep is not None:  # images the native decoder handed to Pillow after all: not these rows
                 rows = rows.index_select(0, _index_tensor(packed.keep, rows.device))
