@@ -97,7 +97,7 @@ def host_step_targets() -> List[Tuple[str, object, str]]:
         ("    plan_dct_batch (the JPEG kernels' table)", native_batch, "plan_dct_batch"),
         ("ImagePreprocessor.prepare (the device step's launches)", preprocessor.ImagePreprocessor, "prepare"),
         ("  upload of the packed batch", image_resample, "_upload"),
-        ("  DctBatch.decode (coefficients up, JPEG kernels)", jpeg_dct.DctBatch, "decode"),
+        ("  DctBatch.upload (coefficients and the JPEG kernels' table)", jpeg_dct.DctBatch, "upload"),
         ("GraphedEncoder.encode_image (launches)", encoder.GraphedEncoder, "encode_image"),
         ("  CaptureSpace.replay (copy in, replay, copy out)", capture.CaptureSpace, "replay"),
         ("    CUDAGraph.replay", torch.cuda.CUDAGraph, "replay"),

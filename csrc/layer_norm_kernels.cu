@@ -4,8 +4,10 @@
 // eight warps (up to 4 packs of 8 values per thread), so the row is read once and the two-pass
 // mean/variance over registers is exact and costs no extra memory traffic. Few rows (one image through
 // ViT-L-14: 257) would leave most of the GPU idle at one warp per row, the kernel then waiting on memory
-// latency alone; the launcher spreads a row over more threads (fewer packs each) until the grid fills
-// the GPU, and with one or two packs per thread the affine vectors are loaded before the reductions.
+// latency alone; the launcher spreads a row over more threads (fewer packs each) while the grid stays
+// under 512 threads per multiprocessor (denser grids, e.g. 2056 rows of 1024, are as fast or faster at one
+// warp per row: benchmarks/bench_layer_norm.py), and with one or two packs per thread the affine vectors
+// are loaded before the reductions.
 // Scalar path (any cols, any alignment): one block per row, three passes through L1/L2.
 #include <algorithm>
 #include <cstdint>
@@ -17,7 +19,7 @@ namespace {
 
 constexpr int kMaxPacksPerThread = 4;
 constexpr int kMaxThreadsPerRow = 256;  // 256 threads x 4 packs x 8 = 8192 columns in registers
-constexpr int kFillThreadsPerSm = 1024;  // rows are spread over more threads while the grid has fewer
+constexpr int kFillThreadsPerSm = 512;  // see the top of the file
 constexpr int kMinThreadsPerBlock = 128;  // narrow rows share a block, several rows per block
 constexpr int kMaxWarpsPerBlock = 32;
 constexpr int kScalarThreads = 256;
