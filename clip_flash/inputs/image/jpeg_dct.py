@@ -81,18 +81,18 @@ class DctBatch:
         launch: called on the stream that is to run the kernels (after it waited for this one), with the packed
         layout's pixel area on the device, it queues them there. Split so that a caller that uploads more
         (``resample_packed``) switches streams once for all its copies."""
+        if self.table_room is not None:
+            # Into the page-locked source before its copy is queued: the copy may start reading at once.
+            last = self.sources[-1]
+            last.numpy()[self.table_room:self.table_room + self.table.nbytes] = self.table.reshape(-1).view(np.uint8)
         coefficients = torch.empty(self.coefficient_bytes, dtype=torch.uint8, device=device)
         at = 0
         for source in self.sources:
             # From the page-locked arena: asynchronous (an item's own tensor, rare, is copied in step).
             coefficients[at:at + source.numel()].copy_(source, non_blocking=source.is_pinned())
             at += _aligned(source.numel())
-        table_values = self.table.reshape(-1)
         if self.table_room is not None:
-            # Written before the copy above runs: the copy of a page-locked source is only queued.
-            last = self.sources[-1]
-            last.numpy()[self.table_room:self.table_room + self.table.nbytes] = table_values.view(np.uint8)
-            table_at = self.coefficient_bytes - _aligned(last.numel()) + self.table_room
+            table_at = self.coefficient_bytes - _aligned(self.sources[-1].numel()) + self.table_room
             table = coefficients[table_at:table_at + self.table.nbytes].view(torch.int64).view(self.table.shape)
         else:
             table = torch.from_numpy(self.table).pin_memory().to(device, non_blocking=True)
