@@ -95,7 +95,8 @@ class DctBatch:
             table_at = self.coefficient_bytes - _aligned(self.sources[-1].numel()) + self.table_room
             table = coefficients[table_at:table_at + self.table.nbytes].view(torch.int64).view(self.table.shape)
         else:
-            table = torch.from_numpy(self.table).pin_memory().to(device, non_blocking=True)
+            staged = torch.from_numpy(self.table)
+            table = (staged.pin_memory() if device.type == "cuda" else staged).to(device, non_blocking=True)
 
         def launch(pixels: torch.Tensor) -> None:
             from ...ops._extension import load_extension
