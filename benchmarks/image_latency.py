@@ -7,7 +7,10 @@ clip_flash side: ``ImagePreprocessor`` (libjpeg-turbo decode on the CPU, exact r
 ``GraphedEncoder`` of the patched model (CUDA graphs). Stock side: OpenCLIP's ``preprocess(Image.open(
 BytesIO(data)))`` then the unpatched model. Each request ends with the embedding on the host. The two
 sides alternate in blocks; p50/p99 over ``--requests`` each. Also reported: each step alone (p50), and
-the cosine between the two sides' embeddings (same pixels, so only the encoder's fp16 rounding differs).
+the cosine between the two sides' embeddings (same pixels, so only the encoder's fp16 rounding differs), of the
+first request and of one after the timed ones. Times of a path that computes the wrong thing are not a
+measurement: below ``MIN_COSINE`` either way, or when clip_flash's two embeddings of the same bytes differ, the
+files are still written, with the check's result, and the script exits with status 1.
 """
 from __future__ import annotations
 
@@ -152,6 +155,26 @@ def write_profile(folder: Path, request: Callable[[], torch.Tensor], requests: i
     profiler.export_chrome_trace(str(folder / "trace.json"))
 
 
+MIN_COSINE = 0.999  # fp16/bf16 rounding leaves 0.99999+; a wrong row (e.g. pixels of another image) far less
+
+
+def embedding_check(stock_first: torch.Tensor, fast_first: torch.Tensor, stock_last: torch.Tensor,
+                    fast_last: torch.Tensor) -> Tuple[bool, Dict[str, float]]:
+    """Whether clip_flash's embeddings of the request agree with stock's, before and after the timed requests,
+    and with each other (same bytes, same graph: the same vector, to within 1e-3 of its largest value); the
+    figures it judged by."""
+    cosine = torch.nn.functional.cosine_similarity
+    figures = {
+        "embedding_cosine_stock_vs_clip_flash": cosine(stock_first, fast_first).item(),
+        "embedding_cosine_stock_vs_clip_flash_after": cosine(stock_last, fast_last).item(),
+        "clip_flash_first_vs_after_max_abs": (fast_first - fast_last).abs().max().item(),
+    }
+    ok = min(figures["embedding_cosine_stock_vs_clip_flash"],
+             figures["embedding_cosine_stock_vs_clip_flash_after"]) >= MIN_COSINE \
+        and figures["clip_flash_first_vs_after_max_abs"] <= 1e-3 * fast_first.abs().max().item()
+    return ok, figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="ViT-L-14", help="NAME, NAME::TAG or NAME::/path (random init if NAME)")
@@ -215,7 +238,7 @@ def main() -> int:
         host_steps = host_step_times(fast_request) if args.host_steps else {}
         if args.profile:
             write_profile(args.profile, fast_request)
-    cosine = torch.nn.functional.cosine_similarity(stock_embedding, fast_embedding).item()
+        embeddings_ok, check = embedding_check(stock_embedding, fast_embedding, stock_request(), fast_request())
     rows = [{
         "side": side,
         "requests": len(values),
@@ -228,7 +251,12 @@ def main() -> int:
              f"{args.dtype}): one {width}x{height} JPEG ({len(data)} bytes) as bytes -> embedding on the host, "
              f"{args.requests} requests per side after {args.warmup} warm-up, sides alternating every {BLOCK}. "
              f"stock: OpenCLIP preprocess + unpatched model; clip_flash: ImagePreprocessor + GraphedEncoder "
-             f"(patched, CUDA graph of batch 1). Embedding cosine stock vs clip_flash: {cosine:.6f}.")
+             f"(patched, CUDA graph of batch 1). Embedding cosine stock vs clip_flash: "
+             f"{check['embedding_cosine_stock_vs_clip_flash']:.6f} (first request), "
+             f"{check['embedding_cosine_stock_vs_clip_flash_after']:.6f} (after the timed ones)"
+             + ("." if embeddings_ok else ": CHECK FAILED, clip_flash's embedding is wrong or unstable (first vs "
+                f"after max |diff| {check['clip_flash_first_vs_after_max_abs']:.3g}); these times measure a broken "
+                "path."))
     lines = ["| side | requests | p50 (ms) | p99 (ms) | mean (ms) |", "|---|---|---|---|---|"]
     lines += [f"| {row['side']} | {row['requests']} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
               f"{row['mean_ms']:.3f} |" for row in rows]
@@ -241,8 +269,12 @@ def main() -> int:
     results.write_microbenchmark(args.json, args.markdown, title, lines,
                                  rows + [{"step": name, "p50_ms": ms} for name, ms in step_p50.items()]
                                  + [{"host_call": name, "p50_ms": ms} for name, ms in host_steps.items()]
-                                 + [{"embedding_cosine_stock_vs_clip_flash": cosine}])
+                                 + [{**check, "embedding_check": "ok" if embeddings_ok else "failed"}])
     prep.close()
+    if not embeddings_ok:
+        print("error: clip_flash's embedding of the request is wrong or unstable (see the title line)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,5 +1,7 @@
-"""``image_latency.py --host-steps``: the calls are clocked for the run and put back as they were after it."""
+"""``image_latency.py``: the host-step clocks are put back after the run; the embedding check fails wrong rows."""
 from __future__ import annotations
+
+import torch
 
 from benchmarks import image_latency
 from clip_flash.inputs.image import native_batch
@@ -22,3 +24,17 @@ def test_host_steps_clock_each_call_then_restore_it():
     after = {(id(owner), name): vars(owner).get(name) for _, owner, name in image_latency.host_step_targets()}
     assert after == before
     assert native_batch.plan_batch is image_resample.plan_batch
+
+
+def test_the_embedding_check_fails_a_wrong_or_unstable_row():
+    torch.manual_seed(0)
+    stock = torch.randn(1, 768)
+    close = stock + 1e-4 * torch.randn(1, 768)
+    ok, figures = image_latency.embedding_check(stock, close, stock, close)
+    assert ok and figures["clip_flash_first_vs_after_max_abs"] == 0.0
+    other = torch.randn(1, 768)  # the embedding of other pixels
+    assert not image_latency.embedding_check(stock, other, stock, close)[0]  # wrong first, right after
+    assert not image_latency.embedding_check(stock, close, stock, other)[0]  # right first, wrong after
+    nearly = close.clone()
+    nearly[0, 0] += 0.5  # stock-like by cosine, but not the vector the first request gave
+    assert not image_latency.embedding_check(stock, close, stock, nearly)[0]
