@@ -187,6 +187,7 @@ int multiprocessor_count() {
 // Packs per thread for rows of `packs_per_row` packs: the fewest (the most threads per row) whose grid
 // still fits kFillThreadsPerSm threads per multiprocessor, else the most threads that hold a row in 4.
 int packs_per_thread(int64_t rows, int64_t packs_per_row) {
+  // Read once, from the first call's device: the GPUs of one host running one model are alike.
   static const int64_t fill_threads = static_cast<int64_t>(multiprocessor_count()) * kFillThreadsPerSm;
   for (int packs = 1; packs < kMaxPacksPerThread; ++packs) {
     const int threads = round_up_to_warp((packs_per_row + packs - 1) / packs);
