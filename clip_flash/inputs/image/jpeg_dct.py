@@ -119,10 +119,10 @@ class DctBatch:
         from ...ops.image_resample import upload_stream
 
         device = pixels.device
-        caller = torch.cuda.current_stream(device)
-        with torch.cuda.stream(upload_stream(device)):
+        caller, upload = torch.cuda.current_stream(device), upload_stream(device)
+        with torch.cuda.stream(upload):
             launch = self.upload(device)
-        caller.wait_stream(upload_stream(device))
+        caller.wait_stream(upload)
         launch(pixels)
 
 
