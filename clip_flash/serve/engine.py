@@ -40,6 +40,22 @@ def batch_buckets(largest: int, per_octave: int = 1) -> Tuple[int, ...]:
     return tuple(sorted(set(size for size in sizes if size < largest))) + (largest,)
 
 
+def capture_text_graphs(encoder: Any, sizes: Sequence[int], lengths: Sequence[int], context_length: int) -> None:
+    """Capture ``encoder``'s text graph for every batch size and length bucket, largest first (so its memory
+    pool is sized once), from token rows whose end-of-text falls at each length (only the pooled position
+    decides the graph's key)."""
+    import torch
+
+    start_id, end_id = 49406, 49407  # OpenCLIP's SOT/EOT
+    for size in sorted(sizes, reverse=True):
+        for length in sorted(lengths, reverse=True):
+            tokens = torch.zeros((size, context_length), dtype=torch.long)
+            tokens[:, 0] = start_id
+            tokens[:, 1:length - 1] = 1
+            tokens[:, length - 1] = end_id
+            encoder.encode_text(tokens)
+
+
 def freeze_loaded_objects() -> None:
     """Move every object alive now (the model, its modules and tensors, the imported libraries: hundreds of
     thousands) out of the garbage collector's generations, for good: they live as long as the server. A full
@@ -159,7 +175,7 @@ class Engine:
 
         config = self.config
         image_sizes = batch_buckets(config.max_batch, IMAGE_BUCKETS_PER_OCTAVE)
-        text_sizes = batch_buckets(config.max_text_batch)
+        text_sizes = batch_buckets(config.max_text_batch, config.text_graphs_per_doubling)
         lengths = [n for n in DEFAULT_TEXT_LENGTHS if n <= loaded.context_length] + [loaded.context_length]
         lengths = sorted(set(lengths))
         images = GraphedEncoder(model, batch_sizes=image_sizes, max_graphs=len(image_sizes))
@@ -167,16 +183,9 @@ class Engine:
                                max_graphs=len(text_sizes) * len(lengths))
         started = time.perf_counter()
         height, width = loaded.image_size
-        tokenizer_ids = (49406, 49407)  # OpenCLIP's SOT/EOT; only the pooled position matters for the graph key
         for size in reversed(image_sizes):
             images.encode_image(torch.zeros((size, 3, height, width), dtype=loaded.dtype, device=device))
-        for size in reversed(text_sizes):
-            for length in reversed(lengths):
-                tokens = torch.zeros((size, loaded.context_length), dtype=torch.long)
-                tokens[:, 0] = tokenizer_ids[0]
-                tokens[:, 1:length - 1] = 1
-                tokens[:, length - 1] = tokenizer_ids[1]
-                texts.encode_text(tokens)
+        capture_text_graphs(texts, text_sizes, lengths, loaded.context_length)
         torch.cuda.synchronize(device)
         stats_i, stats_t = images.stats(), texts.stats()
         logger.info("captured %d image and %d text CUDA graphs in %.1f s (%.0f MiB)", stats_i.graphs, stats_t.graphs,

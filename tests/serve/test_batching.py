@@ -378,3 +378,16 @@ def test_a_batch_alone_is_launched_by_the_collector_and_one_behind_another_by_th
         batcher.close()
     assert threads == ["clip_flash-image-collect", "clip_flash-image-launch"]
     assert [[float(result.raw[0]) for result in job.results] for job in jobs] == [[0.0], [0.0, 1.0]]
+
+
+def test_text_graphs_per_doubling_reaches_the_config_and_is_checked():
+    import argparse
+
+    from clip_flash.serve.cli import add_arguments, config_from_args
+    from clip_flash.serve.config import ServeConfig
+
+    parser = add_arguments(argparse.ArgumentParser())
+    assert config_from_args(parser.parse_args([])).text_graphs_per_doubling == ServeConfig().text_graphs_per_doubling
+    assert config_from_args(parser.parse_args(["--text-graphs-per-doubling", "4"])).text_graphs_per_doubling == 4
+    with pytest.raises(ValueError, match="text_graphs_per_doubling"):
+        ServeConfig(text_graphs_per_doubling=0)
