@@ -40,8 +40,11 @@ class ServeConfig:
             backlog larger batches carry more captions per second; below it batches close after ``max_wait_ms``.
         text_graphs_per_doubling: caption batch sizes with a CUDA graph in each doubling past 8 rows (1: powers of
             two). A batch's captions are grouped by length, and each group runs the smallest graph that holds it:
-            with powers of two alone a group computes about 1.4 rows per caption on web-style captions, with 2
-            sizes per doubling 1.2, with 4 1.1; each size adds one graph per length bucket to capture at start.
+            on web-style captions the graphs compute 1.32-1.50 rows per caption with powers of two, 1.07-1.09
+            with 4 sizes per doubling, and ViT-L-14's 64-caption requests saturated at 616 req/s against more
+            than 807 on an H100; each size adds a graph per length bucket to capture at start (224 text graphs
+            instead of 77: ready after 41 s instead of 23-27 s). ``benchmarks/results/h100/
+            text_graphs_per_doubling_595a825``.
         max_wait_ms: how long the first item of a batch waits for others while a batch of its tower is in flight
             (with none in flight a batch closes at once: waiting would only add latency).
         wait_when_idle: wait ``max_wait_ms`` even with no batch in flight (fuller batches at low load, at the cost
@@ -77,7 +80,7 @@ class ServeConfig:
     precision: Optional[str] = None
     max_batch: int = 64
     max_text_batch: int = 1024
-    text_graphs_per_doubling: int = 1
+    text_graphs_per_doubling: int = 4
     max_wait_ms: float = 2.0
     wait_when_idle: bool = False
     max_batches_in_flight: int = 2

@@ -30,8 +30,9 @@ def batch_buckets(largest: int, per_octave: int = 1) -> Tuple[int, ...]:
     batches of a server land anywhere between 8 and ``max_batch``: with powers of two alone a batch of 33 pays
     for 64 rows, and on average a third more rows are computed than asked for; ViT graphs are cheap to hold (one
     memory pool), so images get finer steps (at 1,600 one-JPEG requests/s on an H100, powers of two alone gave
-    about twice the p50: ``benchmarks/results/h100/serve_ab_80bab2b``). Text batches are cheap per row and their
-    graphs multiply by the length buckets: they keep powers of two."""
+    about twice the p50: ``benchmarks/results/h100/serve_ab_80bab2b``). Text graphs multiply by the length buckets,
+    and the length groups of a caption batch pad the same way: their steps are ``text_graphs_per_doubling``
+    (``ServeConfig``)."""
     sizes, low = [1, 2, 4], 8
     while low < largest:
         step = max(1, low // per_octave)

@@ -33,7 +33,7 @@ def test_batch_buckets_cover_every_batch_with_bounded_padding(largest):
         for n in range(1, largest + 1):
             padded = min(size for size in sizes if size >= n)
             assert padded <= max(8, worst * n), (largest, per_octave, n, padded)
-    assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64)  # text: its graphs multiply by the length buckets
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64)  # powers of two
     assert batch_buckets(64, IMAGE_BUCKETS_PER_OCTAVE) == (1, 2, 4, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48,
                                                            56, 64)
 
