@@ -118,7 +118,7 @@ def main() -> int:
 
     alone_tokens = tokens[:args.alone_batch].to(device)
     header = ("| captions a batch | graphs per doubling | graphs | rows per caption | token-rows per caption | "
-              "captions/s | host launch ms a batch | x powers of two |")
+              f"captions/s | host launch ms a batch | x {args.per_doubling[0]} per doubling |")
     lines, rows = [header, "|" + "---|" * 8], []
     print(header, flush=True)
     with torch.inference_mode():
