@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
-from clip_flash.serve.engine import batch_buckets  # noqa: E402
+from clip_flash.serve.engine import batch_buckets, token_rows_of_length  # noqa: E402
 from clip_flash.serve.inputs import length_groups  # noqa: E402
 
 
@@ -70,6 +70,19 @@ def time_sequence(function: Callable[[], object], rounds_host: List[float]) -> f
     return start.elapsed_time(end)
 
 
+def _graph_costs(encoder, lengths: Sequence[int], context: int, rounds: int) -> List[Dict[str, float]]:
+    """Device milliseconds of one replay of each of ``encoder``'s caption graphs alone: what a length group
+    costs by its rows and length bucket (the data a grouping that weighs padding against launches needs)."""
+    costs = []
+    for size in encoder.batch_sizes:
+        for length in lengths:
+            tokens = token_rows_of_length(size, length, context)
+            encoder.encode_text(tokens)  # warm
+            times = [time_sequence(lambda: encoder.encode_text(tokens), []) for _ in range(rounds)]
+            costs.append({"rows": size, "length": length, "ms": statistics.median(times)})
+    return costs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="ViT-L-14")
@@ -80,6 +93,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=20, help="random batches per batch size")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--alone-batch", type=int, default=1024)
+    parser.add_argument("--graph-costs", action="store_true",
+                        help="also time one replay of every caption graph alone (rows x length bucket)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
@@ -155,11 +170,21 @@ def main() -> int:
                         f"{per_token_row:.1f} | {rate:,.0f} | {host:.2f} | {rate / baseline:.2f} |")
                 lines.append(line)
                 print(line, flush=True)
+        graph_costs = _graph_costs(encoders[max(encoders)], lengths, context, args.rounds) if args.graph_costs else []
+        if graph_costs:
+            lines += ["", "One replay of each caption graph alone (device ms, median of "
+                      f"{args.rounds} after a warm one; the finest sizes' encoder):", "",
+                      "| rows | " + " | ".join(f"length {length}" for length in lengths) + " |",
+                      "|---|" + "---|" * len(lengths)]
+            for rows_ in sorted({cost["rows"] for cost in graph_costs}):
+                by_length = {cost["length"]: cost["ms"] for cost in graph_costs if cost["rows"] == rows_}
+                lines.append(f"| {rows_} | " + " | ".join(f"{by_length[length]:.3f}" for length in lengths) + " |")
         alone_ms = []
         for _ in range(args.rounds):
             alone_ms.append(time_sequence(lambda: model.encode_text(alone_tokens), []))
         alone_rate = args.alone_batch / statistics.median(alone_ms) * 1e3
     rows.append(dict(alone_batch=args.alone_batch, alone_captions_per_s=alone_rate, alone_ms_rounds=alone_ms))
+    rows.extend(dict(graph_cost=cost) for cost in graph_costs)
     capture = "; ".join(f"{p} per doubling: {s['graphs']} graphs captured in {s['capture_s']:.1f} s, "
                         f"{s['graph_mib']:.0f} MiB" for p, s in setup.items())
     lines += ["", f"Encoder alone (the patched model's eager `encode_text`, {args.alone_batch} captions a call): "

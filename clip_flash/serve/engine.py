@@ -41,20 +41,22 @@ def batch_buckets(largest: int, per_octave: int = 1) -> Tuple[int, ...]:
     return tuple(sorted(set(size for size in sizes if size < largest))) + (largest,)
 
 
-def capture_text_graphs(encoder: Any, sizes: Sequence[int], lengths: Sequence[int], context_length: int) -> None:
-    """Capture ``encoder``'s text graph for every batch size and length bucket, largest first (so its memory
-    pool is sized once), from token rows whose end-of-text falls at each length (only the pooled position
-    decides the graph's key)."""
+def token_rows_of_length(rows: int, length: int, context_length: int) -> Any:
+    """``rows`` identical token rows whose end-of-text is at position ``length - 1`` (OpenCLIP's SOT/EOT ids):
+    what picks a text graph is the pooled position alone."""
     import torch
 
-    start_id, end_id = 49406, 49407  # OpenCLIP's SOT/EOT
+    tokens = torch.zeros((rows, context_length), dtype=torch.long)
+    tokens[:, 0], tokens[:, 1:length - 1], tokens[:, length - 1] = 49406, 1, 49407
+    return tokens
+
+
+def capture_text_graphs(encoder: Any, sizes: Sequence[int], lengths: Sequence[int], context_length: int) -> None:
+    """Capture ``encoder``'s text graph for every batch size and length bucket, largest first (so its memory
+    pool is sized once)."""
     for size in sorted(sizes, reverse=True):
         for length in sorted(lengths, reverse=True):
-            tokens = torch.zeros((size, context_length), dtype=torch.long)
-            tokens[:, 0] = start_id
-            tokens[:, 1:length - 1] = 1
-            tokens[:, length - 1] = end_id
-            encoder.encode_text(tokens)
+            encoder.encode_text(token_rows_of_length(size, length, context_length))
 
 
 def freeze_loaded_objects() -> None:

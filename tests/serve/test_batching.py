@@ -391,3 +391,18 @@ def test_text_graphs_per_doubling_reaches_the_config_and_is_checked():
     assert config_from_args(parser.parse_args(["--text-graphs-per-doubling", "4"])).text_graphs_per_doubling == 4
     with pytest.raises(ValueError, match="text_graphs_per_doubling"):
         ServeConfig(text_graphs_per_doubling=0)
+
+
+def test_text_graphs_are_captured_largest_first_with_the_end_of_text_at_each_length():
+    from clip_flash.serve.engine import capture_text_graphs
+
+    class Recorder:
+        calls = []
+
+        def encode_text(self, tokens):
+            ends = (tokens == 49407).nonzero()[:, 1].unique().tolist()
+            self.calls.append((tokens.shape[0], ends, tokens.shape[1], int(tokens[0, 0])))
+
+    recorder = Recorder()
+    capture_text_graphs(recorder, (1, 4, 2), (8, 77, 16), 77)
+    assert recorder.calls == [(size, [length - 1], 77, 49406) for size in (4, 2, 1) for length in (77, 16, 8)]
