@@ -9,6 +9,8 @@ Configurations (``--configs``):
   time (first baseline).
 - ``infinity``: infinity-emb serving a random-init Hugging Face CLIP of the main model's shape (third baseline;
   skipped, and said so, where it cannot be imported).
+- ``overhead``: ``overhead_server.py``, the clip_flash server with a no-op model and no image decoding: what the
+  HTTP side, the batchers and their hand-offs cost a request (any machine).
 - ``stub``: ``stub_server.py``, no model: the load generator's own ceiling.
 """
 from __future__ import annotations
@@ -190,6 +192,12 @@ def build_configs(names: Sequence[str], model: str, small_model: str, precision:
             ready_path="/health", models_path="/models", image_json_extra={"modality": "image"},
             env={"DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
                  **({"PYTHONPATH": str(infinity_site)} if infinity_site else {})}),
+        "overhead": lambda: ServerConfig(
+            "overhead", "clip_flash server with a no-op model and no image decoding (overhead_server.py): what the "
+                        "HTTP side, the batchers and their hand-offs cost",
+            [python, "-m", "benchmarks.serve.overhead_server", "--model", model, "--host", "127.0.0.1", "--port",
+             "{port}", *server_args],
+            ("image-raw", "caption", "captions64"), model),
         "stub": lambda: ServerConfig(
             "stub", f"model-less Starlette stub, {stub_workers} uvicorn process(es): the generator's ceiling",
             [python, "-m", "benchmarks.serve.stub_server", "--port", "{port}", "--workers", str(stub_workers)],
