@@ -17,10 +17,8 @@ On by default where it runs: a CUDA device, the extension built, the kernel's re
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -33,27 +31,6 @@ IMAGE_FIELDS, COMPONENT_FIELDS, MAX_COMPONENTS = 5, 8, 3
 TABLE_FIELDS = IMAGE_FIELDS + MAX_COMPONENTS * COMPONENT_FIELDS
 LAYOUT_HEAD, LAYOUT_PER_COMPONENT = 3, 7  # the layout: (height, width, components), 7 per component
 ALIGN = 128  # coefficient tensors are multiples of 128 bytes: each starts aligned where its run does
-
-
-@functools.lru_cache(maxsize=1)
-def jpeg_library() -> str:
-    """The libjpeg-turbo Pillow decodes with: its bundled copy (wheels), else the one it has loaded (a system
-    Pillow), else the loader's ``libjpeg.so.62``. Any correct libjpeg of the jpeg62 interface gives the same
-    coefficients; another interface is refused by the library itself, and the route is then off."""
-    import PIL
-    from PIL import Image  # noqa: F401 - loads Pillow's core, and with it its libjpeg
-
-    bundled = sorted((Path(PIL.__file__).resolve().parent.parent / "pillow.libs").glob("libjpeg*.so*"))
-    if bundled:
-        return str(bundled[0])
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            mapped = sorted({line.split()[-1] for line in maps if "libjpeg" in line and ".so.62" in line})
-        if mapped:
-            return mapped[0]
-    except OSError:
-        pass
-    return "libjpeg.so.62"
 
 
 @dataclass

@@ -17,19 +17,41 @@ hands it to Pillow, which gives its own pixels, rows or reason.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ...ops._extension import load_extension
-from .jpeg_dct import jpeg_library
 
 logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=1)
+def jpeg_library() -> str:
+    """The libjpeg-turbo Pillow decodes with: its bundled copy (wheels), else the one it has loaded (a system
+    Pillow), else the loader's ``libjpeg.so.62``. Any correct libjpeg of the jpeg62 interface gives the same
+    coefficients; another interface is refused by the library itself, and the route is then off."""
+    import PIL
+    from PIL import Image  # noqa: F401 - loads Pillow's core, and with it its libjpeg
+
+    bundled = sorted((Path(PIL.__file__).resolve().parent.parent / "pillow.libs").glob("libjpeg*.so*"))
+    if bundled:
+        return str(bundled[0])
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            mapped = sorted({line.split()[-1] for line in maps if "libjpeg" in line and ".so.62" in line})
+        if mapped:
+            return mapped[0]
+    except OSError:
+        pass
+    return "libjpeg.so.62"
 
 
 class DecodeKind(enum.IntEnum):
