@@ -128,12 +128,11 @@ class CaptureSpace:
         static_output = captured.static_output
         # Allocated on the caller's stream, which waits for the copy-out below before any later use or reuse.
         out = torch.empty((n, *static_output.shape[1:]), dtype=static_output.dtype, device=static_output.device)
-        # Pageable host memory is staged by cudaMemcpyAsync before it returns, so the caller may reuse it at once;
-        # pinned memory is read asynchronously, so copy it synchronously rather than race the caller's next write.
-        non_blocking = x.device.type != "cpu" or not x.is_pinned()
+        if x.device.type == "cpu":
+            x = _staged(x)
         stream.wait_stream(caller)
         with torch.cuda.stream(stream):
-            captured.static_input[:n].copy_(x, non_blocking=non_blocking)
+            captured.static_input[:n].copy_(x, non_blocking=True)
             captured.graph.replay()
             if normalize:
                 F.normalize(static_output[:n], dim=-1, out=out)
@@ -156,6 +155,19 @@ def _pool_bytes(pool: Optional[Pool], fallback: int) -> int:
     except (RuntimeError, TypeError):  # an older PyTorch without per-pool snapshots
         return max(fallback, 0)
     return sum(segment["total_size"] for segment in segments)
+
+
+def _staged(x: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy of host input ``x``, for a copy to the device that the host does not wait for.
+
+    From pageable memory the driver stages the bytes itself and may wait for the stream to reach the copy
+    (past its staging buffer), holding the host until the replays queued before it have run; from the caller's
+    own page-locked memory the copy would read after this call returns, racing the caller's next write. This
+    block comes from PyTorch's caching host allocator, which records the copy and hands the block out again
+    only after it has run."""
+    staged = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    staged.copy_(x)
+    return staged
 
 
 def _recover_failed_capture(graph: "torch.cuda.CUDAGraph", device: torch.device, pool: Pool) -> bool:

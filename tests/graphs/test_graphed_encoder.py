@@ -658,3 +658,27 @@ def test_recaptures_after_a_float_then_half_round_trip(caplog):
     assert stats["invalidations"] == 2 and stats["graphs"] == 2 and stats["graph_memory_bytes"] > 0
     assert any("changed" in r.getMessage() for r in caplog.records if r.name == LOGGER)
     encoder.release()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "page-locked"])
+def test_host_inputs_may_be_overwritten_as_soon_as_the_call_returns(gpu_models, pinned):
+    """Host inputs go up asynchronously (staged in page-locked memory): a caller that reuses its buffer right
+    after the call, while the device is still busy with earlier work, must not change the result."""
+    _, model = gpu_models
+    pool = _token_pool(80)
+    with torch.inference_mode(), clip_flash.patched(model):
+        encoder = GraphedEncoder(model)
+        encoder.capture_all()
+        expected = {n: _eager_like_graph_text(model, encoder, pool[n:2 * n].cuda()) for n in (3, 16, 32)}
+        busy = torch.randn(4096, 4096, device="cuda", dtype=torch.half)
+        for _ in range(3):
+            for n in (3, 16, 32):
+                tokens = pool[n:2 * n].clone()
+                tokens = tokens.pin_memory() if pinned else tokens
+                for _ in range(20):  # keep the device busy, so the input's copy runs well after the call returns
+                    busy = busy @ busy / 64
+                out = encoder.encode_text(tokens)
+                tokens.fill_(7)  # the caller reuses its buffer at once
+                assert torch.equal(out, expected[n]), (n, pinned)
+        encoder.release()
