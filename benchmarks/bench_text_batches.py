@@ -1,16 +1,19 @@
 #!/usr/bin/env python
-"""Time caption batches as the server encodes them: grouped by token length, each group through the smallest
-CUDA graph that holds it, for text graph sizes at 1, 2 or 4 per doubling (``--text-graphs-per-doubling``).
+"""Time caption batches as the server encodes them: cut into length groups, each group through the smallest
+CUDA graph that holds it, for text graph sizes at 1, 2 or 4 per doubling (``--text-graphs-per-doubling``) and
+groups cut at every length bucket or where the measured replays cost least (``--text-grouping``).
 
 For each batch size (how many captions the server's text batcher took at once) it draws ``--batches`` random
-batches of web-style captions, cuts each into length groups as the server does (``serve.inputs.length_groups``)
-and replays the text ``GraphedEncoder`` on every group, as the server's launch thread does. Reported per option:
-captions/s over the whole sequence (CUDA events around it, median of ``--rounds`` rounds with the options
-alternating), the host's launch time, the rows and token-rows the graphs computed per caption, and each option's
-capture time and graph memory. The patched model's eager ``encode_text`` on the same captions in batches of
-``--alone-batch`` (the serve bench's "encoder alone") is timed beside them for scale.
+batches of web-style captions (the same for every variant), cuts each into length groups as the server does
+(``serve.inputs``) and replays the text ``GraphedEncoder`` on every group, as the server's launch thread does.
+Reported per variant: captions/s over the whole sequence (CUDA events around it, median of ``--rounds`` rounds
+with the variants alternating), the host's launch time, groups per batch, the rows and token-rows the graphs
+computed per caption, and each encoder's capture time and graph memory. The patched model's eager
+``encode_text`` on the same captions in batches of ``--alone-batch`` (the serve bench's "encoder alone") is timed
+beside them for scale; ``--graph-costs`` adds each graph's replay time alone (what ``cost`` grouping weighs).
 
-    python benchmarks/bench_text_batches.py --model ViT-L-14 --batch-sizes 64 342 1024 --markdown out.md
+    python benchmarks/bench_text_batches.py --model ViT-L-14 --per-doubling 4 --grouping buckets cost \
+        --batch-sizes 64 342 1024 --graph-costs --markdown out.md
 """
 from __future__ import annotations
 
@@ -27,21 +30,26 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
-from clip_flash.serve.engine import batch_buckets, token_rows_of_length  # noqa: E402
-from clip_flash.serve.inputs import length_groups  # noqa: E402
+from clip_flash.serve.engine import batch_buckets, time_text_replays  # noqa: E402
+from clip_flash.serve.inputs import MIN_TEXT_GROUP, ReplayCosts, cost_groups, length_groups  # noqa: E402
 
 
-def plan(tokens: torch.Tensor, batches: int, size: int, seed: int) -> List[List[torch.Tensor]]:
-    """``batches`` random batches of ``size`` caption rows, each as the server's length groups (token tensors on
-    the CPU, as the server passes them)."""
+def plan(tokens: torch.Tensor, batches: int, size: int, seed: int,
+         group: Callable[[np.ndarray], List[List[int]]]) -> List[List[torch.Tensor]]:
+    """``batches`` random batches of ``size`` caption rows (the same rows for a given seed), each cut into length
+    groups by ``group`` (token tensors on the CPU, as the server passes them)."""
     rng = np.random.default_rng(seed)
     counts = (tokens != 0).sum(dim=1).numpy()
     out = []
     for _ in range(batches):
         rows = rng.choice(len(tokens), size, replace=False)
-        groups = length_groups(counts[rows]) if size > 16 else [list(range(size))]
-        out.append([tokens[rows[np.asarray(group)]] for group in groups])
+        out.append([tokens[rows[np.asarray(positions)]] for positions in group(counts[rows])])
     return out
+
+
+def bucket_grouping(counts: np.ndarray) -> List[List[int]]:
+    """The server's ``--text-grouping buckets``: a cut at every length bucket, none under 17 captions."""
+    return length_groups(counts) if len(counts) > MIN_TEXT_GROUP else [list(range(len(counts)))]
 
 
 def computed_per_caption(groups: Sequence[Sequence[torch.Tensor]], sizes: Sequence[int],
@@ -70,25 +78,14 @@ def time_sequence(function: Callable[[], object], rounds_host: List[float]) -> f
     return start.elapsed_time(end)
 
 
-def _graph_costs(encoder, lengths: Sequence[int], context: int, rounds: int) -> List[Dict[str, float]]:
-    """Device milliseconds of one replay of each of ``encoder``'s caption graphs alone: what a length group
-    costs by its rows and length bucket (the data a grouping that weighs padding against launches needs)."""
-    costs = []
-    for size in encoder.batch_sizes:
-        for length in lengths:
-            tokens = token_rows_of_length(size, length, context)
-            encoder.encode_text(tokens)  # warm
-            times = [time_sequence(lambda: encoder.encode_text(tokens), []) for _ in range(rounds)]
-            costs.append({"rows": size, "length": length, "ms": statistics.median(times)})
-    return costs
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="ViT-L-14")
     parser.add_argument("--precision", default="fp16", choices=("fp16", "bf16", "fp32"))
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[64, 342, 1024])
     parser.add_argument("--per-doubling", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument("--grouping", nargs="+", choices=("buckets", "cost"), default=["buckets"],
+                        help="how batches are cut into length groups (the server's --text-grouping)")
     parser.add_argument("--max-text-batch", type=int, default=1024, help="the server's --max-text-batch")
     parser.add_argument("--batches", type=int, default=20, help="random batches per batch size")
     parser.add_argument("--rounds", type=int, default=5)
@@ -131,60 +128,82 @@ def main() -> int:
         print(f"{per_doubling} per doubling: {stats.graphs} text graphs in {setup[per_doubling]['capture_s']:.1f} s, "
               f"{setup[per_doubling]['graph_mib']:.0f} MiB", flush=True)
 
+    # Each variant: an encoder (graph sizes per doubling) and a grouping; "cost" cuts where the replays, as timed
+    # on this device (what the server does once its graphs are captured), cost least in sum.
+    groupings: Dict[Tuple[int, str], Callable[[np.ndarray], List[List[int]]]] = {}
+    replay_ms: Dict[int, Dict[Tuple[int, int], float]] = {}
+    for per_doubling, encoder in encoders.items():
+        for grouping in args.grouping:
+            if grouping == "buckets":
+                groupings[(per_doubling, grouping)] = bucket_grouping
+            else:
+                replay_ms[per_doubling] = time_text_replays(encoder, encoder.batch_sizes, lengths, context)
+                costs = ReplayCosts(replay_ms[per_doubling])
+                groupings[(per_doubling, grouping)] = lambda counts, costs=costs: cost_groups(counts, costs)
+
     alone_tokens = tokens[:args.alone_batch].to(device)
-    header = ("| captions a batch | graphs per doubling | graphs | rows per caption | token-rows per caption | "
-              f"captions/s | host launch ms a batch | x {args.per_doubling[0]} per doubling |")
-    lines, rows = [header, "|" + "---|" * 8], []
+    first = next(iter(groupings))
+    header = ("| captions a batch | graphs per doubling | grouping | graphs | groups a batch | rows per caption | "
+              f"token-rows per caption | captions/s | host launch ms a batch | x {first[0]} per doubling, "
+              f"{first[1]} |")
+    lines, rows = [header, "|" + "---|" * 10], []
     print(header, flush=True)
     with torch.inference_mode():
         for size in args.batch_sizes:
-            batches = plan(tokens, args.batches, size, seed=size)
+            plans = {variant: plan(tokens, args.batches, size, seed=size, group=group)
+                     for variant, group in groupings.items()}
 
-            def run(encoder: GraphedEncoder) -> None:
-                for batch in batches:
+            def run(variant: Tuple[int, str]) -> None:
+                encoder = encoders[variant[0]]
+                for batch in plans[variant]:
                     for group in batch:
                         encoder.encode_text(group)
 
-            for encoder in encoders.values():
-                run(encoder)  # warm: every graph these batches hit
-            device_ms: Dict[int, List[float]] = {p: [] for p in encoders}
-            host_ms: Dict[int, List[float]] = {p: [] for p in encoders}
+            for variant in groupings:
+                run(variant)  # warm: every graph these batches hit
+            device_ms: Dict[Tuple[int, str], List[float]] = {variant: [] for variant in groupings}
+            host_ms: Dict[Tuple[int, str], List[float]] = {variant: [] for variant in groupings}
             for round_ in range(args.rounds):
-                order = list(encoders) if round_ % 2 == 0 else list(reversed(encoders))
-                for per_doubling in order:
-                    device_ms[per_doubling].append(time_sequence(lambda: run(encoders[per_doubling]),
-                                                                 host_ms[per_doubling]))
+                order = list(groupings) if round_ % 2 == 0 else list(reversed(groupings))
+                for variant in order:
+                    device_ms[variant].append(time_sequence(lambda: run(variant), host_ms[variant]))
             baseline = None
-            for per_doubling, encoder in encoders.items():
-                median_ms = statistics.median(device_ms[per_doubling])
+            for variant in groupings:
+                per_doubling, grouping = variant
+                encoder, batches = encoders[per_doubling], plans[variant]
+                median_ms = statistics.median(device_ms[variant])
                 rate = len(batches) * size / median_ms * 1e3
                 baseline = baseline or rate
                 per_row, per_token_row = computed_per_caption(batches, encoder.batch_sizes, encoder.length_bucket)
-                host = statistics.median(host_ms[per_doubling]) / len(batches)
-                rows.append(dict(batch=size, per_doubling=per_doubling, graphs=setup[per_doubling]["graphs"],
-                                 capture_s=setup[per_doubling]["capture_s"],
-                                 graph_mib=setup[per_doubling]["graph_mib"], rows_per_caption=per_row,
-                                 token_rows_per_caption=per_token_row, captions_per_s=rate,
-                                 device_ms_rounds=device_ms[per_doubling], host_launch_ms_per_batch=host))
-                line = (f"| {size} | {per_doubling} | {setup[per_doubling]['graphs']} | {per_row:.2f} | "
-                        f"{per_token_row:.1f} | {rate:,.0f} | {host:.2f} | {rate / baseline:.2f} |")
+                host = statistics.median(host_ms[variant]) / len(batches)
+                groups = sum(len(batch) for batch in batches) / len(batches)
+                rows.append(dict(batch=size, per_doubling=per_doubling, grouping=grouping,
+                                 graphs=setup[per_doubling]["graphs"], capture_s=setup[per_doubling]["capture_s"],
+                                 graph_mib=setup[per_doubling]["graph_mib"], groups_per_batch=groups,
+                                 rows_per_caption=per_row, token_rows_per_caption=per_token_row,
+                                 captions_per_s=rate, device_ms_rounds=device_ms[variant],
+                                 host_launch_ms_per_batch=host))
+                line = (f"| {size} | {per_doubling} | {grouping} | {setup[per_doubling]['graphs']} | {groups:.2f} | "
+                        f"{per_row:.2f} | {per_token_row:.1f} | {rate:,.0f} | {host:.2f} | {rate / baseline:.2f} |")
                 lines.append(line)
                 print(line, flush=True)
-        graph_costs = _graph_costs(encoders[max(encoders)], lengths, context, args.rounds) if args.graph_costs else []
-        if graph_costs:
-            lines += ["", "One replay of each caption graph alone (device ms, median of "
-                      f"{args.rounds} after a warm one; the finest sizes' encoder):", "",
+        if args.graph_costs:
+            finest = max(encoders)
+            table = replay_ms.get(finest) or time_text_replays(encoders[finest], encoders[finest].batch_sizes,
+                                                               lengths, context)
+            lines += ["", f"One replay of each caption graph alone ({finest} per doubling; device ms, median of 2 "
+                      "after a warm one, copies in and out included: `serve.engine.time_text_replays`):", "",
                       "| rows | " + " | ".join(f"length {length}" for length in lengths) + " |",
                       "|---|" + "---|" * len(lengths)]
-            for rows_ in sorted({cost["rows"] for cost in graph_costs}):
-                by_length = {cost["length"]: cost["ms"] for cost in graph_costs if cost["rows"] == rows_}
-                lines.append(f"| {rows_} | " + " | ".join(f"{by_length[length]:.3f}" for length in lengths) + " |")
+            for rows_ in encoders[finest].batch_sizes:
+                lines.append(f"| {rows_} | " + " | ".join(f"{table[(rows_, length)]:.3f}" for length in lengths)
+                             + " |")
+            rows.extend(dict(graph_rows=r, length=length, replay_ms=ms) for (r, length), ms in table.items())
         alone_ms = []
         for _ in range(args.rounds):
             alone_ms.append(time_sequence(lambda: model.encode_text(alone_tokens), []))
         alone_rate = args.alone_batch / statistics.median(alone_ms) * 1e3
     rows.append(dict(alone_batch=args.alone_batch, alone_captions_per_s=alone_rate, alone_ms_rounds=alone_ms))
-    rows.extend(dict(graph_cost=cost) for cost in graph_costs)
     capture = "; ".join(f"{p} per doubling: {s['graphs']} graphs captured in {s['capture_s']:.1f} s, "
                         f"{s['graph_mib']:.0f} MiB" for p, s in setup.items())
     lines += ["", f"Encoder alone (the patched model's eager `encode_text`, {args.alone_batch} captions a call): "
@@ -195,8 +214,9 @@ def main() -> int:
         f"Caption batches as the server encodes them, {args.model} ({loaded.spec.weights_note or loaded.spec.weights})"
         f" {args.precision}: {args.batches} random batches of web-style captions per size, grouped by token length, "
         f"each group through the smallest text CUDA graph holding it (lengths {lengths}, sizes up to "
-        f"{args.max_text_batch} at 1, 2 or 4 per doubling past 8); captions/s from CUDA events around the whole "
-        f"sequence, median of {args.rounds} rounds, the options alternating.", lines, rows)
+        f"{args.max_text_batch} at {args.per_doubling} per doubling past 8), groups cut by {args.grouping}; "
+        f"captions/s from CUDA events around the whole sequence, median of {args.rounds} rounds, the variants "
+        "alternating.", lines, rows)
     return 0
 
 

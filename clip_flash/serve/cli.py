@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from .config import DEFAULT_MODEL, ServeConfig
+from .config import DEFAULT_MODEL, TEXT_GROUPINGS, ServeConfig
 
 logger = logging.getLogger("clip_flash.serve")
 
@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--text-graphs-per-doubling", type=int, default=defaults.text_graphs_per_doubling,
         help="caption batch sizes with a CUDA graph per doubling past 8 (1: powers of two); more pad length groups "
              "less and take longer to capture at start (default: %(default)s)")
+    add("--text-grouping", choices=TEXT_GROUPINGS, default=defaults.text_grouping,
+        help="cut caption batches into length groups where their measured graph replays cost least (cost), or at "
+             "every length bucket (buckets) (default: %(default)s)")
     add("--max-wait-ms", type=float, default=defaults.max_wait_ms,
         help="how long a batch's first input waits for more while a batch is in flight; with none in flight it "
              "closes at once (default: %(default)s)")
@@ -82,7 +85,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         model=args.model, host=args.host, port=args.port, device=args.device, devices=args.devices,
         precision=args.precision, max_batch=args.max_batch, max_text_batch=args.max_text_batch,
-        text_graphs_per_doubling=args.text_graphs_per_doubling,
+        text_graphs_per_doubling=args.text_graphs_per_doubling, text_grouping=args.text_grouping,
         max_wait_ms=args.max_wait_ms, wait_when_idle=args.wait_when_idle,
         max_batches_in_flight=args.max_batches_in_flight, max_queue=args.max_queue,
         request_timeout=args.request_timeout,

@@ -10,6 +10,7 @@ from ..environment import usable_cores
 DEFAULT_MODEL = "ViT-B-32"
 INPUTS = ("fast", "stock")
 DECODERS = ("cpu", "gpu")
+TEXT_GROUPINGS = ("cost", "buckets")
 MAX_DEFAULT_WORKERS_PER_ENGINE = 4
 CORES_PER_DEFAULT_WORKER = 4  # leave most cores to image decoding, the engine process and the clients
 
@@ -45,6 +46,11 @@ class ServeConfig:
             than 807 on an H100; each size adds a graph per length bucket to capture at start (224 text graphs
             instead of 77: ready after 41 s instead of 23-27 s). ``benchmarks/results/h100/
             text_graphs_per_doubling_595a825``.
+        text_grouping: how a caption batch is cut into length groups (each a graph replay at its longest
+            caption's length bucket): ``"cost"`` times every text graph once captured and cuts where the groups'
+            replays cost least in sum (fewer groups when a replay's fixed cost outweighs the padding); ``"buckets"``
+            cuts at every length bucket, joining groups under 16 captions to the next. ``cost`` needs CUDA graphs
+            (else ``buckets``).
         max_wait_ms: how long the first item of a batch waits for others while a batch of its tower is in flight
             (with none in flight a batch closes at once: waiting would only add latency).
         wait_when_idle: wait ``max_wait_ms`` even with no batch in flight (fuller batches at low load, at the cost
@@ -81,6 +87,7 @@ class ServeConfig:
     max_batch: int = 64
     max_text_batch: int = 1024
     text_graphs_per_doubling: int = 4
+    text_grouping: str = "cost"
     max_wait_ms: float = 2.0
     wait_when_idle: bool = False
     max_batches_in_flight: int = 2
@@ -102,6 +109,8 @@ class ServeConfig:
             raise ValueError(f"decode must be one of {DECODERS}, got {self.decode!r}")
         if self.inputs not in INPUTS:
             raise ValueError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
+        if self.text_grouping not in TEXT_GROUPINGS:
+            raise ValueError(f"text_grouping must be one of {TEXT_GROUPINGS}, got {self.text_grouping!r}")
         if self.inputs == "stock" and self.decode == "gpu":
             raise ValueError("--decode gpu is clip_flash's image path; --inputs stock uses OpenCLIP's preprocess")
         self.devices = tuple(int(d) for d in self.devices)

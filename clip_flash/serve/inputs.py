@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import Any, List, Optional, Sequence, Tuple
+import math
+from bisect import bisect_left
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -104,6 +106,8 @@ class TextInputs:
         self.context_length = context_length
         self.group_by_length = group_by_length
         self.remote_spec = (name, context_length) if name is not None else None
+        # Set once the text graphs are captured and timed: groups are then cut where their replays cost least.
+        self.replay_costs: Optional[ReplayCosts] = None
 
     def host(self, payloads: Sequence[Any]) -> Tuple[torch.Tensor, List[int]]:
         captions = [position for position, payload in enumerate(payloads) if type(payload) is not bytes]
@@ -123,9 +127,12 @@ class TextInputs:
     def device(self, host: Tuple[torch.Tensor, List[int]]) -> Tuple[List[Group], Failures]:
         tokens, counts = host
         # Tokens stay on the CPU: the encoder picks its length bucket from them without a device sync.
-        if not self.group_by_length or len(counts) <= MIN_TEXT_GROUP:
+        if not self.group_by_length or len(counts) <= 1 or (self.replay_costs is None
+                                                            and len(counts) <= MIN_TEXT_GROUP):
             return [(list(range(len(counts))), tokens)], []
-        groups = length_groups(counts)
+        groups = cost_groups(counts, self.replay_costs) if self.replay_costs is not None else length_groups(counts)
+        if len(groups) == 1:
+            return [(list(range(len(counts))), tokens)], []
         # One gather into length order, then views: an index per group costs more than its tensor. In numpy, on
         # this thread: a torch op on the CPU may use torch's intra-op threads, which spin beside the engine's.
         order = np.fromiter((position for positions in groups for position in positions), dtype=np.int64,
@@ -163,3 +170,51 @@ def length_groups(counts: Sequence[int], buckets: Sequence[int] = TEXT_LENGTH_BU
         else:
             groups.append(rest)
     return groups
+
+
+class ReplayCosts:
+    """Device milliseconds of one text-graph replay by (graph rows, length bucket), as measured on this device
+    once the graphs are captured (``engine.time_text_replays``): what one length group of a caption batch costs.
+    A group of ``rows`` captions runs the smallest graph holding them; past the largest, that one per piece."""
+
+    def __init__(self, ms: Dict[Tuple[int, int], float]) -> None:
+        if not ms:
+            raise ValueError("no replay times")
+        self.ms = dict(ms)
+        self.sizes = sorted({rows for rows, _ in ms})
+        self.lengths = sorted({length for _, length in ms})
+
+    def __call__(self, rows: int, length: int) -> float:
+        largest = self.sizes[-1]
+        if rows > largest:
+            return math.ceil(rows / largest) * self.ms[(largest, length)]
+        return self.ms[(self.sizes[bisect_left(self.sizes, rows)], length)]
+
+
+def cost_groups(counts: Sequence[int], costs: ReplayCosts) -> List[List[int]]:
+    """Positions sorted by token count, cut into groups of whole length buckets where the summed replay cost is
+    least: a group runs at its longest caption's bucket, so joining two neighbouring buckets pays the shorter
+    one's padding and saves one replay (its fixed cost: a graph of a dozen layers launches some hundred kernels
+    whatever its rows). Exact over the cuts at bucket changes (at most one per length bucket), by dynamic
+    programming."""
+    counts = np.asarray(counts)
+    order = np.argsort(counts, kind="stable")
+    limits = costs.lengths
+    # a count's bucket: the first limit it fits in (a count past the last limit is the last limit's)
+    bucket = np.minimum(np.searchsorted(np.asarray(limits), counts[order], side="left"), len(limits) - 1)
+    cuts = [0] + (np.flatnonzero(np.diff(bucket)) + 1).tolist() + [len(order)]
+    best = [0.0] + [math.inf] * (len(cuts) - 1)
+    back = [0] * len(cuts)
+    for end in range(1, len(cuts)):
+        length = limits[int(bucket[cuts[end] - 1])]
+        for start in range(end):
+            total = best[start] + costs(cuts[end] - cuts[start], length)
+            if total < best[end]:
+                best[end], back[end] = total, start
+    groups: List[List[int]] = []
+    end = len(cuts) - 1
+    while end > 0:
+        start = back[end]
+        groups.append(order[cuts[start]:cuts[end]].tolist())
+        end = start
+    return groups[::-1]

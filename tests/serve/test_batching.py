@@ -4,15 +4,18 @@ in order)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from clip_flash.serve.batcher import TowerBatcher, encode_in_pieces
 from clip_flash.serve.engine import IMAGE_BUCKETS_PER_OCTAVE, batch_buckets
-from clip_flash.serve.inputs import length_groups
+from clip_flash.serve.inputs import ReplayCosts, cost_groups, length_groups
 from clip_flash.serve.jobs import DROPPED, QUEUED, Embedded, EmbeddingJob, ItemError, QueuedInputs
 
 
@@ -55,6 +58,75 @@ def test_length_groups_cover_every_caption_once():
     longest = [max(counts[p] for p in group) for group in groups]
     assert longest == sorted(longest)  # shortest captions first, each group with its own length
     assert len(groups) > 1
+
+
+LENGTHS = (8, 16, 24, 32, 48, 64, 77)
+SIZES = (1, 2, 4, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+
+
+def _replay_costs(fixed, per_token_row):
+    """A replay cost table as the engine measures it, from a fixed cost and a cost per (graph row x length)."""
+    return ReplayCosts({(rows, length): fixed + per_token_row * rows * length for rows in SIZES for length in LENGTHS})
+
+
+def _groups_cost(groups, counts, costs):
+    limits = costs.lengths
+    return sum(costs(len(group), limits[min(np.searchsorted(limits, max(counts[p] for p in group)), len(limits) - 1)])
+               for group in groups)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_cost_groups_are_the_cheapest_cut_at_bucket_changes(seed):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(2, 78, size=int(rng.integers(2, 65))).tolist()
+    costs = _replay_costs(fixed=float(rng.uniform(0, 2)), per_token_row=float(rng.uniform(1e-4, 1e-2)))
+    groups = cost_groups(counts, costs)
+    assert sorted(p for group in groups for p in group) == list(range(len(counts)))
+    longest = [max(counts[p] for p in group) for group in groups]
+    assert longest == sorted(longest) and all(group for group in groups)
+    # every way of cutting the length-sorted captions at bucket changes, tried
+    order = sorted(range(len(counts)), key=lambda p: counts[p])
+    buckets = [min(np.searchsorted(LENGTHS, counts[p]), len(LENGTHS) - 1) for p in order]
+    changes = [i for i in range(1, len(order)) if buckets[i] != buckets[i - 1]]
+    cheapest = math.inf
+    for chosen in itertools.product((False, True), repeat=len(changes)):
+        cuts = [0] + [c for c, keep in zip(changes, chosen) if keep] + [len(order)]
+        candidate = [order[a:b] for a, b in zip(cuts, cuts[1:])]
+        cheapest = min(cheapest, _groups_cost(candidate, counts, costs))
+    assert _groups_cost(groups, counts, costs) == pytest.approx(cheapest)
+
+
+def test_cost_groups_merge_when_replays_are_dear_and_cut_at_every_bucket_when_they_are_free():
+    counts = [10] * 20 + [20] * 20 + [60] * 20
+    assert len(cost_groups(counts, _replay_costs(fixed=100.0, per_token_row=1e-3))) == 1
+    free = cost_groups(counts, _replay_costs(fixed=0.0, per_token_row=1e-3))
+    assert [sorted({counts[p] for p in group}) for group in free] == [[10], [20], [60]]
+
+
+def test_replay_costs_pad_rows_to_the_graph_that_holds_them():
+    costs = _replay_costs(fixed=1.0, per_token_row=0.0)
+    costs.ms[(20, 16)] = 5.0
+    assert costs(17, 16) == 5.0 and costs(20, 16) == 5.0 and costs(21, 16) == 1.0
+    assert costs(130, 16) == 3.0  # past the largest graph (64): one replay of it per piece
+
+
+def test_text_inputs_group_by_measured_costs_once_they_are_set():
+    from clip_flash.serve.inputs import TextInputs
+
+    inputs = TextInputs(None, 77, group_by_length=True)
+    tokens = torch.zeros((40, 77), dtype=torch.long)
+    counts = [10] * 20 + [60] * 20
+    for row, count in enumerate(counts):
+        tokens[row, :count] = 5
+    groups, _ = inputs.device((tokens, counts))
+    assert len(groups) == 2  # by buckets: two groups of 20
+    inputs.replay_costs = _replay_costs(fixed=100.0, per_token_row=1e-3)
+    groups, _ = inputs.device((tokens, counts))
+    assert len(groups) == 1 and groups[0][0] == list(range(40)) and groups[0][1] is tokens
+    inputs.replay_costs = _replay_costs(fixed=0.0, per_token_row=1e-3)
+    groups, _ = inputs.device((tokens, counts))
+    assert [positions for positions, _ in groups] == [list(range(20)), list(range(20, 40))]
+    assert all(torch.equal(tensor, tokens[positions]) for positions, tensor in groups)
 
 
 class FakeTower:
