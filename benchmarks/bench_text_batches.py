@@ -10,7 +10,8 @@ Reported per variant: captions/s over the whole sequence (CUDA events around it,
 with the variants alternating), the host's launch time, groups per batch, the rows and token-rows the graphs
 computed per caption, and each encoder's capture time and graph memory. The patched model's eager
 ``encode_text`` on the same captions in batches of ``--alone-batch`` (the serve bench's "encoder alone") is timed
-beside them for scale; ``--graph-costs`` adds each graph's replay time alone (what ``cost`` grouping weighs).
+beside them for scale; ``--graph-costs`` adds each graph's replay time alone (what ``cost`` grouping weighs);
+``--profile-batch N`` the device's busy share over one pass of the N-caption batches (torch.profiler).
 
     python benchmarks/bench_text_batches.py --model ViT-L-14 --per-doubling 4 --grouping buckets cost \
         --batch-sizes 64 342 1024 --graph-costs --markdown out.md
@@ -78,6 +79,31 @@ def time_sequence(function: Callable[[], object], rounds_host: List[float]) -> f
     return start.elapsed_time(end)
 
 
+def device_busy(function: Callable[[], object]) -> Tuple[float, float, int]:
+    """(busy ms, span ms, count) of the device's kernels and copies during ``function``, from torch.profiler's
+    CUDA activity: busy is the union of their intervals, span from the first start to the last end. What the
+    device idles in between is what the host's launches (or its waits) cost."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        function()
+        torch.cuda.synchronize()
+    spans = sorted((event.time_range.start, event.time_range.end) for event in profiler.events()
+                   if event.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return 0.0, 0.0, 0
+    busy, (start, end) = 0.0, spans[0]
+    for begin, finish in spans[1:]:
+        if begin > end:
+            busy += end - start
+            start, end = begin, finish
+        else:
+            end = max(end, finish)
+    busy += end - start
+    return busy / 1e3, (max(finish for _, finish in spans) - spans[0][0]) / 1e3, len(spans)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="ViT-L-14")
@@ -90,6 +116,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=20, help="random batches per batch size")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--alone-batch", type=int, default=1024)
+    parser.add_argument("--profile-batch", type=int, default=None,
+                        help="for this batch size, also profile one pass per variant: the device's busy share")
     parser.add_argument("--graph-costs", action="store_true",
                         help="also time one replay of every caption graph alone (rows x length bucket)")
     parser.add_argument("--json", type=Path)
@@ -147,6 +175,7 @@ def main() -> int:
               f"token-rows per caption | captions/s | host launch ms a batch | x {first[0]} per doubling, "
               f"{first[1]} |")
     lines, rows = [header, "|" + "---|" * 10], []
+    profiled: List[Dict[str, object]] = []
     print(header, flush=True)
     with torch.inference_mode():
         for size in args.batch_sizes:
@@ -161,6 +190,11 @@ def main() -> int:
 
             for variant in groupings:
                 run(variant)  # warm: every graph these batches hit
+            if size == args.profile_batch:
+                for variant in groupings:
+                    busy_ms, span_ms, kernels = device_busy(lambda: run(variant))
+                    profiled.append(dict(batch=size, per_doubling=variant[0], grouping=variant[1], busy_ms=busy_ms,
+                                         span_ms=span_ms, kernels_per_batch=kernels / args.batches))
             device_ms: Dict[Tuple[int, str], List[float]] = {variant: [] for variant in groupings}
             host_ms: Dict[Tuple[int, str], List[float]] = {variant: [] for variant in groupings}
             for round_ in range(args.rounds):
@@ -187,6 +221,14 @@ def main() -> int:
                         f"{per_row:.2f} | {per_token_row:.1f} | {rate:,.0f} | {host:.2f} | {rate / baseline:.2f} |")
                 lines.append(line)
                 print(line, flush=True)
+        if profiled:
+            lines += ["", f"Under torch.profiler, one pass over the {args.profile_batch}-caption batches: the device's "
+                      "busy time (the union of its kernels and copies) against the span from the first to the last:",
+                      "", "| graphs per doubling | grouping | kernels and copies a batch | busy ms | span ms | busy |",
+                      "|---|---|---|---|---|---|"]
+            lines += [f"| {p['per_doubling']} | {p['grouping']} | {p['kernels_per_batch']:.0f} | {p['busy_ms']:.1f} | "
+                      f"{p['span_ms']:.1f} | {p['busy_ms'] / p['span_ms']:.1%} |" for p in profiled]
+            rows.extend(dict(profiled=p) for p in profiled)
         if args.graph_costs:
             finest = max(encoders)
             table = replay_ms.get(finest) or time_text_replays(encoders[finest], encoders[finest].batch_sizes,
