@@ -31,8 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
-from clip_flash.serve.engine import batch_buckets, time_text_replays  # noqa: E402
-from clip_flash.serve.inputs import MIN_TEXT_GROUP, ReplayCosts, cost_groups, length_groups  # noqa: E402
+from clip_flash.serve.engine import (CheapestTextEncode, batch_buckets, time_packed_encodes,  # noqa: E402
+                                     time_text_replays)
+from clip_flash.serve.inputs import (MIN_TEXT_GROUP, ReplayCosts, cheapest_groups, cost_groups,  # noqa: E402
+                                     length_groups)
 
 
 def plan(tokens: torch.Tensor, batches: int, size: int, seed: int,
@@ -53,15 +55,28 @@ def bucket_grouping(counts: np.ndarray) -> List[List[int]]:
     return length_groups(counts) if len(counts) > MIN_TEXT_GROUP else [list(range(len(counts)))]
 
 
+def whole_or_cheapest_groups(counts: np.ndarray, costs: ReplayCosts) -> List[List[int]]:
+    """The server's ``--text-grouping cost-packed`` (``serve.inputs.TextInputs.device``): the cheapest cut, or the
+    batch whole where its packed encode is measured to cost less than those groups' replays."""
+    groups, replays_ms = cheapest_groups(counts, costs)
+    return [list(range(len(counts)))] if costs.packed(int(np.sum(counts))) < replays_ms else groups
+
+
 def computed_per_caption(groups: Sequence[Sequence[torch.Tensor]], sizes: Sequence[int],
-                         length_of: Callable[[torch.Tensor], int]) -> Tuple[float, float]:
-    """(graph rows, graph rows x sequence length) computed per caption by this plan with these graph sizes."""
+                         length_of: Callable[[torch.Tensor], int],
+                         packed: Callable[[torch.Tensor], bool] = lambda group: False) -> Tuple[float, float]:
+    """(rows, rows x sequence length) computed per caption by this plan: a replayed group its graph's (padded),
+    a ``packed`` one its own captions and real tokens."""
     rows = token_rows = captions = 0
     for batch in groups:
         for group in batch:
-            bucket = next(size for size in sizes if size >= len(group))
-            rows += bucket
-            token_rows += bucket * length_of(group)
+            if packed(group):
+                rows += len(group)
+                token_rows += int((group != 0).sum())
+            else:
+                bucket = next(size for size in sizes if size >= len(group))
+                rows += bucket
+                token_rows += bucket * length_of(group)
             captions += len(group)
     return rows / captions, token_rows / captions
 
@@ -110,8 +125,10 @@ def main() -> int:
     parser.add_argument("--precision", default="fp16", choices=("fp16", "bf16", "fp32"))
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[64, 342, 1024])
     parser.add_argument("--per-doubling", nargs="+", type=int, default=[1, 2, 4])
-    parser.add_argument("--grouping", nargs="+", choices=("buckets", "cost"), default=["buckets"],
-                        help="how batches are cut into length groups (the server's --text-grouping)")
+    parser.add_argument("--grouping", nargs="+", choices=("buckets", "cost", "cost-packed", "packed"),
+                        default=["buckets"],
+                        help="how batches are cut into length groups (the server's --text-grouping; packed: every "
+                             "batch whole through the patched model's eager encode on packed real tokens)")
     parser.add_argument("--max-text-batch", type=int, default=1024, help="the server's --max-text-batch")
     parser.add_argument("--batches", type=int, default=20, help="random batches per batch size")
     parser.add_argument("--rounds", type=int, default=5)
@@ -158,16 +175,34 @@ def main() -> int:
 
     # Each variant: an encoder (graph sizes per doubling) and a grouping; "cost" cuts where the replays, as timed
     # on this device (what the server does once its graphs are captured), cost least in sum.
+    # "cost-packed" and "packed" also time the packed route (the patched model's eager encode of host ids) as the
+    # server does, and encode through the server's chooser.
     groupings: Dict[Tuple[int, str], Callable[[np.ndarray], List[List[int]]]] = {}
+    encodes: Dict[Tuple[int, str], Callable[[torch.Tensor], torch.Tensor]] = {}
     replay_ms: Dict[int, Dict[Tuple[int, int], float]] = {}
+    packed_ms: Dict[int, float] = {}
     for per_doubling, encoder in encoders.items():
         for grouping in args.grouping:
+            variant = (per_doubling, grouping)
+            encodes[variant] = encoder.encode_text
             if grouping == "buckets":
-                groupings[(per_doubling, grouping)] = bucket_grouping
-            else:
+                groupings[variant] = bucket_grouping
+                continue
+            if per_doubling not in replay_ms:
                 replay_ms[per_doubling] = time_text_replays(encoder, encoder.batch_sizes, lengths, context)
-                costs = ReplayCosts(replay_ms[per_doubling])
-                groupings[(per_doubling, grouping)] = lambda counts, costs=costs: cost_groups(counts, costs)
+            costs = ReplayCosts(replay_ms[per_doubling])
+            if grouping == "cost":
+                groupings[variant] = lambda counts, costs=costs: cost_groups(counts, costs)
+                continue
+            chooser = CheapestTextEncode(encoder.encode_text, model.encode_text, costs)
+            if not packed_ms:
+                sizes = [size for size in encoder.batch_sizes if size & (size - 1) == 0] + [encoder.batch_sizes[-1]]
+                with torch.inference_mode():
+                    packed_ms.update(time_packed_encodes(chooser.packed_route, sorted(set(sizes)), context))
+            costs.packed_points = sorted(packed_ms.items())
+            groupings[variant] = (lambda counts, costs=costs: whole_or_cheapest_groups(counts, costs)) \
+                if grouping == "cost-packed" else (lambda counts: [list(range(len(counts)))])
+            encodes[variant] = chooser if grouping == "cost-packed" else chooser.packed_route
 
     alone_tokens = tokens[:args.alone_batch].to(device)
     first = next(iter(groupings))
@@ -183,10 +218,10 @@ def main() -> int:
                      for variant, group in groupings.items()}
 
             def run(variant: Tuple[int, str]) -> None:
-                encoder = encoders[variant[0]]
+                encode = encodes[variant]
                 for batch in plans[variant]:
                     for group in batch:
-                        encoder.encode_text(group)
+                        encode(group)
 
             for variant in groupings:
                 run(variant)  # warm: every graph these batches hit
@@ -208,7 +243,11 @@ def main() -> int:
                 median_ms = statistics.median(device_ms[variant])
                 rate = len(batches) * size / median_ms * 1e3
                 baseline = baseline or rate
-                per_row, per_token_row = computed_per_caption(batches, encoder.batch_sizes, encoder.length_bucket)
+                encode = encodes[variant]
+                packed = (encode.takes_packed if isinstance(encode, CheapestTextEncode)
+                          else (lambda group: True) if grouping == "packed" else (lambda group: False))
+                per_row, per_token_row = computed_per_caption(batches, encoder.batch_sizes, encoder.length_bucket,
+                                                              packed)
                 host = statistics.median(host_ms[variant]) / len(batches)
                 groups = sum(len(batch) for batch in batches) / len(batches)
                 rows.append(dict(batch=size, per_doubling=per_doubling, grouping=grouping,
@@ -241,6 +280,12 @@ def main() -> int:
                 lines.append(f"| {rows_} | " + " | ".join(f"{table[(rows_, length)]:.3f}" for length in lengths)
                              + " |")
             rows.extend(dict(graph_rows=r, length=length, replay_ms=ms) for (r, length), ms in table.items())
+        if packed_ms:
+            lines += ["", "The packed route alone (the patched model's eager encode of host ids, packed real tokens, "
+                      "batches of 5 to 49 tokens a caption; device ms by total tokens, median of 2 after a warm one, "
+                      "host launches included: `serve.engine.time_packed_encodes`): "
+                      + ", ".join(f"{tokens:,} tokens {ms:.2f} ms" for tokens, ms in sorted(packed_ms.items())) + "."]
+            rows.append(dict(packed_ms={str(tokens): ms for tokens, ms in packed_ms.items()}))
         alone_ms = []
         for _ in range(args.rounds):
             alone_ms.append(time_sequence(lambda: model.encode_text(alone_tokens), []))

@@ -10,7 +10,7 @@ from ..environment import usable_cores
 DEFAULT_MODEL = "ViT-B-32"
 INPUTS = ("fast", "stock")
 DECODERS = ("cpu", "gpu")
-TEXT_GROUPINGS = ("cost", "buckets")
+TEXT_GROUPINGS = ("cost", "buckets", "cost-packed")
 MAX_DEFAULT_WORKERS_PER_ENGINE = 4
 CORES_PER_DEFAULT_WORKER = 4  # leave most cores to image decoding, the engine process and the clients
 
@@ -49,8 +49,10 @@ class ServeConfig:
         text_grouping: how a caption batch is cut into length groups (each a graph replay at its longest
             caption's length bucket): ``"cost"`` times every text graph once captured and cuts where the groups'
             replays cost least in sum (fewer groups when a replay's fixed cost outweighs the padding); ``"buckets"``
-            cuts at every length bucket, joining groups under 16 captions to the next. ``cost`` needs CUDA graphs
-            (else ``buckets``).
+            cuts at every length bucket, joining groups under 16 captions to the next; ``"cost-packed"`` is
+            ``cost`` with one more route timed at start: the patched model's eager encode on packed real tokens
+            (no padding, no graph), taken for a batch or group where it costs less than the replays. ``cost`` and
+            ``cost-packed`` need CUDA graphs (else ``buckets``).
         max_wait_ms: how long the first item of a batch waits for others while a batch of its tower is in flight
             (with none in flight a batch closes at once: waiting would only add latency).
         wait_when_idle: wait ``max_wait_ms`` even with no batch in flight (fuller batches at low load, at the cost

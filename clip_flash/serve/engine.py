@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from .config import ServeConfig
 from .jobs import IMAGE, TEXT, DROPPED, QUEUED, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
 
@@ -84,6 +86,87 @@ def time_text_replays(encoder: Any, sizes: Sequence[int], lengths: Sequence[int]
     return times
 
 
+def mixed_token_rows(rows: int, context_length: int) -> Any:
+    """``rows`` token rows of 5 to 49 tokens, spread evenly (mean 27): a batch the patched text tower packs
+    (its real tokens are well under nine tenths of rows x longest), as web captions are."""
+    import torch
+
+    tokens = torch.zeros((rows, context_length), dtype=torch.long)
+    for row in range(rows):
+        length = min(5 + (row * 13) % 45, context_length)
+        tokens[row, 0], tokens[row, 1:length - 1], tokens[row, length - 1] = 49406, 1, 49407
+    return tokens
+
+
+def time_packed_encodes(encode: Callable[[Any], Any], sizes: Sequence[int], context_length: int,
+                        repeats: int = 2) -> Dict[int, float]:
+    """Milliseconds of ``encode`` (a ``CheapestTextEncode``'s packed route) on ``mixed_token_rows`` of each
+    size, by the batch's total token count: the median of ``repeats`` after a warm one, each alone (CUDA events
+    around it, the device idle before), the host's launches included (an eager tower of a dozen layers launches
+    some hundred kernels, so small batches wait on them)."""
+    import torch
+
+    times: Dict[int, float] = {}
+    for size in sizes:
+        tokens = mixed_token_rows(size, context_length)
+        total = int((tokens != 0).sum())
+        encode(tokens)
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            encode(tokens)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        times[total] = sorted(samples)[len(samples) // 2]
+    return times
+
+
+class CheapestTextEncode:
+    """Text features of a caption group by whichever of two routes the measured costs say is cheaper: its text
+    graph's replay (``graphed``, padded to the group's length bucket and rows bucket) or the patched model's
+    eager ``encode_text`` on packed real tokens (``packed``: no padding at all, but every kernel launched from
+    the host). The packed route runs on a stream of its own, so image graphs queued after it need not wait.
+
+    ``costs``: the graphs' replay times and, once measured (``time_packed_encodes``), the packed route's; until
+    then every group replays. Token ids come on the host, as ``TextInputs`` keeps them."""
+
+    def __init__(self, graphed: Callable[[Any], Any], packed: Callable[[Any], Any], costs: Any) -> None:
+        self.graphed = graphed
+        self.packed = packed
+        self.costs = costs
+        self.stream = None  # made on the first packed call, on the device that call runs on
+
+    def __call__(self, tokens: Any) -> Any:
+        return self.packed_route(tokens) if self.takes_packed(tokens) else self.graphed(tokens)
+
+    def takes_packed(self, tokens: Any) -> bool:
+        """Whether the packed route is measured to cost less than the graph replay for these host ids."""
+        if tokens.device.type != "cpu" or not self.costs.packed_points or tokens.shape[0] == 0:
+            return False
+        counts = np.count_nonzero(tokens.numpy(), axis=1)
+        graph_ms = self.costs(len(counts), self.costs.length_bucket(int(counts.max())))
+        return self.costs.packed(int(counts.sum())) < graph_ms
+
+    def packed_route(self, tokens: Any) -> Any:
+        """The patched model's eager encode of ``tokens`` (host ids, staged in page-locked memory so their copy
+        does not hold the host) on this encoder's stream; the result is ready on the caller's stream."""
+        import torch
+
+        caller = torch.cuda.current_stream()
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        staged = tokens.pin_memory()
+        self.stream.wait_stream(caller)
+        with torch.cuda.stream(self.stream), torch.inference_mode():
+            features = self.packed(staged)
+        caller.wait_stream(self.stream)
+        features.record_stream(caller)
+        return features
+
+
 def freeze_loaded_objects() -> None:
     """Move every object alive now (the model, its modules and tensors, the imported libraries: hundreds of
     thousands) out of the garbage collector's generations, for good: they live as long as the server. A full
@@ -114,7 +197,7 @@ class Engine:
         self.queued = 0
         self.batchers = {}
         self.loaded = None
-        self.text_replay_ms: Optional[Dict[Tuple[int, int], float]] = None  # (rows, length) -> ms, once timed
+        self.text_costs = None  # the text graphs' replay times (and the packed route's), once measured
 
     # -- loading -------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -179,10 +262,8 @@ class Engine:
         graphs = device.type == "cuda" and config.cuda_graphs
         if graphs:
             encode_image, encode_text = self._graphed(model, loaded, device)
-            if self.text_replay_ms and text_inputs.group_by_length:
-                from .inputs import ReplayCosts
-
-                text_inputs.replay_costs = ReplayCosts(self.text_replay_ms)
+            if self.text_costs is not None and text_inputs.group_by_length:
+                text_inputs.replay_costs = self.text_costs
         shared = dict(lock=self.lock, on_dequeue=self._dequeued, metrics=self.metrics, device=device,
                       close_when_idle=not config.wait_when_idle, max_in_flight=config.max_batches_in_flight)
         self.batchers = {
@@ -222,17 +303,35 @@ class Engine:
             images.encode_image(torch.zeros((size, 3, height, width), dtype=loaded.dtype, device=device))
         capture_text_graphs(texts, text_sizes, lengths, loaded.context_length)
         torch.cuda.synchronize(device)
-        if config.text_grouping == "cost" and texts.stats().graphs:
+        encode_text = texts.encode_text
+        if config.text_grouping in ("cost", "cost-packed") and texts.stats().graphs:
+            from clip_flash.patching.text_fast_path import takes_host_token_ids
+
+            from .inputs import ReplayCosts
+
             timed = time.perf_counter()
-            self.text_replay_ms = time_text_replays(texts, text_sizes, lengths, loaded.context_length)
+            self.text_costs = ReplayCosts(time_text_replays(texts, text_sizes, lengths, loaded.context_length))
             logger.info("timed %d text graph replays in %.1f s (caption batches are cut where they cost least)",
-                        len(self.text_replay_ms), time.perf_counter() - timed)
+                        len(self.text_costs.ms), time.perf_counter() - timed)
+            if config.text_grouping == "cost-packed":
+                if takes_host_token_ids(model):
+                    timed = time.perf_counter()
+                    encode_text = CheapestTextEncode(texts.encode_text, model.encode_text, self.text_costs)
+                    packed_sizes = [size for size in text_sizes if size & (size - 1) == 0] + [text_sizes[-1]]
+                    packed_ms = time_packed_encodes(encode_text.packed_route, sorted(set(packed_sizes)),
+                                                    loaded.context_length)
+                    self.text_costs.packed_points = sorted(packed_ms.items())
+                    logger.info("timed the packed text route at %d batch sizes in %.1f s", len(packed_ms),
+                                time.perf_counter() - timed)
+                else:
+                    logger.warning("--text-grouping cost-packed: the text tower does not skip padding (unpatched "
+                                   "or not a plain causal CLIP text tower): grouping by cost alone")
         stats_i, stats_t = images.stats(), texts.stats()
         logger.info("captured %d image and %d text CUDA graphs in %.1f s (%.0f MiB)", stats_i.graphs, stats_t.graphs,
                     time.perf_counter() - started,
                     (stats_i.graph_memory_bytes + stats_t.graph_memory_bytes) / 2**20)
         self.graph_stats = (stats_i, stats_t)
-        return images.encode_image, texts.encode_text
+        return images.encode_image, encode_text
 
     # -- the queue -----------------------------------------------------------------------------------------------
     def _dequeued(self, count: int) -> None:

@@ -130,7 +130,14 @@ class TextInputs:
         if not self.group_by_length or len(counts) <= 1 or (self.replay_costs is None
                                                             and len(counts) <= MIN_TEXT_GROUP):
             return [(list(range(len(counts))), tokens)], []
-        groups = cost_groups(counts, self.replay_costs) if self.replay_costs is not None else length_groups(counts)
+        if self.replay_costs is not None:
+            groups, replays_ms = cheapest_groups(counts, self.replay_costs)
+            if self.replay_costs.packed(sum(counts)) < replays_ms:
+                # The whole batch as one group: its packed encode (``CheapestTextEncode``) costs less than the
+                # groups' replays, so less than one replay of it too, and the encoder takes the packed route.
+                return [(list(range(len(counts))), tokens)], []
+        else:
+            groups = length_groups(counts)
         if len(groups) == 1:
             return [(list(range(len(counts))), tokens)], []
         # One gather into length order, then views: an index per group costs more than its tensor. In numpy, on
@@ -175,14 +182,19 @@ def length_groups(counts: Sequence[int], buckets: Sequence[int] = TEXT_LENGTH_BU
 class ReplayCosts:
     """Device milliseconds of one text-graph replay by (graph rows, length bucket), as measured on this device
     once the graphs are captured (``engine.time_text_replays``): what one length group of a caption batch costs.
-    A group of ``rows`` captions runs the smallest graph holding them; past the largest, that one per piece."""
+    A group of ``rows`` captions runs the smallest graph holding them; past the largest, that one per piece.
 
-    def __init__(self, ms: Dict[Tuple[int, int], float]) -> None:
+    ``packed_ms`` (optional): milliseconds of the patched model's eager ``encode_text`` on packed real tokens (no
+    graph, no padding) by the batch's total token count (``engine.time_packed_encodes``); between and past the
+    measured counts, linear."""
+
+    def __init__(self, ms: Dict[Tuple[int, int], float], packed_ms: Optional[Dict[int, float]] = None) -> None:
         if not ms:
             raise ValueError("no replay times")
         self.ms = dict(ms)
         self.sizes = sorted({rows for rows, _ in ms})
         self.lengths = sorted({length for _, length in ms})
+        self.packed_points = sorted(packed_ms.items()) if packed_ms else []
 
     def __call__(self, rows: int, length: int) -> float:
         largest = self.sizes[-1]
@@ -190,13 +202,34 @@ class ReplayCosts:
             return math.ceil(rows / largest) * self.ms[(largest, length)]
         return self.ms[(self.sizes[bisect_left(self.sizes, rows)], length)]
 
+    def length_bucket(self, longest: int) -> int:
+        """The graph length a group whose longest caption has ``longest`` tokens replays at."""
+        return self.lengths[min(bisect_left(self.lengths, longest), len(self.lengths) - 1)]
+
+    def packed(self, tokens: int) -> float:
+        """Milliseconds of the packed eager encode of ``tokens`` real tokens in all (inf: not measured)."""
+        points = self.packed_points
+        if not points:
+            return math.inf
+        if len(points) == 1 or tokens <= points[0][0]:
+            return points[0][1]
+        index = min(bisect_left([count for count, _ in points], tokens), len(points) - 1)
+        (low, low_ms), (high, high_ms) = points[index - 1], points[index]
+        return low_ms + (high_ms - low_ms) * (tokens - low) / (high - low)
+
 
 def cost_groups(counts: Sequence[int], costs: ReplayCosts) -> List[List[int]]:
     """Positions sorted by token count, cut into groups of whole length buckets where the summed replay cost is
-    least: a group runs at its longest caption's bucket, so joining two neighbouring buckets pays the shorter
-    one's padding and saves one replay (its fixed cost: a graph of a dozen layers launches some hundred kernels
-    whatever its rows). Exact over the cuts at bucket changes (at most one per length bucket), by dynamic
-    programming."""
+    least (``cheapest_groups`` without the cost)."""
+    return cheapest_groups(counts, costs)[0]
+
+
+def cheapest_groups(counts: Sequence[int], costs: ReplayCosts) -> Tuple[List[List[int]], float]:
+    """Positions sorted by token count, cut into groups of whole length buckets where the summed replay cost is
+    least, and that sum (ms): a group runs at its longest caption's bucket, so joining two neighbouring buckets
+    pays the shorter one's padding and saves one replay (its fixed cost: a graph of a dozen layers launches some
+    hundred kernels whatever its rows). Exact over the cuts at bucket changes (at most one per length bucket), by
+    dynamic programming."""
     counts = np.asarray(counts)
     order = np.argsort(counts, kind="stable")
     limits = costs.lengths
@@ -217,4 +250,4 @@ def cost_groups(counts: Sequence[int], costs: ReplayCosts) -> List[List[int]]:
         start = back[end]
         groups.append(order[cuts[start]:cuts[end]].tolist())
         end = start
-    return groups[::-1]
+    return groups[::-1], best[-1]

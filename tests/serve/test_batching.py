@@ -129,6 +129,50 @@ def test_text_inputs_group_by_measured_costs_once_they_are_set():
     assert all(torch.equal(tensor, tokens[positions]) for positions, tensor in groups)
 
 
+def test_packed_costs_interpolate_by_total_tokens_and_are_infinite_unmeasured():
+    costs = _replay_costs(fixed=1.0, per_token_row=0.0)
+    assert costs.packed(1000) == math.inf
+    costs.packed_points = sorted({100: 2.0, 1100: 4.0, 2100: 8.0}.items())
+    assert costs.packed(50) == 2.0  # below the smallest measured batch: its time (the launches' floor)
+    assert costs.packed(600) == pytest.approx(3.0) and costs.packed(1600) == pytest.approx(6.0)
+    assert costs.packed(3100) == pytest.approx(12.0)  # past the largest: the last slope
+
+
+def test_text_inputs_keep_the_batch_whole_where_the_packed_route_costs_less():
+    from clip_flash.serve.inputs import TextInputs
+
+    inputs = TextInputs(None, 77, group_by_length=True)
+    counts = [10] * 20 + [60] * 20
+    tokens = torch.zeros((40, 77), dtype=torch.long)
+    for row, count in enumerate(counts):
+        tokens[row, :count] = 5
+    inputs.replay_costs = _replay_costs(fixed=0.0, per_token_row=1e-3)  # two groups: 0.32 + 1.28 ms
+    assert len(inputs.device((tokens, counts))[0]) == 2
+    inputs.replay_costs.packed_points = [(sum(counts), 1.7)]
+    assert len(inputs.device((tokens, counts))[0]) == 2
+    inputs.replay_costs.packed_points = [(sum(counts), 1.5)]
+    groups, _ = inputs.device((tokens, counts))
+    assert len(groups) == 1 and groups[0][0] == list(range(40)) and groups[0][1] is tokens
+
+
+def test_cheapest_text_encode_replays_unless_the_packed_route_is_measured_cheaper():
+    from clip_flash.serve.engine import CheapestTextEncode
+
+    routes = []
+    costs = _replay_costs(fixed=1.0, per_token_row=1e-3)
+    chooser = CheapestTextEncode(lambda t: routes.append("graph"), lambda t: routes.append("packed"), costs)
+    chooser.packed_route = lambda t: routes.append("packed")  # the stream and staging need a GPU
+    tokens = torch.zeros((64, 77), dtype=torch.long)
+    tokens[:, :30] = 5  # one replay of 64 rows x 32: 1 + 2.048 ms
+    chooser(tokens)  # nothing measured for the packed route: replay
+    costs.packed_points = [(64 * 30, 3.5)]
+    chooser(tokens)
+    costs.packed_points = [(64 * 30, 2.5)]
+    chooser(tokens)
+    chooser(tokens.to("meta"))  # ids already on a device: replay (counting them would wait on it)
+    assert routes == ["graph", "graph", "packed", "graph"]
+
+
 class FakeTower:
     """host: squares the numbers; device: a tensor; item 'bad' fails."""
 
