@@ -80,9 +80,10 @@ class CaptureSpace:
         """Every pool the graphs live in: the current one and any retired by a failed capture."""
         return self.retired_pools + [self.pool]
 
-    def capture(self, key: GraphKey, function: Callable[[torch.Tensor], torch.Tensor],
-                warmup_iters: int) -> Union[CapturedGraph, str]:
-        """Warm up, then capture ``function`` of a zero static input into the pool (call in inference mode). Both
+    def capture(self, key: GraphKey, function: Callable[[torch.Tensor], torch.Tensor], warmup_iters: int,
+                first_input: Optional[torch.Tensor] = None) -> Union[CapturedGraph, str]:
+        """Warm up, then capture ``function`` of a static input (zeros, or ``first_input``'s values where the
+        warm-up needs a valid one) into the pool (call in inference mode). Both
         choose attention kernels as a replay is paid (``choosing_for_replay``), so the capture records kernels the
         warm-up has already run.
 
@@ -93,6 +94,8 @@ class CaptureSpace:
         with _CAPTURE_LOCK, torch.cuda.device(device), torch.autocast("cuda", enabled=False), choosing_for_replay():
             started = time.perf_counter()
             static_input = torch.zeros(key.input_shape, dtype=key.dtype, device=device)
+            if first_input is not None:
+                static_input.copy_(first_input)
             caller = torch.cuda.current_stream(device)
             stream.wait_stream(caller)
             with torch.cuda.stream(stream):
@@ -121,13 +124,16 @@ class CaptureSpace:
             return CapturedGraph(graph, static_input, static_output, time.perf_counter() - started,
                                  torch.cuda.memory_allocated(device) - allocated, grown)
 
-    def replay(self, captured: CapturedGraph, x: torch.Tensor, n: int, normalize: bool) -> torch.Tensor:
-        """Copy in, replay, copy out on this stream (caller holds the encoder's lock, in inference mode)."""
+    def replay(self, captured: CapturedGraph, x: torch.Tensor, n: int, normalize: bool,
+               out_rows: Optional[int] = None) -> torch.Tensor:
+        """Copy ``n`` input rows in, replay, copy ``out_rows`` (default ``n``) output rows out, on this stream (caller
+        holds the encoder's lock, in inference mode)."""
         stream = self.stream
         caller = torch.cuda.current_stream(self.device)
         static_output = captured.static_output
+        rows = n if out_rows is None else out_rows
         # Allocated on the caller's stream, which waits for the copy-out below before any later use or reuse.
-        out = torch.empty((n, *static_output.shape[1:]), dtype=static_output.dtype, device=static_output.device)
+        out = torch.empty((rows, *static_output.shape[1:]), dtype=static_output.dtype, device=static_output.device)
         if x.device.type == "cpu":
             x = _staged(x)
         stream.wait_stream(caller)
@@ -135,9 +141,9 @@ class CaptureSpace:
             captured.static_input[:n].copy_(x, non_blocking=True)
             captured.graph.replay()
             if normalize:
-                F.normalize(static_output[:n], dim=-1, out=out)
+                F.normalize(static_output[:rows], dim=-1, out=out)
             else:
-                out.copy_(static_output[:n])
+                out.copy_(static_output[:rows])
         caller.wait_stream(stream)
         return out
 

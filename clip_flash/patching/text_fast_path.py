@@ -14,7 +14,7 @@ pipeline can queue the next batch while the device still runs the last one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import FrozenSet, List, Optional
+from typing import FrozenSet, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -115,17 +115,27 @@ def encode_pooled_text(tower: nn.Module, text: torch.Tensor, plan: TextPlan,
         cu_seqlens = F.pad(lengths.cumsum(0), (1, 0))
         row = torch.repeat_interleave(torch.arange(batch, device=text.device), lengths, output_size=total)
         position = torch.arange(total, device=text.device) - cu_seqlens[row]
-        x = tower.token_embedding(text[row, position]).to(cast_dtype)
-        x = x + tower.positional_embedding[position].to(cast_dtype)
-        packing = (cu_seqlens.to(torch.int32), cut_length)
-        x = run_blocks(transformer.resblocks, x, causal=True, packing=packing)
-        pooled = x[cu_seqlens[1:] - 1]
-    else:
-        x = tower.token_embedding(text[:, :cut_length]).to(cast_dtype)
-        x = x + tower.positional_embedding[:cut_length].to(cast_dtype)
-        x = run_blocks(transformer.resblocks, x, causal=True)
-        pooled = x[torch.arange(batch, device=x.device), pool_at]
+        return encode_packed_tokens(tower, text[row, position], position, cu_seqlens.to(torch.int32),
+                                    cu_seqlens[1:] - 1, cut_length)
+    x = tower.token_embedding(text[:, :cut_length]).to(cast_dtype)
+    x = x + tower.positional_embedding[:cut_length].to(cast_dtype)
+    x = run_blocks(transformer.resblocks, x, causal=True)
+    return _project_pooled(tower, x[torch.arange(batch, device=x.device), pool_at])
 
+
+def encode_packed_tokens(tower: nn.Module, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
+                         last: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """Pooled, projected features of packed sequences: ``ids`` and ``positions`` (T,) the tokens one sequence
+    after another, ``cu_seqlens`` (int32) where each starts, ``last`` the index of each row's pooled token,
+    ``max_seqlen`` at least the longest sequence. Host-free: what a CUDA graph of packed tokens captures."""
+    cast_dtype = tower.transformer.get_cast_dtype()
+    x = tower.token_embedding(ids).to(cast_dtype)
+    x = x + tower.positional_embedding[positions].to(cast_dtype)
+    x = run_blocks(tower.transformer.resblocks, x, causal=True, packing=(cu_seqlens, max_seqlen))
+    return _project_pooled(tower, x[last])
+
+
+def _project_pooled(tower: nn.Module, pooled: torch.Tensor) -> torch.Tensor:
     # ln_final is per token, so normalizing only the pooled rows equals stock's normalize-then-pool.
     pooled = tower.ln_final(pooled)
     projection = tower.text_projection
@@ -225,6 +235,17 @@ def plan_text_tower(tower: nn.Module, site: Site, context: PlanContext) -> None:
         else ""
     context.report.towers["text"] = (f"skips padding: {how}cut at the batch's longest pooled token "
                                      f"(exact: causal tower pooled at one token, {pool_type!r})")
+
+
+def text_tower_plan(model: nn.Module) -> Tuple[Optional[nn.Module], Optional[TextPlan]]:
+    """The text tower that skips padding and its plan (``model`` itself for CLIP, ``model.text`` for CustomTextCLIP),
+    or (None, None) when ``patch`` did not make it skip padding."""
+    if isinstance(model, FlashTextCLIP):
+        return model, model._clip_flash_text
+    text = getattr(model, "text", None)
+    if isinstance(text, FlashTextTransformer):
+        return text, text._clip_flash_text
+    return None, None
 
 
 def takes_host_token_ids(model: nn.Module) -> bool:
