@@ -1,7 +1,10 @@
 #!/usr/bin/env python
 """Time caption batches as the server encodes them: cut into length groups, each group through the smallest
 CUDA graph that holds it, for text graph sizes at 1, 2 or 4 per doubling (``--text-graphs-per-doubling``) and
-groups cut at every length bucket or where the measured replays cost least (``--text-grouping``).
+groups cut at every length bucket or where the measured replays cost least (``--text-grouping``); with
+``cost-packed`` a batch or group may instead replay a packed text graph of its real tokens
+(``graphs.PackedTextGraphs``) where that is measured to cost less, and ``packed`` sends every batch whole through
+the packed graphs.
 
 For each batch size (how many captions the server's text batcher took at once) it draws ``--batches`` random
 batches of web-style captions (the same for every variant), cuts each into length groups as the server does
@@ -31,8 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
-from clip_flash.serve.engine import (CheapestTextEncode, batch_buckets, time_packed_encodes,  # noqa: E402
-                                     time_text_replays)
+from clip_flash.serve.engine import CheapestTextEncode, batch_buckets, time_text_replays  # noqa: E402
 from clip_flash.serve.inputs import (MIN_TEXT_GROUP, ReplayCosts, cheapest_groups, cost_groups,  # noqa: E402
                                      length_groups)
 
@@ -146,6 +148,7 @@ def main() -> int:
     import clip_flash
     from clip_flash.graphs import GraphedEncoder
     from clip_flash.graphs.encoder import DEFAULT_TEXT_LENGTHS
+    from clip_flash.graphs.packed_text import PackedTextGraphs
     from clip_flash.models import load_model, parse_model_spec
     from clip_flash.serve.engine import capture_text_graphs
 
@@ -158,7 +161,7 @@ def main() -> int:
     lengths = sorted(set([n for n in DEFAULT_TEXT_LENGTHS if n <= context] + [context]))
 
     encoders: Dict[int, GraphedEncoder] = {}
-    setup: Dict[int, Dict[str, float]] = {}
+    setup: Dict[object, Dict[str, float]] = {}
     for per_doubling in args.per_doubling:
         sizes = batch_buckets(args.max_text_batch, per_doubling)
         encoder = GraphedEncoder(model, batch_sizes=sizes, text_lengths=lengths,
@@ -175,12 +178,12 @@ def main() -> int:
 
     # Each variant: an encoder (graph sizes per doubling) and a grouping; "cost" cuts where the replays, as timed
     # on this device (what the server does once its graphs are captured), cost least in sum.
-    # "cost-packed" and "packed" also time the packed route (the patched model's eager encode of host ids) as the
-    # server does, and encode through the server's chooser.
+    # "cost-packed" and "packed" also capture and time the packed text graphs (one per token-count bucket) as the
+    # server does; cost-packed encodes through the server's chooser, packed through the packed graphs alone.
     groupings: Dict[Tuple[int, str], Callable[[np.ndarray], List[List[int]]]] = {}
     encodes: Dict[Tuple[int, str], Callable[[torch.Tensor], torch.Tensor]] = {}
     replay_ms: Dict[int, Dict[Tuple[int, int], float]] = {}
-    packed_ms: Dict[int, float] = {}
+    packed_graphs, packed_ms = None, {}
     for per_doubling, encoder in encoders.items():
         for grouping in args.grouping:
             variant = (per_doubling, grouping)
@@ -194,15 +197,20 @@ def main() -> int:
             if grouping == "cost":
                 groupings[variant] = lambda counts, costs=costs: cost_groups(counts, costs)
                 continue
-            chooser = CheapestTextEncode(encoder.encode_text, model.encode_text, costs)
-            if not packed_ms:
-                sizes = [size for size in encoder.batch_sizes if size & (size - 1) == 0] + [encoder.batch_sizes[-1]]
-                with torch.inference_mode():
-                    packed_ms.update(time_packed_encodes(chooser.packed_route, sorted(set(sizes)), context))
+            if packed_graphs is None:
+                began = time.perf_counter()
+                packed_graphs = PackedTextGraphs(model, max_rows=args.max_text_batch)
+                packed_graphs.capture_all()
+                packed_ms = packed_graphs.time_replays()
+                setup["packed"] = {"graphs": len(packed_graphs.graphs), "capture_s": time.perf_counter() - began,
+                                   "graph_mib": packed_graphs.space.pool_bytes(0) / 2**20}
+                print(f"packed: {len(packed_graphs.graphs)} graphs captured and timed in "
+                      f"{setup['packed']['capture_s']:.1f} s, {setup['packed']['graph_mib']:.0f} MiB", flush=True)
             costs.packed_points = sorted(packed_ms.items())
+            chooser = CheapestTextEncode(encoder.encode_text, packed_graphs.encode_text, costs, args.max_text_batch)
             groupings[variant] = (lambda counts, costs=costs: whole_or_cheapest_groups(counts, costs)) \
                 if grouping == "cost-packed" else (lambda counts: [list(range(len(counts)))])
-            encodes[variant] = chooser if grouping == "cost-packed" else chooser.packed_route
+            encodes[variant] = chooser if grouping == "cost-packed" else packed_graphs.encode_text
 
     alone_tokens = tokens[:args.alone_batch].to(device)
     first = next(iter(groupings))
@@ -281,18 +289,17 @@ def main() -> int:
                              + " |")
             rows.extend(dict(graph_rows=r, length=length, replay_ms=ms) for (r, length), ms in table.items())
         if packed_ms:
-            lines += ["", "The packed route alone (the patched model's eager encode of host ids, packed real tokens, "
-                      "batches of 5 to 49 tokens a caption; device ms by total tokens, median of 2 after a warm one, "
-                      "host launches included: `serve.engine.time_packed_encodes`): "
-                      + ", ".join(f"{tokens:,} tokens {ms:.2f} ms" for tokens, ms in sorted(packed_ms.items())) + "."]
+            lines += ["", "One replay of each packed text graph alone (device ms by the tokens it computes, captions "
+                      "of 5 to 49 tokens, copies in and out included: `PackedTextGraphs.time_replays`): "
+                      + ", ".join(f"{tokens:,} {ms:.2f}" for tokens, ms in sorted(packed_ms.items())) + "."]
             rows.append(dict(packed_ms={str(tokens): ms for tokens, ms in packed_ms.items()}))
         alone_ms = []
         for _ in range(args.rounds):
             alone_ms.append(time_sequence(lambda: model.encode_text(alone_tokens), []))
         alone_rate = args.alone_batch / statistics.median(alone_ms) * 1e3
     rows.append(dict(alone_batch=args.alone_batch, alone_captions_per_s=alone_rate, alone_ms_rounds=alone_ms))
-    capture = "; ".join(f"{p} per doubling: {s['graphs']} graphs captured in {s['capture_s']:.1f} s, "
-                        f"{s['graph_mib']:.0f} MiB" for p, s in setup.items())
+    capture = "; ".join(f"{p}{' per doubling' if p != 'packed' else ''}: {s['graphs']} graphs captured in "
+                        f"{s['capture_s']:.1f} s, {s['graph_mib']:.0f} MiB" for p, s in setup.items())
     lines += ["", f"Encoder alone (the patched model's eager `encode_text`, {args.alone_batch} captions a call): "
               f"{alone_rate:,.0f} captions/s. Capture: {capture}."]
     print(lines[-1])

@@ -86,85 +86,30 @@ def time_text_replays(encoder: Any, sizes: Sequence[int], lengths: Sequence[int]
     return times
 
 
-def mixed_token_rows(rows: int, context_length: int) -> Any:
-    """``rows`` token rows of 5 to 49 tokens, spread evenly (mean 27): a batch the patched text tower packs
-    (its real tokens are well under nine tenths of rows x longest), as web captions are."""
-    import torch
-
-    tokens = torch.zeros((rows, context_length), dtype=torch.long)
-    for row in range(rows):
-        length = min(5 + (row * 13) % 45, context_length)
-        tokens[row, 0], tokens[row, 1:length - 1], tokens[row, length - 1] = 49406, 1, 49407
-    return tokens
-
-
-def time_packed_encodes(encode: Callable[[Any], Any], sizes: Sequence[int], context_length: int,
-                        repeats: int = 2) -> Dict[int, float]:
-    """Milliseconds of ``encode`` (a ``CheapestTextEncode``'s packed route) on ``mixed_token_rows`` of each
-    size, by the batch's total token count: the median of ``repeats`` after a warm one, each alone (CUDA events
-    around it, the device idle before), the host's launches included (an eager tower of a dozen layers launches
-    some hundred kernels, so small batches wait on them)."""
-    import torch
-
-    times: Dict[int, float] = {}
-    for size in sizes:
-        tokens = mixed_token_rows(size, context_length)
-        total = int((tokens != 0).sum())
-        encode(tokens)
-        samples = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            encode(tokens)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        times[total] = sorted(samples)[len(samples) // 2]
-    return times
-
-
 class CheapestTextEncode:
-    """Text features of a caption group by whichever of two routes the measured costs say is cheaper: its text
-    graph's replay (``graphed``, padded to the group's length bucket and rows bucket) or the patched model's
-    eager ``encode_text`` on packed real tokens (``packed``: no padding at all, but every kernel launched from
-    the host). The packed route runs on a stream of its own, so image graphs queued after it need not wait.
+    """Text features of a caption group by whichever of two graphs the measured costs say is cheaper: its padded
+    text graph (``graphed``: the group padded to its length bucket and rows bucket) or the packed text graph of
+    its real tokens (``packed``: ``graphs.PackedTextGraphs``, padded only to a token-count bucket).
 
-    ``costs``: the graphs' replay times and, once measured (``time_packed_encodes``), the packed route's; until
-    then every group replays. Token ids come on the host, as ``TextInputs`` keeps them."""
+    ``costs``: both kinds' replay times (``serve.inputs.ReplayCosts``); until the packed ones are measured every
+    group replays padded. Token ids come on the host, as ``TextInputs`` keeps them."""
 
-    def __init__(self, graphed: Callable[[Any], Any], packed: Callable[[Any], Any], costs: Any) -> None:
+    def __init__(self, graphed: Callable[[Any], Any], packed: Callable[[Any], Any], costs: Any, max_rows: int) -> None:
         self.graphed = graphed
         self.packed = packed
         self.costs = costs
-        self.stream = None  # made on the first packed call, on the device that call runs on
+        self.max_rows = max_rows
 
     def __call__(self, tokens: Any) -> Any:
-        return self.packed_route(tokens) if self.takes_packed(tokens) else self.graphed(tokens)
+        return self.packed(tokens) if self.takes_packed(tokens) else self.graphed(tokens)
 
     def takes_packed(self, tokens: Any) -> bool:
-        """Whether the packed route is measured to cost less than the graph replay for these host ids."""
-        if tokens.device.type != "cpu" or not self.costs.packed_points or tokens.shape[0] == 0:
+        """Whether the packed graph is measured to cost less than the padded one for these host ids."""
+        if tokens.device.type != "cpu" or not 0 < tokens.shape[0] <= self.max_rows or not self.costs.packed_points:
             return False
         counts = np.count_nonzero(tokens.numpy(), axis=1)
         graph_ms = self.costs(len(counts), self.costs.length_bucket(int(counts.max())))
         return self.costs.packed(int(counts.sum())) < graph_ms
-
-    def packed_route(self, tokens: Any) -> Any:
-        """The patched model's eager encode of ``tokens`` (host ids, staged in page-locked memory so their copy
-        does not hold the host) on this encoder's stream; the result is ready on the caller's stream."""
-        import torch
-
-        caller = torch.cuda.current_stream()
-        if self.stream is None:
-            self.stream = torch.cuda.Stream()
-        staged = tokens.pin_memory()
-        self.stream.wait_stream(caller)
-        with torch.cuda.stream(self.stream), torch.inference_mode():
-            features = self.packed(staged)
-        caller.wait_stream(self.stream)
-        features.record_stream(caller)
-        return features
 
 
 def freeze_loaded_objects() -> None:
@@ -197,7 +142,8 @@ class Engine:
         self.queued = 0
         self.batchers = {}
         self.loaded = None
-        self.text_costs = None  # the text graphs' replay times (and the packed route's), once measured
+        self.text_costs = None  # the text graphs' replay times (padded and packed), once measured
+        self.packed_text_graphs = None
 
     # -- loading -------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -305,8 +251,6 @@ class Engine:
         torch.cuda.synchronize(device)
         encode_text = texts.encode_text
         if config.text_grouping in ("cost", "cost-packed") and texts.stats().graphs:
-            from clip_flash.patching.text_fast_path import takes_host_token_ids
-
             from .inputs import ReplayCosts
 
             timed = time.perf_counter()
@@ -314,24 +258,31 @@ class Engine:
             logger.info("timed %d text graph replays in %.1f s (caption batches are cut where they cost least)",
                         len(self.text_costs.ms), time.perf_counter() - timed)
             if config.text_grouping == "cost-packed":
-                if takes_host_token_ids(model):
-                    timed = time.perf_counter()
-                    encode_text = CheapestTextEncode(texts.encode_text, model.encode_text, self.text_costs)
-                    packed_sizes = [size for size in text_sizes if size & (size - 1) == 0] + [text_sizes[-1]]
-                    packed_ms = time_packed_encodes(encode_text.packed_route, sorted(set(packed_sizes)),
-                                                    loaded.context_length)
-                    self.text_costs.packed_points = sorted(packed_ms.items())
-                    logger.info("timed the packed text route at %d batch sizes in %.1f s", len(packed_ms),
-                                time.perf_counter() - timed)
-                else:
-                    logger.warning("--text-grouping cost-packed: the text tower does not skip padding (unpatched "
-                                   "or not a plain causal CLIP text tower): grouping by cost alone")
+                encode_text = self._packed_text_graphs(model, texts.encode_text)
         stats_i, stats_t = images.stats(), texts.stats()
         logger.info("captured %d image and %d text CUDA graphs in %.1f s (%.0f MiB)", stats_i.graphs, stats_t.graphs,
                     time.perf_counter() - started,
                     (stats_i.graph_memory_bytes + stats_t.graph_memory_bytes) / 2**20)
         self.graph_stats = (stats_i, stats_t)
         return images.encode_image, encode_text
+
+    def _packed_text_graphs(self, model, graphed: Callable) -> Callable:
+        """``CheapestTextEncode`` over the padded text graphs and packed ones captured and timed now; ``graphed``
+        alone (with the reason logged) where the text tower cannot pack."""
+        from clip_flash.graphs.packed_text import PackedTextGraphs
+
+        started = time.perf_counter()
+        try:
+            packed = PackedTextGraphs(model, max_rows=self.config.max_text_batch)
+        except ValueError as error:
+            logger.warning("--text-grouping cost-packed: %s; caption groups replay padded graphs only", error)
+            return graphed
+        packed.capture_all()
+        self.text_costs.packed_points = sorted(packed.time_replays().items())
+        self.packed_text_graphs = packed
+        logger.info("captured and timed %d packed text graphs in %.1f s", len(packed.graphs),
+                    time.perf_counter() - started)
+        return CheapestTextEncode(graphed, packed.encode_text, self.text_costs, packed.max_rows)
 
     # -- the queue -----------------------------------------------------------------------------------------------
     def _dequeued(self, count: int) -> None:

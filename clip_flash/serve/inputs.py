@@ -133,7 +133,7 @@ class TextInputs:
         if self.replay_costs is not None:
             groups, replays_ms = cheapest_groups(counts, self.replay_costs)
             if self.replay_costs.packed(sum(counts)) < replays_ms:
-                # The whole batch as one group: its packed encode (``CheapestTextEncode``) costs less than the
+                # The whole batch as one group: its packed replay (``CheapestTextEncode``) costs less than the
                 # groups' replays, so less than one replay of it too, and the encoder takes the packed route.
                 return [(list(range(len(counts))), tokens)], []
         else:
@@ -184,9 +184,8 @@ class ReplayCosts:
     once the graphs are captured (``engine.time_text_replays``): what one length group of a caption batch costs.
     A group of ``rows`` captions runs the smallest graph holding them; past the largest, that one per piece.
 
-    ``packed_ms`` (optional): milliseconds of the patched model's eager ``encode_text`` on packed real tokens (no
-    graph, no padding) by the batch's total token count (``engine.time_packed_encodes``); between and past the
-    measured counts, linear."""
+    ``packed_ms`` (optional): milliseconds of one replay of each packed text graph (``graphs.PackedTextGraphs``),
+    by the token count it computes: a group of ``tokens`` real tokens replays the smallest holding them."""
 
     def __init__(self, ms: Dict[Tuple[int, int], float], packed_ms: Optional[Dict[int, float]] = None) -> None:
         if not ms:
@@ -207,15 +206,10 @@ class ReplayCosts:
         return self.lengths[min(bisect_left(self.lengths, longest), len(self.lengths) - 1)]
 
     def packed(self, tokens: int) -> float:
-        """Milliseconds of the packed eager encode of ``tokens`` real tokens in all (inf: not measured)."""
-        points = self.packed_points
-        if not points:
-            return math.inf
-        if len(points) == 1 or tokens <= points[0][0]:
-            return points[0][1]
-        index = min(bisect_left([count for count, _ in points], tokens), len(points) - 1)
-        (low, low_ms), (high, high_ms) = points[index - 1], points[index]
-        return low_ms + (high_ms - low_ms) * (tokens - low) / (high - low)
+        """Milliseconds of the packed replay of ``tokens`` real tokens (inf: none measured holds them)."""
+        counts = [count for count, _ in self.packed_points]
+        index = bisect_left(counts, tokens)
+        return self.packed_points[index][1] if index < len(counts) else math.inf
 
 
 def cost_groups(counts: Sequence[int], costs: ReplayCosts) -> List[List[int]]:

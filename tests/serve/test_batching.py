@@ -129,13 +129,12 @@ def test_text_inputs_group_by_measured_costs_once_they_are_set():
     assert all(torch.equal(tensor, tokens[positions]) for positions, tensor in groups)
 
 
-def test_packed_costs_interpolate_by_total_tokens_and_are_infinite_unmeasured():
+def test_packed_costs_are_the_smallest_token_bucket_holding_them():
     costs = _replay_costs(fixed=1.0, per_token_row=0.0)
     assert costs.packed(1000) == math.inf
-    costs.packed_points = sorted({100: 2.0, 1100: 4.0, 2100: 8.0}.items())
-    assert costs.packed(50) == 2.0  # below the smallest measured batch: its time (the launches' floor)
-    assert costs.packed(600) == pytest.approx(3.0) and costs.packed(1600) == pytest.approx(6.0)
-    assert costs.packed(3100) == pytest.approx(12.0)  # past the largest: the last slope
+    costs.packed_points = sorted({256: 2.0, 1024: 4.0, 2048: 8.0}.items())
+    assert costs.packed(1) == 2.0 and costs.packed(256) == 2.0 and costs.packed(257) == 4.0
+    assert costs.packed(2048) == 8.0 and costs.packed(2049) == math.inf  # no graph holds it
 
 
 def test_text_inputs_keep_the_batch_whole_where_the_packed_route_costs_less():
@@ -155,22 +154,23 @@ def test_text_inputs_keep_the_batch_whole_where_the_packed_route_costs_less():
     assert len(groups) == 1 and groups[0][0] == list(range(40)) and groups[0][1] is tokens
 
 
-def test_cheapest_text_encode_replays_unless_the_packed_route_is_measured_cheaper():
+def test_cheapest_text_encode_replays_padded_unless_the_packed_graph_is_measured_cheaper():
     from clip_flash.serve.engine import CheapestTextEncode
 
     routes = []
     costs = _replay_costs(fixed=1.0, per_token_row=1e-3)
-    chooser = CheapestTextEncode(lambda t: routes.append("graph"), lambda t: routes.append("packed"), costs)
-    chooser.packed_route = lambda t: routes.append("packed")  # the stream and staging need a GPU
+    chooser = CheapestTextEncode(lambda t: routes.append("padded"), lambda t: routes.append("packed"), costs,
+                                 max_rows=64)
     tokens = torch.zeros((64, 77), dtype=torch.long)
     tokens[:, :30] = 5  # one replay of 64 rows x 32: 1 + 2.048 ms
-    chooser(tokens)  # nothing measured for the packed route: replay
+    chooser(tokens)  # no packed graph measured: padded
     costs.packed_points = [(64 * 30, 3.5)]
     chooser(tokens)
     costs.packed_points = [(64 * 30, 2.5)]
     chooser(tokens)
-    chooser(tokens.to("meta"))  # ids already on a device: replay (counting them would wait on it)
-    assert routes == ["graph", "graph", "packed", "graph"]
+    chooser(tokens.to("meta"))  # ids already on a device: padded (counting them would wait on it)
+    chooser(torch.cat([tokens, tokens[:1]]))  # more rows than the packed graphs take
+    assert routes == ["padded", "padded", "packed", "padded", "padded"]
 
 
 class FakeTower:
