@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
              "less and take longer to capture at start (default: %(default)s)")
     add("--text-grouping", choices=TEXT_GROUPINGS, default=defaults.text_grouping,
         help="cut caption batches into length groups where their measured graph replays cost least (cost), or at "
-             "every length bucket (buckets); cost-packed also times the patched model's eager encode on packed "
-             "real tokens and takes it where it costs less (default: %(default)s)")
+             "every length bucket (buckets); cost-packed also captures graphs of packed real tokens (fp16, bf16) "
+             "and replays them where they cost less (default: %(default)s)")
     add("--max-wait-ms", type=float, default=defaults.max_wait_ms,
         help="how long a batch's first input waits for more while a batch is in flight; with none in flight it "
              "closes at once (default: %(default)s)")

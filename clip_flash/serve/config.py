@@ -50,9 +50,11 @@ class ServeConfig:
             caption's length bucket): ``"cost"`` times every text graph once captured and cuts where the groups'
             replays cost least in sum (fewer groups when a replay's fixed cost outweighs the padding); ``"buckets"``
             cuts at every length bucket, joining groups under 16 captions to the next; ``"cost-packed"`` is
-            ``cost`` with one more route timed at start: the patched model's eager encode on packed real tokens
-            (no padding, no graph), taken for a batch or group where it costs less than the replays. ``cost`` and
-            ``cost-packed`` need CUDA graphs (else ``buckets``).
+            ``cost`` with packed text graphs too (``graphs.PackedTextGraphs``: a batch's real tokens one caption
+            after another, padded only to a token-count bucket), captured and timed at start and replayed for a
+            batch or group where they cost less (fp16 and bf16: the packed attention kernels take no fp32, which
+            replays padded graphs only, with a warning). ``cost`` and ``cost-packed`` need CUDA graphs (else
+            ``buckets``).
         max_wait_ms: how long the first item of a batch waits for others while a batch of its tower is in flight
             (with none in flight a batch closes at once: waiting would only add latency).
         wait_when_idle: wait ``max_wait_ms`` even with no batch in flight (fuller batches at low load, at the cost

@@ -122,14 +122,28 @@ def test_one_engine_process_per_gpu(reference):
         assert process.stop() == 0
 
 
-def test_cost_packed_server_answers_as_stock(reference):
-    process = ServerProcess(["--device", "cuda", "--precision", "fp32", "--max-text-batch", "64", "--max-batch", "8",
+def test_cost_packed_server_answers_as_stock():
+    """fp16 (the packed kernels' dtypes): every caption within twice stock fp16's error against stock fp32; an
+    fp32 server with cost-packed says why it replays padded graphs only."""
+    from tests.utils import assert_within_twice_stock
+
+    process = ServerProcess(["--device", "cuda", "--precision", "fp16", "--max-text-batch", "64", "--max-batch", "8",
                              "--text-grouping", "cost-packed"])
     try:
         process.wait_ready(timeout=300)
         assert "captured and timed" in process.output() and "packed text graphs" in process.output()
         captions = [" ".join(["word"] * (1 + (n * 7) % 50)) + f" {n}" for n in range(64)] + CAPTIONS
-        body = post(process, {"input": captions}).json()
-        np.testing.assert_allclose(vectors(body), reference.texts(captions), atol=1e-4, rtol=0)
+        body = post(process, {"input": captions, "normalize": False}).json()
+        reference = StockReference("ViT-B-32", "cuda", "fp32").texts(captions, normalize=False)
+        stock = StockReference("ViT-B-32", "cuda", "fp16").texts(captions, normalize=False)
+        assert_within_twice_stock(torch.from_numpy(vectors(body)), torch.from_numpy(stock),
+                                  torch.from_numpy(reference), "cost-packed server fp16")
+    finally:
+        assert process.stop() == 0
+    process = ServerProcess(["--device", "cuda", "--precision", "fp32", "--max-text-batch", "16", "--max-batch", "8",
+                             "--text-grouping", "cost-packed"])
+    try:
+        process.wait_ready(timeout=300)
+        assert "no packed (variable-length) kernel" in process.output()
     finally:
         assert process.stop() == 0
