@@ -47,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="caption batch sizes with a CUDA graph per doubling past 8 (1: powers of two); more pad length groups "
              "less and take longer to capture at start (default: %(default)s)")
     add("--text-grouping", choices=TEXT_GROUPINGS, default=defaults.text_grouping,
-        help="cut caption batches into length groups where their measured graph replays cost least (cost), or at "
-             "every length bucket (buckets); cost-packed also captures graphs of packed real tokens (fp16, bf16) "
-             "and replays them where they cost less (default: %(default)s)")
+        help="encode each caption batch or length group by the cheaper measured graph: packed real tokens or "
+             "the padded length bucket (cost-packed; fp16/bf16); padded graphs only, cut where they cost least "
+             "(cost) or at every length bucket (buckets) (default: %(default)s)")
     add("--max-wait-ms", type=float, default=defaults.max_wait_ms,
         help="how long a batch's first input waits for more while a batch is in flight; with none in flight it "
              "closes at once (default: %(default)s)")

@@ -10,7 +10,7 @@ from ..environment import usable_cores
 DEFAULT_MODEL = "ViT-B-32"
 INPUTS = ("fast", "stock")
 DECODERS = ("cpu", "gpu")
-TEXT_GROUPINGS = ("cost", "buckets", "cost-packed")
+TEXT_GROUPINGS = ("cost-packed", "cost", "buckets")
 MAX_DEFAULT_WORKERS_PER_ENGINE = 4
 CORES_PER_DEFAULT_WORKER = 4  # leave most cores to image decoding, the engine process and the clients
 
@@ -46,15 +46,18 @@ class ServeConfig:
             than 807 on an H100; each size adds a graph per length bucket to capture at start (224 text graphs
             instead of 77: ready after 41 s instead of 23-27 s). ``benchmarks/results/h100/
             text_graphs_per_doubling_595a825``.
-        text_grouping: how a caption batch is cut into length groups (each a graph replay at its longest
-            caption's length bucket): ``"cost"`` times every text graph once captured and cuts where the groups'
-            replays cost least in sum (fewer groups when a replay's fixed cost outweighs the padding); ``"buckets"``
-            cuts at every length bucket, joining groups under 16 captions to the next; ``"cost-packed"`` is
-            ``cost`` with packed text graphs too (``graphs.PackedTextGraphs``: a batch's real tokens one caption
-            after another, padded only to a token-count bucket), captured and timed at start and replayed for a
-            batch or group where they cost less (fp16 and bf16: the packed attention kernels take no fp32, which
-            replays padded graphs only, with a warning). ``cost`` and ``cost-packed`` need CUDA graphs (else
-            ``buckets``).
+        text_grouping: how a caption batch is encoded. ``"cost-packed"`` (default): each batch, or each length
+            group of it, replays whichever graph its measured costs say is cheaper: a packed text graph
+            (``graphs.PackedTextGraphs``: the captions' real tokens one after another, padded only to a
+            token-count bucket; about 25 token rows a web caption against 37-50 padded) or the padded caption graph
+            of its length bucket; both kinds are captured and timed at start (34 packed graphs in about 1.5 s and
+            1,862 MiB for ViT-L-14 at 1,024 captions). fp16 and bf16 only (the packed attention kernels take no fp32,
+            which replays padded graphs). ViT-L-14 at 64 captions a request on an H100, alternated twice with
+            ``cost``: 1,002-1,010 req/s answered at 1,100 offered against 840-851, at 950 offered 953-954 against
+            764-848 (``benchmarks/results/h100/packed_text_graphs_18449c5``). ``"cost"``: padded graphs only, each
+            batch cut into length groups where their replays cost least in sum; ``"buckets"``: cut at every
+            length bucket, groups under 16 captions joined to the next. ``cost``, ``cost-packed`` need CUDA graphs
+            (else ``buckets``).
         max_wait_ms: how long the first item of a batch waits for others while a batch of its tower is in flight
             (with none in flight a batch closes at once: waiting would only add latency).
         wait_when_idle: wait ``max_wait_ms`` even with no batch in flight (fuller batches at low load, at the cost
@@ -91,7 +94,7 @@ class ServeConfig:
     max_batch: int = 64
     max_text_batch: int = 1024
     text_graphs_per_doubling: int = 4
-    text_grouping: str = "cost"
+    text_grouping: str = "cost-packed"
     max_wait_ms: float = 2.0
     wait_when_idle: bool = False
     max_batches_in_flight: int = 2

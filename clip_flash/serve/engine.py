@@ -275,13 +275,13 @@ class Engine:
         try:
             packed = PackedTextGraphs(model, max_rows=self.config.max_text_batch)
         except ValueError as error:
-            logger.warning("--text-grouping cost-packed: %s; caption groups replay padded graphs only", error)
+            logger.info("packed text graphs: %s; caption groups replay padded graphs only", error)
             return graphed
         packed.capture_all()
         self.text_costs.packed_points = sorted(packed.time_replays().items())
         self.packed_text_graphs = packed
-        logger.info("captured and timed %d packed text graphs in %.1f s", len(packed.graphs),
-                    time.perf_counter() - started)
+        logger.info("captured and timed %d packed text graphs in %.1f s (%.0f MiB)", len(packed.graphs),
+                    time.perf_counter() - started, packed.space.pool_bytes(0) / 2**20)
         return CheapestTextEncode(graphed, packed.encode_text, self.text_costs, packed.max_rows)
 
     # -- the queue -----------------------------------------------------------------------------------------------
