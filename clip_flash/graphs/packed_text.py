@@ -12,8 +12,9 @@ number of packed tokens, ``T``: the tokens of up to ``max_rows`` captions one af
 (id 0) as sequences of their own of at most ``context_length`` tokens, so every row of every kernel is a real,
 finite computation; sequence slots past the last are empty (zero length). The graphs' one input is a vector of
 int64 laid out as ``PackedLayout`` says, built on the host in numpy (``pack_token_rows``) and copied in once a
-replay. A batch runs the smallest bucket holding its real tokens. Exact: the same tower on the same tokens
-(causal attention never looks past a row's pooled token, every other op is per token).
+replay. A batch runs the smallest bucket holding its real tokens. The same computation as stock's, to the
+kernels' rounding (causal attention never looks past a row's pooled token, every other op is per token); fp16
+and bf16 only, the dtypes of the variable-length attention kernels.
 
 The graphs capture the model as it is when captured; capture again after changing its weights (the server never
 does). Replays are serialized on the graphs' own stream as in ``GraphedEncoder`` (``capture.CaptureSpace``).

@@ -277,8 +277,13 @@ class Engine:
         except ValueError as error:
             logger.info("packed text graphs: %s; caption groups replay padded graphs only", error)
             return graphed
-        packed.capture_all()
-        self.text_costs.packed_points = sorted(packed.time_replays().items())
+        try:
+            packed.capture_all()
+            packed_ms = packed.time_replays()
+        except RuntimeError as error:  # a failed capture: the padded graphs serve every group
+            logger.warning("packed text graphs: %s; caption groups replay padded graphs only", error)
+            return graphed
+        self.text_costs.packed_points = sorted(packed_ms.items())
         self.packed_text_graphs = packed
         logger.info("captured and timed %d packed text graphs in %.1f s (%.0f MiB)", len(packed.graphs),
                     time.perf_counter() - started, packed.space.pool_bytes(0) / 2**20)

@@ -522,3 +522,31 @@ def test_text_graphs_are_captured_largest_first_with_the_end_of_text_at_each_len
     recorder = Recorder()
     capture_text_graphs(recorder, (1, 4, 2), (8, 77, 16), 77)
     assert recorder.calls == [(size, [length - 1], 77, 49406) for size in (4, 2, 1) for length in (77, 16, 8)]
+
+
+@pytest.mark.parametrize("failure", ["refused", "capture"])
+def test_packed_text_graphs_that_cannot_be_made_leave_the_padded_graphs_serving(monkeypatch, caplog, failure):
+    import clip_flash.graphs.packed_text as packed_text
+    from clip_flash.serve.config import ServeConfig
+    from clip_flash.serve.engine import Engine
+
+    class Refusing:
+        def __init__(self, model, max_rows):
+            if failure == "refused":
+                raise ValueError("the text tower's attention backend has no packed kernel")
+            self.max_rows = max_rows
+
+        def capture_all(self):
+            raise RuntimeError("CUDA-graph capture of text b1 failed (out of memory)")
+
+    monkeypatch.setattr(packed_text, "PackedTextGraphs", Refusing)
+    engine = Engine.__new__(Engine)  # only what choosing the text encoder reads
+    engine.config, engine.text_costs = ServeConfig(), _replay_costs(fixed=1.0, per_token_row=0.0)
+
+    def padded(tokens):
+        return tokens
+
+    with caplog.at_level("INFO", logger="clip_flash.serve.engine"):
+        assert engine._packed_text_graphs(None, padded) is padded
+    assert "replay padded graphs only" in caplog.text
+    assert not engine.text_costs.packed_points
