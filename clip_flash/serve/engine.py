@@ -143,7 +143,6 @@ class Engine:
         self.batchers = {}
         self.loaded = None
         self.text_costs = None  # the text graphs' replay times (padded and packed), once measured
-        self.packed_text_graphs = None
 
     # -- loading -------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -284,7 +283,6 @@ class Engine:
             logger.warning("packed text graphs: %s; caption groups replay padded graphs only", error)
             return graphed
         self.text_costs.packed_points = sorted(packed_ms.items())
-        self.packed_text_graphs = packed
         logger.info("captured and timed %d packed text graphs in %.1f s (%.0f MiB)", len(packed.graphs),
                     time.perf_counter() - started, packed.space.pool_bytes(0) / 2**20)
         return CheapestTextEncode(graphed, packed.encode_text, self.text_costs, packed.max_rows)
