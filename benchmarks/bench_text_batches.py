@@ -130,7 +130,7 @@ def main() -> int:
     parser.add_argument("--grouping", nargs="+", choices=("buckets", "cost", "cost-packed", "packed"),
                         default=["buckets"],
                         help="how batches are cut into length groups (the server's --text-grouping; packed: every "
-                             "batch whole through the patched model's eager encode on packed real tokens)")
+                             "batch whole through the packed text graphs)")
     parser.add_argument("--max-text-batch", type=int, default=1024, help="the server's --max-text-batch")
     parser.add_argument("--batches", type=int, default=20, help="random batches per batch size")
     parser.add_argument("--rounds", type=int, default=5)
