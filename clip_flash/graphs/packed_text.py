@@ -120,7 +120,6 @@ class PackedTextGraphs:
         self.graphs: Dict[int, CapturedGraph] = {}
         self.layouts = {t: PackedLayout(t, max_rows, self.context_length) for t in self.buckets}
         self.space = CaptureSpace(device, torch.cuda.Stream(device))
-        self.capture_seconds = 0.0
         self._lock = threading.Lock()
 
     def capture_all(self) -> None:
@@ -140,7 +139,6 @@ class PackedTextGraphs:
                 if isinstance(captured, str):
                     raise RuntimeError(captured)
                 self.graphs[t] = captured
-        self.capture_seconds += time.perf_counter() - started
         logger.info("captured %d packed text graphs (%d to %d tokens) in %.1f s", len(self.graphs), self.buckets[0],
                     self.buckets[-1], time.perf_counter() - started)
 
