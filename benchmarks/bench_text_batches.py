@@ -34,9 +34,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
-from clip_flash.serve.engine import CheapestTextEncode, batch_buckets, time_text_replays  # noqa: E402
-from clip_flash.serve.inputs import (MIN_TEXT_GROUP, ReplayCosts, cheapest_groups, cost_groups,  # noqa: E402
-                                     length_groups)
+from clip_flash.serve.engine import batch_buckets  # noqa: E402
+from clip_flash.serve.inputs import MIN_TEXT_GROUP, length_groups  # noqa: E402
+from clip_flash.serve.text_graphs import (CheapestTextEncode, ReplayCosts, cheapest_groups, cost_groups,  # noqa: E402
+                                          time_text_replays)
 
 
 def plan(tokens: torch.Tensor, batches: int, size: int, seed: int,
@@ -150,7 +151,7 @@ def main() -> int:
     from clip_flash.graphs.encoder import DEFAULT_TEXT_LENGTHS
     from clip_flash.graphs.packed_text import PackedTextGraphs
     from clip_flash.models import load_model, parse_model_spec
-    from clip_flash.serve.engine import capture_text_graphs
+    from clip_flash.serve.text_graphs import capture_text_graphs
 
     device = torch.device("cuda")
     loaded = load_model(parse_model_spec(args.model), device, args.precision)
@@ -281,7 +282,7 @@ def main() -> int:
             table = replay_ms.get(finest) or time_text_replays(encoders[finest], encoders[finest].batch_sizes,
                                                                lengths, context)
             lines += ["", f"One replay of each caption graph alone ({finest} per doubling; device ms, median of 2 "
-                      "after a warm one, copies in and out included: `serve.engine.time_text_replays`):", "",
+                      "after a warm one, copies in and out included: `serve.text_graphs.time_text_replays`):", "",
                       "| rows | " + " | ".join(f"length {length}" for length in lengths) + " |",
                       "|---|" + "---|" * len(lengths)]
             for rows_ in encoders[finest].batch_sizes:

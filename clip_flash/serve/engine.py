@@ -9,9 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .config import ServeConfig
 from .jobs import IMAGE, TEXT, DROPPED, QUEUED, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
@@ -41,75 +39,6 @@ def batch_buckets(largest: int, per_octave: int = 1) -> Tuple[int, ...]:
         sizes.extend(range(low, min(2 * low, largest), step))
         low *= 2
     return tuple(sorted(set(size for size in sizes if size < largest))) + (largest,)
-
-
-def token_rows_of_length(rows: int, length: int, context_length: int) -> Any:
-    """``rows`` identical token rows whose end-of-text is at position ``length - 1`` (OpenCLIP's SOT/EOT ids):
-    what picks a text graph is the pooled position alone."""
-    import torch
-
-    tokens = torch.zeros((rows, context_length), dtype=torch.long)
-    tokens[:, 0], tokens[:, 1:length - 1], tokens[:, length - 1] = 49406, 1, 49407
-    return tokens
-
-
-def capture_text_graphs(encoder: Any, sizes: Sequence[int], lengths: Sequence[int], context_length: int) -> None:
-    """Capture ``encoder``'s text graph for every batch size and length bucket, largest first (so its memory
-    pool is sized once)."""
-    for size in sorted(sizes, reverse=True):
-        for length in sorted(lengths, reverse=True):
-            encoder.encode_text(token_rows_of_length(size, length, context_length))
-
-
-def time_text_replays(encoder: Any, sizes: Sequence[int], lengths: Sequence[int], context_length: int,
-                      repeats: int = 2) -> Dict[Tuple[int, int], float]:
-    """Device milliseconds of one replay of each captured text graph, by (rows, length bucket): the median of
-    ``repeats`` after a warm one, each alone (CUDA events around it, the device idle before), copies in and out
-    included. About a second for the 224 graphs of ViT-L-14 at four sizes per doubling."""
-    import torch
-
-    times: Dict[Tuple[int, int], float] = {}
-    for size in sizes:
-        for length in lengths:
-            tokens = token_rows_of_length(size, length, context_length)
-            encoder.encode_text(tokens)
-            samples = []
-            for _ in range(repeats):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                start.record()
-                encoder.encode_text(tokens)
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
-            times[(size, length)] = sorted(samples)[len(samples) // 2]
-    return times
-
-
-class CheapestTextEncode:
-    """Text features of a caption group by whichever of two graphs the measured costs say is cheaper: its padded
-    text graph (``graphed``: the group padded to its length bucket and rows bucket) or the packed text graph of
-    its real tokens (``packed``: ``graphs.PackedTextGraphs``, padded only to a token-count bucket).
-
-    ``costs``: both kinds' replay times (``serve.inputs.ReplayCosts``); until the packed ones are measured every
-    group replays padded. Token ids come on the host, as ``TextInputs`` keeps them."""
-
-    def __init__(self, graphed: Callable[[Any], Any], packed: Callable[[Any], Any], costs: Any, max_rows: int) -> None:
-        self.graphed = graphed
-        self.packed = packed
-        self.costs = costs
-        self.max_rows = max_rows
-
-    def __call__(self, tokens: Any) -> Any:
-        return self.packed(tokens) if self.takes_packed(tokens) else self.graphed(tokens)
-
-    def takes_packed(self, tokens: Any) -> bool:
-        """Whether the packed graph is measured to cost less than the padded one for these host ids."""
-        if tokens.device.type != "cpu" or not 0 < tokens.shape[0] <= self.max_rows or not self.costs.packed_points:
-            return False
-        counts = np.count_nonzero(tokens.numpy(), axis=1)
-        graph_ms = self.costs(len(counts), self.costs.length_bucket(int(counts.max())))
-        return self.costs.packed(int(counts.sum())) < graph_ms
 
 
 def freeze_loaded_objects() -> None:
@@ -232,6 +161,8 @@ class Engine:
         from clip_flash.graphs import GraphedEncoder
         from clip_flash.graphs.encoder import DEFAULT_TEXT_LENGTHS
 
+        from .text_graphs import ReplayCosts, capture_text_graphs, time_text_replays, with_packed_graphs
+
         config = self.config
         image_sizes = batch_buckets(config.max_batch, IMAGE_BUCKETS_PER_OCTAVE)
         text_sizes = batch_buckets(config.max_text_batch, config.text_graphs_per_doubling)
@@ -250,42 +181,18 @@ class Engine:
         torch.cuda.synchronize(device)
         encode_text = texts.encode_text
         if config.text_grouping in ("cost", "cost-packed") and texts.stats().graphs:
-            from .inputs import ReplayCosts
-
             timed = time.perf_counter()
             self.text_costs = ReplayCosts(time_text_replays(texts, text_sizes, lengths, loaded.context_length))
             logger.info("timed %d text graph replays in %.1f s (caption batches are cut where they cost least)",
                         len(self.text_costs.ms), time.perf_counter() - timed)
             if config.text_grouping == "cost-packed":
-                encode_text = self._packed_text_graphs(model, texts.encode_text)
+                encode_text = with_packed_graphs(model, texts.encode_text, self.text_costs, config.max_text_batch)
         stats_i, stats_t = images.stats(), texts.stats()
         logger.info("captured %d image and %d text CUDA graphs in %.1f s (%.0f MiB)", stats_i.graphs, stats_t.graphs,
                     time.perf_counter() - started,
                     (stats_i.graph_memory_bytes + stats_t.graph_memory_bytes) / 2**20)
         self.graph_stats = (stats_i, stats_t)
         return images.encode_image, encode_text
-
-    def _packed_text_graphs(self, model, graphed: Callable) -> Callable:
-        """``CheapestTextEncode`` over the padded text graphs and packed ones captured and timed now; ``graphed``
-        alone (with the reason logged) where the text tower cannot pack."""
-        from clip_flash.graphs.packed_text import PackedTextGraphs
-
-        started = time.perf_counter()
-        try:
-            packed = PackedTextGraphs(model, max_rows=self.config.max_text_batch)
-        except ValueError as error:
-            logger.info("packed text graphs: %s; caption groups replay padded graphs only", error)
-            return graphed
-        try:
-            packed.capture_all()
-            packed_ms = packed.time_replays()
-        except RuntimeError as error:  # a failed capture: the padded graphs serve every group
-            logger.warning("packed text graphs: %s; caption groups replay padded graphs only", error)
-            return graphed
-        self.text_costs.packed_points = sorted(packed_ms.items())
-        logger.info("captured and timed %d packed text graphs in %.1f s (%.0f MiB)", len(packed.graphs),
-                    time.perf_counter() - started, packed.space.pool_bytes(0) / 2**20)
-        return CheapestTextEncode(graphed, packed.encode_text, self.text_costs, packed.max_rows)
 
     # -- the queue -----------------------------------------------------------------------------------------------
     def _dequeued(self, count: int) -> None:

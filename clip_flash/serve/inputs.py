@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import io
 import logging
-import math
-from bisect import bisect_left
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from .text_graphs import ReplayCosts, cheapest_groups
 from .wire import padded_tokens
 
 logger = logging.getLogger(__name__)
@@ -177,71 +176,3 @@ def length_groups(counts: Sequence[int], buckets: Sequence[int] = TEXT_LENGTH_BU
         else:
             groups.append(rest)
     return groups
-
-
-class ReplayCosts:
-    """Device milliseconds of one text-graph replay by (graph rows, length bucket), as measured on this device
-    once the graphs are captured (``engine.time_text_replays``): what one length group of a caption batch costs.
-    A group of ``rows`` captions runs the smallest graph holding them; past the largest, that one per piece.
-
-    ``packed_ms`` (optional): milliseconds of one replay of each packed text graph (``graphs.PackedTextGraphs``),
-    by the token count it computes: a group of ``tokens`` real tokens replays the smallest holding them."""
-
-    def __init__(self, ms: Dict[Tuple[int, int], float], packed_ms: Optional[Dict[int, float]] = None) -> None:
-        if not ms:
-            raise ValueError("no replay times")
-        self.ms = dict(ms)
-        self.sizes = sorted({rows for rows, _ in ms})
-        self.lengths = sorted({length for _, length in ms})
-        self.packed_points = sorted(packed_ms.items()) if packed_ms else []
-
-    def __call__(self, rows: int, length: int) -> float:
-        largest = self.sizes[-1]
-        if rows > largest:
-            return math.ceil(rows / largest) * self.ms[(largest, length)]
-        return self.ms[(self.sizes[bisect_left(self.sizes, rows)], length)]
-
-    def length_bucket(self, longest: int) -> int:
-        """The graph length a group whose longest caption has ``longest`` tokens replays at."""
-        return self.lengths[min(bisect_left(self.lengths, longest), len(self.lengths) - 1)]
-
-    def packed(self, tokens: int) -> float:
-        """Milliseconds of the packed replay of ``tokens`` real tokens (inf: none measured holds them)."""
-        counts = [count for count, _ in self.packed_points]
-        index = bisect_left(counts, tokens)
-        return self.packed_points[index][1] if index < len(counts) else math.inf
-
-
-def cost_groups(counts: Sequence[int], costs: ReplayCosts) -> List[List[int]]:
-    """Positions sorted by token count, cut into groups of whole length buckets where the summed replay cost is
-    least (``cheapest_groups`` without the cost)."""
-    return cheapest_groups(counts, costs)[0]
-
-
-def cheapest_groups(counts: Sequence[int], costs: ReplayCosts) -> Tuple[List[List[int]], float]:
-    """Positions sorted by token count, cut into groups of whole length buckets where the summed replay cost is
-    least, and that sum (ms): a group runs at its longest caption's bucket, so joining two neighbouring buckets
-    pays the shorter one's padding and saves one replay (its fixed cost: a graph of a dozen layers launches some
-    hundred kernels whatever its rows). Exact over the cuts at bucket changes (at most one per length bucket), by
-    dynamic programming."""
-    counts = np.asarray(counts)
-    order = np.argsort(counts, kind="stable")
-    limits = costs.lengths
-    # a count's bucket: the first limit it fits in (a count past the last limit is the last limit's)
-    bucket = np.minimum(np.searchsorted(np.asarray(limits), counts[order], side="left"), len(limits) - 1)
-    cuts = [0] + (np.flatnonzero(np.diff(bucket)) + 1).tolist() + [len(order)]
-    best = [0.0] + [math.inf] * (len(cuts) - 1)
-    back = [0] * len(cuts)
-    for end in range(1, len(cuts)):
-        length = limits[int(bucket[cuts[end] - 1])]
-        for start in range(end):
-            total = best[start] + costs(cuts[end] - cuts[start], length)
-            if total < best[end]:
-                best[end], back[end] = total, start
-    groups: List[List[int]] = []
-    end = len(cuts) - 1
-    while end > 0:
-        start = back[end]
-        groups.append(order[cuts[start]:cuts[end]].tolist())
-        end = start
-    return groups[::-1], best[-1]

@@ -15,7 +15,8 @@ import torch
 
 from clip_flash.serve.batcher import TowerBatcher, encode_in_pieces
 from clip_flash.serve.engine import IMAGE_BUCKETS_PER_OCTAVE, batch_buckets
-from clip_flash.serve.inputs import ReplayCosts, cost_groups, length_groups
+from clip_flash.serve.inputs import length_groups
+from clip_flash.serve.text_graphs import ReplayCosts, cost_groups
 from clip_flash.serve.jobs import DROPPED, QUEUED, Embedded, EmbeddingJob, ItemError, QueuedInputs
 
 
@@ -155,7 +156,7 @@ def test_text_inputs_keep_the_batch_whole_where_the_packed_route_costs_less():
 
 
 def test_cheapest_text_encode_replays_padded_unless_the_packed_graph_is_measured_cheaper():
-    from clip_flash.serve.engine import CheapestTextEncode
+    from clip_flash.serve.text_graphs import CheapestTextEncode
 
     routes = []
     costs = _replay_costs(fixed=1.0, per_token_row=1e-3)
@@ -510,7 +511,7 @@ def test_text_graphs_per_doubling_reaches_the_config_and_is_checked():
 
 
 def test_text_graphs_are_captured_largest_first_with_the_end_of_text_at_each_length():
-    from clip_flash.serve.engine import capture_text_graphs
+    from clip_flash.serve.text_graphs import capture_text_graphs
 
     class Recorder:
         calls = []
@@ -527,8 +528,7 @@ def test_text_graphs_are_captured_largest_first_with_the_end_of_text_at_each_len
 @pytest.mark.parametrize("failure", ["refused", "capture"])
 def test_packed_text_graphs_that_cannot_be_made_leave_the_padded_graphs_serving(monkeypatch, caplog, failure):
     import clip_flash.graphs.packed_text as packed_text
-    from clip_flash.serve.config import ServeConfig
-    from clip_flash.serve.engine import Engine
+    from clip_flash.serve.text_graphs import with_packed_graphs
 
     class Refusing:
         def __init__(self, model, max_rows):
@@ -540,13 +540,12 @@ def test_packed_text_graphs_that_cannot_be_made_leave_the_padded_graphs_serving(
             raise RuntimeError("CUDA-graph capture of text b1 failed (out of memory)")
 
     monkeypatch.setattr(packed_text, "PackedTextGraphs", Refusing)
-    engine = Engine.__new__(Engine)  # only what choosing the text encoder reads
-    engine.config, engine.text_costs = ServeConfig(), _replay_costs(fixed=1.0, per_token_row=0.0)
+    costs = _replay_costs(fixed=1.0, per_token_row=0.0)
 
     def padded(tokens):
         return tokens
 
-    with caplog.at_level("INFO", logger="clip_flash.serve.engine"):
-        assert engine._packed_text_graphs(None, padded) is padded
+    with caplog.at_level("INFO", logger="clip_flash.serve.text_graphs"):
+        assert with_packed_graphs(None, padded, costs, max_rows=1024) is padded
     assert "replay padded graphs only" in caplog.text
-    assert not engine.text_costs.packed_points
+    assert not costs.packed_points
