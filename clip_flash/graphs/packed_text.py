@@ -12,7 +12,8 @@ number of packed tokens, ``T``: the tokens of up to ``max_rows`` captions one af
 (id 0) as sequences of their own of at most ``context_length`` tokens, so every row of every kernel is a real,
 finite computation; sequence slots past the last are empty (zero length). The graphs' one input is a vector of
 int64 laid out as ``PackedLayout`` says, built on the host in numpy (``pack_token_rows``) and copied in once a
-replay. A batch runs the smallest bucket holding its real tokens. The same computation as stock's, to the
+replay. A batch runs the smallest bucket holding its real tokens, or once the graphs are timed
+(``time_replays``) the cheapest holding them. The same computation as stock's, to the
 kernels' rounding (causal attention never looks past a row's pooled token, every other op is per token); fp16
 and bf16 only, the dtypes of the variable-length attention kernels.
 
@@ -81,6 +82,18 @@ def pack_token_rows(tokens: np.ndarray, lengths: np.ndarray, layout: PackedLayou
     return out
 
 
+def cheapest_bucket(buckets: Sequence[int], total: int, replay_ms: Optional[Dict[int, float]] = None) -> Optional[int]:
+    """The bucket a batch of ``total`` real tokens replays: of the buckets holding it, the one measured cheapest
+    (``replay_ms``; a larger graph can replay faster than a smaller one, its kernels tiling its shapes better), the
+    smallest of equals, or without times the smallest. None: no bucket holds it."""
+    holding = [bucket for bucket in sorted(buckets) if bucket >= total]
+    if not holding:
+        return None
+    if not replay_ms:
+        return holding[0]
+    return min(holding, key=lambda bucket: (replay_ms.get(bucket, float("inf")), bucket))
+
+
 def token_buckets(max_tokens: int, per_doubling: int = 4, smallest: int = SMALLEST_TOKEN_BUCKET) -> List[int]:
     """Token counts with a graph: ``smallest``, then ``per_doubling`` evenly spaced counts per doubling, up to and
     including ``max_tokens`` (a batch pads to a count under 25% larger with 4)."""
@@ -120,6 +133,7 @@ class PackedTextGraphs:
         self.graphs: Dict[int, CapturedGraph] = {}
         self.layouts = {t: PackedLayout(t, max_rows, self.context_length) for t in self.buckets}
         self.space = CaptureSpace(device, torch.cuda.Stream(device))
+        self.replay_ms: Dict[int, float] = {}  # by bucket, once timed: batches then replay the cheapest holding them
         self._lock = threading.Lock()
 
     def capture_all(self) -> None:
@@ -153,9 +167,9 @@ class PackedTextGraphs:
         return (pooled_positions(tokens, self.plan.pool_type, self.plan.eos_id) + 1).numpy()
 
     def bucket_for(self, total: int) -> Optional[int]:
-        """The token count of the graph a batch of ``total`` real tokens replays (None: more than the largest)."""
-        index = np.searchsorted(self.buckets, total)
-        return self.buckets[index] if index < len(self.buckets) else None
+        """The token count of the graph a batch of ``total`` real tokens replays (``cheapest_bucket``; None: more
+        than the largest)."""
+        return cheapest_bucket(self.buckets, total, self.replay_ms)
 
     def encode_text(self, tokens: torch.Tensor, normalize: bool = False) -> torch.Tensor:
         """``model.encode_text(tokens, normalize)`` for host token ids ``tokens`` (n, context_length), n at most
@@ -174,7 +188,7 @@ class PackedTextGraphs:
         with torch.inference_mode(), self._lock:
             return self.space.replay(self.graphs[bucket], packed, 1, normalize, out_rows=tokens.shape[0])
 
-    def time_replays(self, repeats: int = 2) -> Dict[int, float]:
+    def time_replays(self, repeats: int = 3) -> Dict[int, float]:
         """Device milliseconds of one replay of each graph, by its token count: the median of ``repeats`` after a
         warm one, each alone (CUDA events around it, the device idle before), copies in and out included, on
         captions of 5 to 49 tokens (mean 27) filling the bucket as far as ``max_rows`` allows."""
@@ -198,4 +212,5 @@ class PackedTextGraphs:
                     if repeat:
                         samples.append(start.elapsed_time(end))
             times[t] = sorted(samples)[len(samples) // 2]
+        self.replay_ms = dict(times)
         return times

@@ -86,7 +86,7 @@ class ReplayCosts:
     A group of ``rows`` captions runs the smallest graph holding them; past the largest, that one per piece.
 
     ``packed_points``: (token count, milliseconds) of one replay of each packed text graph
-    (``graphs.PackedTextGraphs``), set once they are timed: a group of ``tokens`` real tokens replays the smallest
+    (``graphs.PackedTextGraphs``), set once they are timed: a group of ``tokens`` real tokens replays the cheapest
     holding them."""
 
     def __init__(self, ms: Dict[Tuple[int, int], float]) -> None:
@@ -108,10 +108,9 @@ class ReplayCosts:
         return self.lengths[min(bisect_left(self.lengths, longest), len(self.lengths) - 1)]
 
     def packed(self, tokens: int) -> float:
-        """Milliseconds of the packed replay of ``tokens`` real tokens (inf: none measured holds them)."""
-        counts = [count for count, _ in self.packed_points]
-        index = bisect_left(counts, tokens)
-        return self.packed_points[index][1] if index < len(counts) else math.inf
+        """Milliseconds of the packed replay of ``tokens`` real tokens: the cheapest measured graph holding them,
+        as ``PackedTextGraphs.bucket_for`` picks it (inf: none holds them)."""
+        return min((ms for count, ms in self.packed_points if count >= tokens), default=math.inf)
 
 
 def cost_groups(counts: Sequence[int], costs: ReplayCosts) -> List[List[int]]:

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from clip_flash.graphs.packed_text import PackedLayout, PackedTextGraphs, pack_token_rows, token_buckets
+from clip_flash.graphs.packed_text import (PackedLayout, PackedTextGraphs, cheapest_bucket, pack_token_rows,
+                                          token_buckets)
 
 
 def unpack(vector: np.ndarray, layout: PackedLayout, rows: int):
@@ -55,6 +56,16 @@ def test_token_buckets_rise_by_at_most_a_quarter_and_end_at_the_largest():
     assert buckets[0] == 256 and buckets[-1] == 1024 * 77 and buckets == sorted(set(buckets))
     assert all(b / a <= 1.25 + 1e-9 for a, b in zip(buckets[8:], buckets[9:]))
     assert token_buckets(300) == [256, 300]
+
+
+def test_a_batch_replays_the_cheapest_measured_bucket_holding_it():
+    buckets = [256, 512, 1024, 2048]
+    assert cheapest_bucket(buckets, 300) == 512  # not timed: the smallest holding it
+    assert cheapest_bucket(buckets, 2049) is None
+    timed = {256: 1.0, 512: 3.0, 1024: 2.5, 2048: 2.5}  # 1,024 tiles better than 512; 2,048 only ties it
+    assert cheapest_bucket(buckets, 300, timed) == 1024
+    assert cheapest_bucket(buckets, 200, timed) == 256
+    assert cheapest_bucket(buckets, 1500, timed) == 2048
 
 
 def test_a_model_on_the_cpu_or_not_patched_is_refused_with_the_reason():

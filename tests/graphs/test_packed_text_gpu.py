@@ -101,3 +101,17 @@ def test_inputs_it_cannot_take_raise(stock32, packed16):
     clip_flash.patch(fp32)
     with pytest.raises(ValueError, match="no packed"):
         PackedTextGraphs(fp32, max_rows=8)
+
+
+def test_a_batch_in_a_larger_bucket_measured_cheaper_gives_the_same_rows(stock32, stock16):
+    model = copy.deepcopy(stock16)
+    clip_flash.patch(model)
+    graphs = PackedTextGraphs(model, max_rows=16, buckets=[256, 1232])
+    graphs.capture_all()
+    assert set(graphs.time_replays()) == {256, 1232}
+    tokens = captions_of_lengths([9, 20, 33, 4])
+    smallest = graphs.encode_text(tokens)
+    graphs.replay_ms = {256: 5.0, 1232: 1.0}  # as if the larger graph replayed faster
+    assert graphs.bucket_for(66) == 1232
+    check_rows(graphs, stock32, stock16, tokens, "the larger bucket")
+    torch.testing.assert_close(graphs.encode_text(tokens), smallest, atol=2e-3, rtol=0)

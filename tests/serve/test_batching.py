@@ -130,12 +130,14 @@ def test_text_inputs_group_by_measured_costs_once_they_are_set():
     assert all(torch.equal(tensor, tokens[positions]) for positions, tensor in groups)
 
 
-def test_packed_costs_are_the_smallest_token_bucket_holding_them():
+def test_packed_costs_are_the_cheapest_token_bucket_holding_them():
     costs = _replay_costs(fixed=1.0, per_token_row=0.0)
     assert costs.packed(1000) == math.inf
     costs.packed_points = sorted({256: 2.0, 1024: 4.0, 2048: 8.0}.items())
     assert costs.packed(1) == 2.0 and costs.packed(256) == 2.0 and costs.packed(257) == 4.0
     assert costs.packed(2048) == 8.0 and costs.packed(2049) == math.inf  # no graph holds it
+    costs.packed_points = sorted({256: 2.0, 1024: 4.0, 2048: 3.0}.items())  # the larger graph measured cheaper
+    assert costs.packed(257) == 3.0 and costs.packed(100) == 2.0
 
 
 def test_text_inputs_keep_the_batch_whole_where_the_packed_route_costs_less():
