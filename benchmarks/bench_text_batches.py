@@ -97,20 +97,24 @@ def time_sequence(function: Callable[[], object], rounds_host: List[float]) -> f
     return start.elapsed_time(end)
 
 
-def device_busy(function: Callable[[], object]) -> Tuple[float, float, int]:
-    """(busy ms, span ms, count) of the device's kernels and copies during ``function``, from torch.profiler's
-    CUDA activity: busy is the union of their intervals, span from the first start to the last end. What the
-    device idles in between is what the host's launches (or its waits) cost."""
+def device_busy(function: Callable[[], object]) -> Tuple[float, float, int, Dict[str, float]]:
+    """(busy ms, span ms, count, device ms by kernel name) of the device's kernels and copies during ``function``,
+    from torch.profiler's CUDA activity: busy is the union of their intervals, span from the first start to the
+    last end. What the device idles in between is what the host's launches (or its waits) cost; the names say
+    which kernels the busy time goes to (GEMMs against LayerNorm, attention, copies)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as profiler:
         function()
         torch.cuda.synchronize()
-    spans = sorted((event.time_range.start, event.time_range.end) for event in profiler.events()
-                   if event.device_type == torch.autograd.DeviceType.CUDA)
+    events = [event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: Dict[str, float] = {}
+    for event in events:
+        by_name[event.name] = by_name.get(event.name, 0.0) + (event.time_range.end - event.time_range.start) / 1e3
+    spans = sorted((event.time_range.start, event.time_range.end) for event in events)
     if not spans:
-        return 0.0, 0.0, 0
+        return 0.0, 0.0, 0, by_name
     busy, (start, end) = 0.0, spans[0]
     for begin, finish in spans[1:]:
         if begin > end:
@@ -119,7 +123,7 @@ def device_busy(function: Callable[[], object]) -> Tuple[float, float, int]:
         else:
             end = max(end, finish)
     busy += end - start
-    return busy / 1e3, (max(finish for _, finish in spans) - spans[0][0]) / 1e3, len(spans)
+    return busy / 1e3, (max(finish for _, finish in spans) - spans[0][0]) / 1e3, len(spans), by_name
 
 
 def main() -> int:
@@ -236,9 +240,11 @@ def main() -> int:
                 run(variant)  # warm: every graph these batches hit
             if size == args.profile_batch:
                 for variant in groupings:
-                    busy_ms, span_ms, kernels = device_busy(lambda: run(variant))
+                    busy_ms, span_ms, kernels, by_name = device_busy(lambda: run(variant))
+                    top = dict(sorted(by_name.items(), key=lambda item: -item[1])[:12])
                     profiled.append(dict(batch=size, per_doubling=variant[0], grouping=variant[1], busy_ms=busy_ms,
-                                         span_ms=span_ms, kernels_per_batch=kernels / args.batches))
+                                         span_ms=span_ms, kernels_per_batch=kernels / args.batches,
+                                         top_kernels_ms=top))
             device_ms: Dict[Tuple[int, str], List[float]] = {variant: [] for variant in groupings}
             host_ms: Dict[Tuple[int, str], List[float]] = {variant: [] for variant in groupings}
             for round_ in range(args.rounds):
@@ -276,6 +282,12 @@ def main() -> int:
                       "|---|---|---|---|---|---|"]
             lines += [f"| {p['per_doubling']} | {p['grouping']} | {p['kernels_per_batch']:.0f} | {p['busy_ms']:.1f} | "
                       f"{p['span_ms']:.1f} | {p['busy_ms'] / p['span_ms']:.1%} |" for p in profiled]
+            for p in profiled:
+                lines += ["", f"Where the device time goes, {p['grouping']} ({p['per_doubling']} per doubling), "
+                          f"one pass: the 12 kernels that took most, ms a batch and share of the busy time:", "",
+                          "| kernel | ms a batch | share |", "|---|---|---|"]
+                lines += [f"| `{name[:90]}` | {ms / args.batches:.3f} | {ms / p['busy_ms']:.1%} |"
+                          for name, ms in p["top_kernels_ms"].items()]
             rows.extend(dict(profiled=p) for p in profiled)
         if args.graph_costs:
             finest = max(encoders)
