@@ -209,6 +209,10 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
 std::string jpeg_dct_to_pixels(const at::Tensor& coefficients, const at::Tensor& table, const at::Tensor& planes,
                                const at::Tensor& pixels, int64_t max_blocks, int64_t max_pixels);
 
+// Defined in packed_attention_binding.cpp.
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double scale);
+
 // Defined in image_batch_decoder_binding.cpp.
 void register_image_batch_decoder(pybind11::module& module);
 
@@ -235,6 +239,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("x"), py::arg("activation"), py::arg("in_place"));
   module.def("residual_add", &clip_flash::residual_add,
              "residual + scale * delta; returns a new tensor.", py::arg("residual"), py::arg("delta"),
+             py::arg("scale"));
+  module.def("packed_attention", &clip_flash::packed_attention, "softmax(scale q k^T) v within each packed "
+             "sequence of at most 128 tokens (q, k, v: (tokens, heads, 64); cu_seqlens int32); returns a new tensor.",
+             py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("causal"),
              py::arg("scale"));
   module.def("image_resample", &clip_flash::image_resample, "OpenCLIP's eval image transform of a packed uint8 batch, "
              "bit-exact with Pillow; writes into out.", py::arg("pixels"), py::arg("meta"), py::arg("tables"),
