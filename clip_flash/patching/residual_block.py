@@ -28,6 +28,8 @@ from torch import nn
 from ..backends import AttentionBackend, fallback_backend, runnable_on
 from ..ops import fused_ops
 from ..ops.experimental import gemm_epilogue
+from ..ops.packed_attention import kernel_takes as packed_kernel_takes
+from ..ops.packed_attention import packed_attention
 from .context import PlanContext, Site
 from .report import STOCK
 
@@ -85,12 +87,15 @@ class BlockPlan:
     fused: bool
     activation: Optional[str]
     gemm_epilogue: bool = False  # c_fc's bias + activation may run in a GEMM epilogue (gemm_epilogue.py)
+    # Packed (variable-length) calls of short sequences run clip_flash's kernel (ops/packed_attention.py) where
+    # it takes them: under backend="auto" only, since a backend named by the caller runs its own kernel.
+    packed_kernel: bool = False
 
     def __deepcopy__(self, memo):
         import copy
         owner = copy.deepcopy(self.causal_mask_owner, memo) if self.causal_mask_owner is not None else None
         return BlockPlan(self.backend, self.masked_backend, self.num_heads, self.head_dim, owner,
-                         self.fused, self.activation, self.gemm_epilogue)
+                         self.fused, self.activation, self.gemm_epilogue, self.packed_kernel)
 
 
 def _scale_of(module: nn.Module) -> Optional[torch.Tensor]:
@@ -222,7 +227,10 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
 
         if packing is not None:
             cu_seqlens, max_seqlen = packing
-            out = backend.attend_varlen(q, k, v, cu_seqlens, max_seqlen, causal)
+            if plan.packed_kernel and attn_mask is None and packed_kernel_takes(q, k, v, max_seqlen):
+                out = packed_attention(q, k, v, cu_seqlens, max_seqlen, causal)
+            else:
+                out = backend.attend_varlen(q, k, v, cu_seqlens, max_seqlen, causal)
         else:
             dropout = mha.dropout if self.training else 0.0
             out = backend.attend(q, k, v, causal, attn_mask, dropout)
@@ -339,6 +347,7 @@ def plan_block(block: nn.Module, site: Site, context: PlanContext) -> None:
         causal_mask_owner=owner, fused=not blockers,
         activation=activation_name(block.mlp.gelu) if not blockers else None,
         gemm_epilogue=context.options.gemm_epilogue and not blockers,
+        packed_kernel=context.options.backend == "auto" and owner is not None,
     )
     context.swap(block, FlashResidualAttentionBlock, {"_clip_flash_plan": plan})
     context.patched_blocks[id(block)] = plan

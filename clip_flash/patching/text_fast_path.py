@@ -24,6 +24,7 @@ from torch import nn
 
 from ..backends import AttentionBackend, AttentionNeeds
 from ..backends.base import dtype_names
+from ..ops.packed_attention import MAX_SEQLEN as PACKED_KERNEL_MAX_SEQLEN
 from .context import PlanContext, Site
 from .residual_block import is_standard_causal_mask, run_blocks
 
@@ -231,7 +232,9 @@ def plan_text_tower(tower: nn.Module, site: Site, context: PlanContext) -> None:
     if packing.pack_dtypes is not None:
         where.append(dtype_names(packing.pack_dtypes))
     where = f" on {' '.join(where)}" if where else ""
-    how = f"packed variable-length attention ({backend.name}){where}, else " if packing.pack_devices != frozenset() \
+    kernels = f"clip_flash's kernel up to {PACKED_KERNEL_MAX_SEQLEN} tokens, else {backend.name}" \
+        if plans[0].packed_kernel else backend.name
+    how = f"packed variable-length attention ({kernels}){where}, else " if packing.pack_devices != frozenset() \
         else ""
     context.report.towers["text"] = (f"skips padding: {how}cut at the batch's longest pooled token "
                                      f"(exact: causal tower pooled at one token, {pool_type!r})")
