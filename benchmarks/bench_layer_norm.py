@@ -12,7 +12,6 @@ back). It checks that add_layer_norm's outputs stay within stock's error of the 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Callable, Dict
@@ -23,36 +22,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.ops import fused_ops  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from benchmarks.harness.timing import graph_ms_per_call  # noqa: E402
 
 # (width, tokens per sequence) of each tower's residual stream (open_clip configs).
 TOWERS = {"ViT-B-32 image": (768, 50), "ViT-B-16 image": (768, 197), "ViT-L-14 image": (1024, 257),
           "ViT-H-14 image": (1280, 257), "ViT-L-14 text": (768, 77)}
 EPS = 1e-5
-
-
-def graph_ms_per_call(function: Callable[[], object], calls: int, repeats: int) -> float:
-    """Median device milliseconds of one call, from a CUDA graph of ``calls`` back-to-back calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            function()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            function()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
 
 
 def stock_passes(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor):

@@ -24,33 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from benchmarks.harness.timing import graph_ms_per_call  # noqa: E402
 from clip_flash.ops.packed_attention import kernel_takes, packed_attention, packed_attention_reference  # noqa: E402
-
-
-def graph_ms_per_call(function: Callable[[], object], calls: int, repeats: int) -> float:
-    """Median device milliseconds of one call, from a CUDA graph of ``calls`` back-to-back calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            function()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            function()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
 
 
 def caption_lengths(model: str, count: int) -> np.ndarray:

@@ -194,3 +194,29 @@ def alternating_median_ms(paths: Dict[str, Callable[[], object]], repeats: int, 
         for path, function in paths.items():
             timed[path].append(median_cuda_ms(function, repeats))
     return {path: sorted(values)[len(values) // 2] for path, values in timed.items()}
+
+
+def graph_ms_per_call(function: Callable[[], object], calls: int, repeats: int) -> float:
+    """Median device milliseconds of one call, from a CUDA graph of ``calls`` back-to-back calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            function()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            function()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
