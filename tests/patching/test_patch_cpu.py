@@ -142,6 +142,44 @@ def test_text_packing_is_used_and_counts_only_real_tokens(build_model, monkeypat
     assert seen[0][0] == (expected_tokens, model.transformer.width)
 
 
+def test_packed_calls_run_the_packed_attention_kernel_only_under_auto(build_model, monkeypatch):
+    """Under auto, a text block's packed calls go to clip_flash's packed_attention where it takes them (here its
+    formula on the CPU stands in for the CUDA kernel), with rows equal to stock's; a named backend keeps its own."""
+    from clip_flash.patching import residual_block
+
+    model = build_model("ViT-B-32")
+    tokens = _tokens(model)
+    with torch.no_grad():
+        stock = model.encode_text(tokens)
+    text_blocks = list(model.transformer.resblocks)
+    image_blocks = list(model.visual.transformer.resblocks)
+    with clip_flash.patched(model) as report:
+        assert all(block._clip_flash_plan.packed_kernel for block in text_blocks)
+        assert not any(block._clip_flash_plan.packed_kernel for block in image_blocks)  # never packed
+        assert "clip_flash's kernel up to 128 tokens, else" in report.towers["text"], report.towers["text"]
+    with clip_flash.patched(model, "sdpa") as report:
+        assert not any(block._clip_flash_plan.packed_kernel for block in text_blocks)
+        assert "clip_flash's kernel" not in report.towers["text"]
+
+    calls = []
+    original = residual_block.packed_attention
+
+    def kernel(q, k, v, cu_seqlens, max_seqlen, causal):
+        calls.append((tuple(q.shape), int(cu_seqlens.shape[0]) - 1, max_seqlen, causal))
+        return original(q, k, v, cu_seqlens, max_seqlen, causal)
+
+    monkeypatch.setattr(residual_block, "packed_attention", kernel)
+    with clip_flash.patched(model, "reference"), torch.no_grad():  # the reference backend packs on the CPU
+        for block in text_blocks:
+            block._clip_flash_plan.packed_kernel = True  # as auto plans it on a GPU
+        monkeypatch.setattr(residual_block, "packed_kernel_takes", lambda q, k, v, max_seqlen: True)
+        packed = model.encode_text(tokens)
+    real_tokens = int((tokens.argmax(dim=-1) + 1).sum())
+    assert len(calls) == len(text_blocks)
+    assert all(call[0][0] == real_tokens and call[1] == len(tokens) and call[3] for call in calls)
+    assert relative_error(packed, stock) < 1e-4
+
+
 def test_full_length_paths_still_use_causal_flag(build_model):
     """forward_intermediates and output_tokens need every position: they run full length, still exact."""
     model = build_model("ViT-B-32")
