@@ -137,6 +137,8 @@ def main() -> int:
                         help="how batches are cut into length groups (the server's --text-grouping; packed: every "
                              "batch whole through the packed text graphs)")
     parser.add_argument("--max-text-batch", type=int, default=1024, help="the server's --max-text-batch")
+    parser.add_argument("--packed-per-doubling", type=int, default=4,
+                        help="packed text graphs' token-count buckets per doubling (the server's: 4)")
     parser.add_argument("--batches", type=int, default=20, help="random batches per batch size")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--alone-batch", type=int, default=1024)
@@ -153,7 +155,7 @@ def main() -> int:
     import clip_flash
     from clip_flash.graphs import GraphedEncoder
     from clip_flash.graphs.encoder import DEFAULT_TEXT_LENGTHS
-    from clip_flash.graphs.packed_text import PackedTextGraphs
+    from clip_flash.graphs.packed_text import PackedTextGraphs, token_buckets
     from clip_flash.models import load_model, parse_model_spec
     from clip_flash.serve.text_graphs import capture_text_graphs
 
@@ -204,7 +206,8 @@ def main() -> int:
                 continue
             if packed_graphs is None:
                 began = time.perf_counter()
-                packed_graphs = PackedTextGraphs(model, max_rows=args.max_text_batch)
+                buckets = token_buckets(args.max_text_batch * context, args.packed_per_doubling)
+                packed_graphs = PackedTextGraphs(model, max_rows=args.max_text_batch, buckets=buckets)
                 packed_graphs.capture_all()
                 packed_ms = packed_graphs.time_replays()
                 setup["packed"] = {"graphs": len(packed_graphs.graphs), "capture_s": time.perf_counter() - began,
