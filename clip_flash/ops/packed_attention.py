@@ -7,8 +7,8 @@ and head, and serves what OpenCLIP's causal text towers need: head dim 64, seque
 float16/bfloat16, compute capability 8.0 or newer. Numerics as flash attention's: scores, softmax and sums in
 fp32, probabilities rounded to the element type before they meet v.
 
-``packed_attention`` runs the kernel where ``kernel_takes`` says it can and the same formula in plain PyTorch
-elsewhere (one sequence at a time: a reference, not a fast path).
+``packed_attention`` runs the kernel where ``kernel_takes`` says it can (inference: the kernel has no backward)
+and the same formula in plain PyTorch elsewhere (one sequence at a time: a reference, not a fast path).
 """
 from __future__ import annotations
 
@@ -31,14 +31,18 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _rows_aligned(t: Tensor) -> bool:
-    return t.stride(-1) == 1 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0 and t.data_ptr() % 16 == 0
+    # Read from strides and the storage offset (the caching allocator's blocks start 512-byte aligned), so that
+    # fake tensors (torch.compile) answer too; the binding checks the pointer itself.
+    return t.stride(-1) == 1 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0 and t.storage_offset() % 8 == 0
 
 
 def kernel_takes(q: Tensor, k: Tensor, v: Tensor, max_seqlen: int) -> bool:
     """Whether the CUDA kernel serves this call: (tokens, heads, 64) fp16/bf16 CUDA tensors of one dtype with
-    16-byte aligned rows, sequences of at most ``MAX_SEQLEN`` tokens, a GPU of compute capability 8.0 or newer,
-    the extension loaded. Cheap: no device work."""
+    16-byte aligned rows, sequences of at most ``MAX_SEQLEN`` tokens, no gradient wanted (the kernel has no
+    backward), a GPU of compute capability 8.0 or newer, the extension loaded. Cheap: no device work."""
     if not (q.is_cuda and q.dim() == 3 and q.shape[-1] == HEAD_DIM and q.dtype in _KERNEL_DTYPES):
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
     if not 1 <= max_seqlen <= MAX_SEQLEN or k.shape != q.shape or v.shape != q.shape:
         return False
@@ -93,9 +97,12 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_se
     ``q``, ``k``, ``v``: ``(tokens, heads, head_dim)``, the sequences one after another; ``cu_seqlens``: int32,
     where each starts (sequences + 1 entries, on their device); ``max_seqlen``: at least the longest sequence;
     ``scale`` defaults to ``1 / sqrt(head_dim)``. Causal: a token sees itself and the tokens before it in its
-    sequence. Inference only (no gradient).
+    sequence. Where a gradient is wanted, or the kernel does not take the call, the formula runs in plain
+    PyTorch (one sequence at a time).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if call_directly(q, k, v, cu_seqlens) and kernel_takes(q, k, v, max_seqlen):
+    if not kernel_takes(q, k, v, max_seqlen):
+        return packed_attention_reference(q, k, v, cu_seqlens, causal, scale)  # plain torch: autograd, CPU
+    if call_directly(q, k, v, cu_seqlens):
         return load_extension().packed_attention(q, k, v, cu_seqlens, int(max_seqlen), bool(causal), scale)
-    return _packed_attention_op(q, k, v, cu_seqlens, int(max_seqlen), bool(causal), scale)
+    return _packed_attention_op(q, k, v, cu_seqlens, int(max_seqlen), bool(causal), scale)  # compile, tracing

@@ -43,3 +43,10 @@ def test_the_kernel_takes_no_cpu_call_and_the_fake_kernel_gives_the_shape():
         fake = torch.empty(9, 2, 64, dtype=torch.float16)
         out = torch.ops.clip_flash.packed_attention(fake, fake, fake, torch.empty(3, dtype=torch.int32), 5, True, 0.125)
         assert out.shape == (9, 2, 64) and out.dtype == torch.float16
+
+
+def test_gradients_flow_through_the_formula():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(5, 1, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    assert torch.autograd.gradcheck(lambda q, k, v: packed_attention(q, k, v, cu, 3, True), (q, k, v))

@@ -90,3 +90,14 @@ def test_replays_in_a_cuda_graph():
     torch.cuda.synchronize()
     expected = packed_attention_reference(q.float(), k.float(), v.float(), cu, True)
     assert (static_out[0].float() - expected).abs().max().item() < 2e-3
+
+
+def test_a_call_that_wants_gradients_runs_the_differentiable_formula():
+    q, k, v = (t.detach().requires_grad_() for t in packed([5, 9])[:3])
+    cu = packed([5, 9])[3]
+    assert not kernel_takes(q, k, v, 9)
+    out = packed_attention(q, k, v, cu, 9, True)
+    out.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    with torch.no_grad():
+        assert kernel_takes(q, k, v, 9)
