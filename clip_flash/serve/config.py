@@ -54,7 +54,9 @@ class ServeConfig:
             1,862 MiB for ViT-L-14 at 1,024 captions). fp16 and bf16 only (the packed attention kernels take no fp32,
             which replays padded graphs). ViT-L-14 at 64 captions a request on an H100, alternated twice with
             ``cost``: 1,002-1,010 req/s answered at 1,100 offered against 840-851, at 950 offered 953-954 against
-            764-848 (``benchmarks/results/h100/packed_text_graphs_18449c5``). ``"cost"``: padded graphs only, each
+            764-848 (``benchmarks/results/h100/packed_text_graphs_18449c5``); with clip_flash's packed attention
+            kernel in the packed graphs, 1,176-1,189 req/s saturated against 1,008-1,019 before it
+            (``benchmarks/results/h100/packed_attention_a17619e``). ``"cost"``: padded graphs only, each
             batch cut into length groups where their replays cost least in sum; ``"buckets"``: cut at every
             length bucket, groups under 16 captions joined to the next. ``cost``, ``cost-packed`` need CUDA graphs
             (else ``buckets``).
