@@ -22,7 +22,8 @@ from torch import Tensor
 from ._extension import extension_available, load_extension
 from .fused_ops import call_directly
 
-__all__ = ["HEAD_DIM", "MAX_SEQLEN", "kernel_takes", "packed_attention", "packed_attention_reference"]
+__all__ = ["HEAD_DIM", "MAX_SEQLEN", "kernel_takes", "packed_attention", "packed_attention_kernel",
+           "packed_attention_reference"]
 
 HEAD_DIM = 64  # the kernel's only head dim (every OpenCLIP causal text tower's)
 MAX_SEQLEN = 128  # the longest sequence it stages in shared memory
@@ -100,9 +101,17 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_se
     sequence. Where a gradient is wanted, or the kernel does not take the call, the formula runs in plain
     PyTorch (one sequence at a time).
     """
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not kernel_takes(q, k, v, max_seqlen):
         return packed_attention_reference(q, k, v, cu_seqlens, causal, scale)  # plain torch: autograd, CPU
+    return packed_attention_kernel(q, k, v, cu_seqlens, max_seqlen, causal, scale)
+
+
+def packed_attention_kernel(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, causal: bool,
+                            scale: Optional[float] = None) -> Tensor:
+    """``packed_attention`` on the CUDA kernel, for a caller that has checked ``kernel_takes`` (a model's
+    per-layer call, where checking twice would cost host time). Through the custom op while compiling or
+    tracing, straight to the extension in plain eager inference."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if call_directly(q, k, v, cu_seqlens):
         return load_extension().packed_attention(q, k, v, cu_seqlens, int(max_seqlen), bool(causal), scale)
-    return _packed_attention_op(q, k, v, cu_seqlens, int(max_seqlen), bool(causal), scale)  # compile, tracing
+    return _packed_attention_op(q, k, v, cu_seqlens, int(max_seqlen), bool(causal), scale)

@@ -29,7 +29,7 @@ from ..backends import AttentionBackend, fallback_backend, runnable_on
 from ..ops import fused_ops
 from ..ops.experimental import gemm_epilogue
 from ..ops.packed_attention import kernel_takes as packed_kernel_takes
-from ..ops.packed_attention import packed_attention
+from ..ops.packed_attention import packed_attention_kernel
 from .context import PlanContext, Site
 from .report import STOCK
 
@@ -228,7 +228,7 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
         if packing is not None:
             cu_seqlens, max_seqlen = packing
             if plan.packed_kernel and attn_mask is None and packed_kernel_takes(q, k, v, max_seqlen):
-                out = packed_attention(q, k, v, cu_seqlens, max_seqlen, causal)
+                out = packed_attention_kernel(q, k, v, cu_seqlens, max_seqlen, causal)
             else:
                 out = backend.attend_varlen(q, k, v, cu_seqlens, max_seqlen, causal)
         else:

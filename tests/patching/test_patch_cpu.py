@@ -145,6 +145,7 @@ def test_text_packing_is_used_and_counts_only_real_tokens(build_model, monkeypat
 def test_packed_calls_run_the_packed_attention_kernel_only_under_auto(build_model, monkeypatch):
     """Under auto, a text block's packed calls go to clip_flash's packed_attention where it takes them (here its
     formula on the CPU stands in for the CUDA kernel), with rows equal to stock's; a named backend keeps its own."""
+    from clip_flash.ops.packed_attention import packed_attention_reference
     from clip_flash.patching import residual_block
 
     model = build_model("ViT-B-32")
@@ -162,13 +163,12 @@ def test_packed_calls_run_the_packed_attention_kernel_only_under_auto(build_mode
         assert "clip_flash's kernel" not in report.towers["text"]
 
     calls = []
-    original = residual_block.packed_attention
 
     def kernel(q, k, v, cu_seqlens, max_seqlen, causal):
         calls.append((tuple(q.shape), int(cu_seqlens.shape[0]) - 1, max_seqlen, causal))
-        return original(q, k, v, cu_seqlens, max_seqlen, causal)
+        return packed_attention_reference(q, k, v, cu_seqlens, causal)
 
-    monkeypatch.setattr(residual_block, "packed_attention", kernel)
+    monkeypatch.setattr(residual_block, "packed_attention_kernel", kernel)
     with clip_flash.patched(model, "reference"), torch.no_grad():  # the reference backend packs on the CPU
         for block in text_blocks:
             block._clip_flash_plan.packed_kernel = True  # as auto plans it on a GPU
