@@ -37,7 +37,7 @@ def environment() -> Dict[str, object]:
     import torch
 
     import clip_flash
-    from clip_flash.ops import _extension, fused_ops
+    from clip_flash.ops import _extension, fused_ops, packed_attention
 
     info: Dict[str, object] = {
         "python": platform.python_version(),
@@ -52,6 +52,7 @@ def environment() -> Dict[str, object]:
         "gpu": None,
         "capability": None,
         "fused_ops": fused_ops.describe_backend(),
+        "text_attn": packed_attention.describe_kernel(),  # a patched text tower's packed attention
         # Where the compiled kernels came from (installed, or compiled on first use and where); None: not in use.
         "extension": _extension.extension_origin() if torch.cuda.is_available() else None,
     }

@@ -35,6 +35,7 @@ def test_cpu_machine_lists_only_what_runs_here(monkeypatch, capsys):
     runnable = next(line for line in out.splitlines() if line.startswith("can run here: "))
     assert set(runnable.split(": ", 1)[1].split(", ")) == {"sdpa", "reference", "sdpa:math"}
     assert "fused_ops   plain PyTorch (no CUDA device)" in out
+    assert "text_attn   the kernel needs a CUDA GPU (no CUDA device here)" in out
     assert any(line.split() == ["extension", "-"] for line in out.splitlines())
 
     record = json.loads(_run(monkeypatch, capsys, "--json"))
@@ -48,6 +49,8 @@ def test_cpu_machine_lists_only_what_runs_here(monkeypatch, capsys):
 def test_gpu_machine_says_where_the_kernels_came_from(monkeypatch, capsys):
     record = json.loads(_run(monkeypatch, capsys, "--json"))
     if record["fused_ops"].startswith("CUDA kernels"):
+        if torch.cuda.get_device_capability() >= (8, 0):
+            assert record["text_attn"].startswith("CUDA kernel (clip_flash._C) for packed captions")
         origin = record["extension"]
         assert origin and ("installed" in origin or "compiled on first use" in origin)
     else:

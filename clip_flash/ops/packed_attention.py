@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._extension import extension_available, load_extension
+from ._extension import extension_available, extension_unavailable_reason, load_extension
 from .fused_ops import call_directly
 
-__all__ = ["HEAD_DIM", "MAX_SEQLEN", "kernel_takes", "packed_attention", "packed_attention_kernel",
+__all__ = ["HEAD_DIM", "MAX_SEQLEN", "describe_kernel", "kernel_takes", "packed_attention", "packed_attention_kernel",
            "packed_attention_reference"]
 
 HEAD_DIM = 64  # the kernel's only head dim (every OpenCLIP causal text tower's)
@@ -115,3 +115,18 @@ def packed_attention_kernel(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     if call_directly(q, k, v, cu_seqlens):
         return load_extension().packed_attention(q, k, v, cu_seqlens, int(max_seqlen), bool(causal), scale)
     return _packed_attention_op(q, k, v, cu_seqlens, int(max_seqlen), bool(causal), scale)
+
+
+def describe_kernel() -> str:
+    """Where a patched text tower's packed attention runs here under ``backend="auto"``, for ``clip-flash info``."""
+    if not torch.cuda.is_available():
+        return "the kernel needs a CUDA GPU (no CUDA device here)"
+    major, minor = _capability(None)
+    if (major, minor) < MIN_CAPABILITY:
+        return (f"the backend's variable-length attention (the kernel needs compute capability "
+                f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}, this GPU is sm_{major}{minor})")
+    reason = extension_unavailable_reason()
+    if reason is not None:
+        return f"the backend's variable-length attention ({reason})"
+    return (f"CUDA kernel (clip_flash._C) for packed captions up to {MAX_SEQLEN} tokens, head dim {HEAD_DIM}, "
+            "fp16/bf16, under backend=auto")
