@@ -14,7 +14,9 @@ Rates (``benchmarks/harness/compare.py``): ``bench_clip.py --pipeline`` runs per
 ``bench_embed.py`` job benches per (model, inputs, case), ``image_decode_throughput.py`` runs per (executor,
 workers, JPEG route) and ``serve/bench_serve.py`` curves per (server, workload, offered rate), their p50 / p99
 beside: old and new rates and their ratio (new / old: above 1 is faster); ``image_latency.py`` runs per side
-(p50 and p99 ms) and step (p50 alone), the ratio old / new (above 1 is faster). A row slower by more than
+(p50 and p99 ms) and step (p50 alone), the ratio old / new (above 1 is faster); ``bench_text_batches.py`` runs
+per (captions a batch, graph sizes per doubling, grouping) in captions/s, and ``bench_packed_attention.py`` runs
+per (captions, max_seqlen) in microseconds a call. A row slower by more than
 the threshold is marked, not judged: these rates move with the host's CPUs, and the exit status stays 0. Two
 files of different kinds, or with no row in common, have nothing to compare: it says so and exits 0.
 """
@@ -134,7 +136,8 @@ def _compare_shapes(old_path: Path, new_path: Path, threshold: float) -> int:
 
 
 def _compare_rates(old_file: ResultsFile, new_file: ResultsFile, kind: str, threshold: float) -> None:
-    what = "times (ms) old -> new, ratio old / new" if KINDS[kind].times else "rates old -> new, ratio new / old"
+    what = f"times ({KINDS[kind].unit}) old -> new, ratio old / new" if KINDS[kind].times \
+        else "rates old -> new, ratio new / old"
     print(f"\n{KINDS[kind].title}: {what} (above 1 is faster)")
     lines, in_both = compare_rows(old_file.rows(kind), new_file.rows(kind), threshold)
     print("\n".join(lines))

@@ -9,7 +9,13 @@ A result file is one or two of these kinds:
 - ``job``: ``benchmarks/bench_embed.py``'s ``embed_bench.json``: items/s, steady and whole run, per
   (model, inputs, case), and the encoder-only ceilings the runs are measured against;
 - ``throughput``: ``benchmarks/image_decode_throughput.py --json``: decode and files -> device batch images/s per
-  (executor, workers, JPEG route), the median over its rounds.
+  (executor, workers, JPEG route), the median over its rounds;
+- ``serve``: ``benchmarks/serve/bench_serve.py``'s curves: achieved requests/s per offered rate;
+- ``latency``: ``benchmarks/image_latency.py --json``: p50 / p99 ms of single requests;
+- ``text batches``: ``benchmarks/bench_text_batches.py --json``: captions/s per (captions a batch, graph sizes per
+  doubling, grouping), and the eager encoder alone;
+- ``packed attention``: ``benchmarks/bench_packed_attention.py --json``: microseconds of one call per (captions,
+  max_seqlen), torch's varlen_attn and clip_flash's kernel.
 
 Rates are compared as new / old: above 1 is faster. Plain JSON in, text out: no torch, no GPU.
 """
@@ -24,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 SCHEMA = "clip_flash.bench_clip/1"
 SHAPES, PIPELINES, JOB, THROUGHPUT, SERVE, LATENCY = "shapes", "pipelines", "job", "throughput", "serve", "latency"
+TEXT_BATCHES, PACKED_ATTENTION = "text batches", "packed attention"
 
 Key = Tuple[str, ...]
 Values = Dict[str, Optional[float]]  # metric -> rate (None: not measured)
@@ -43,7 +50,8 @@ class Kind:
     metrics: Tuple[Tuple[str, str], ...]  # (short name, column label)
     detail: str  # column saying how each row ran (old -> new where that changed)
     unrecorded_last_matches: bool = False  # a last key part "-" (not recorded) pairs with any value of it
-    times: bool = False  # the metrics are milliseconds (lower is faster): the ratio is old / new
+    times: bool = False  # the metrics are times (lower is faster): the ratio is old / new
+    unit: str = "ms"  # of the times
 
 
 KINDS: Dict[str, Kind] = {kind.name: kind for kind in (
@@ -59,6 +67,11 @@ KINDS: Dict[str, Kind] = {kind.name: kind for kind in (
          "p50 / p99 ms"),
     Kind(LATENCY, "image_latency requests", ("side or step",), (("p50", "p50 ms"), ("p99", "p99 ms")), "requests",
          times=True),
+    Kind(TEXT_BATCHES, "bench_text_batches caption batches", ("captions a batch", "graphs per doubling", "grouping"),
+         (("captions/s", "captions/s"),), "token rows a caption", unrecorded_last_matches=True),
+    Kind(PACKED_ATTENTION, "bench_packed_attention calls", ("captions", "max_seqlen"),
+         (("varlen_attn", "varlen_attn us"), ("packed_attention", "packed_attention us")), "tokens", times=True,
+         unit="us"),
 )}
 
 
@@ -104,6 +117,10 @@ def kinds_of(data: Any) -> Tuple[str, ...]:
         return (SERVE,)
     if any("side" in row and "p50_ms" in row for row in rows):
         return (LATENCY,)
+    if any("captions_per_s" in row and "per_doubling" in row for row in rows):
+        return (TEXT_BATCHES,)
+    if any(isinstance(row.get("us"), dict) and "max_seqlen" in row for row in rows):
+        return (PACKED_ATTENTION,)
     return ()
 
 
@@ -140,7 +157,7 @@ class ResultsFile:
                 f"command: {info['command']}")
 
     def rows(self, kind: str) -> Rows:
-        """This run's rates of ``kind`` (one of ``PIPELINES``, ``JOB``, ``THROUGHPUT``)."""
+        """This run's rates of ``kind`` (any kind but ``SHAPES``, which compare_results reads itself)."""
         return _READERS[kind](self.data)
 
 
@@ -153,7 +170,8 @@ def open_results(path: Path) -> ResultsFile:
     kinds = kinds_of(data)
     if not kinds:
         raise ResultsFileError(f"{path}: not a bench_clip result (schema {SCHEMA!r} expected), nor a "
-                               "bench_embed, image_decode_throughput, bench_serve or image_latency JSON")
+                               "bench_embed, image_decode_throughput, bench_serve, image_latency, "
+                               "bench_text_batches or bench_packed_attention JSON")
     return ResultsFile(Path(path), data, kinds)
 
 
@@ -263,8 +281,42 @@ def read_latency(data: Dict[str, Any]) -> Rows:
     return rows
 
 
+def read_text_batches(data: Dict[str, Any]) -> Rows:
+    """Captions/s per (captions a batch, graph sizes per doubling, grouping), the token rows computed a caption
+    beside them; the eager encoder alone as its own row. Runs from before groupings record none (``"-"``)."""
+    rows = Rows(KINDS[TEXT_BATCHES])
+    for row in _dict_rows(data):
+        if "captions_per_s" in row and "batch" in row:
+            key = (str(row["batch"]), str(row.get("per_doubling", "-")), str(row.get("grouping") or "-"))
+            rows.values[key] = {"captions/s": _number(row["captions_per_s"])}
+            token_rows = _number(row.get("token_rows_per_caption"))
+            rows.details[key] = "?" if token_rows is None else f"{token_rows:.1f}"
+        elif "alone_captions_per_s" in row:
+            key = (str(row.get("alone_batch", "?")), "-", "encoder alone (eager)")
+            rows.values[key] = {"captions/s": _number(row["alone_captions_per_s"])}
+            rows.details[key] = "-"
+    return rows
+
+
+def read_packed_attention(data: Dict[str, Any]) -> Rows:
+    """Microseconds of one call per (captions, max_seqlen): torch's varlen_attn and clip_flash's kernel (the
+    first of its variants where a run timed several)."""
+    rows = Rows(KINDS[PACKED_ATTENTION])
+    for row in _dict_rows(data):
+        timed = row.get("us")
+        if not isinstance(timed, dict) or "max_seqlen" not in row:
+            continue
+        kernel = next((name for name in timed if str(name).startswith("packed_attention")), None)
+        key = (str(row.get("captions", "?")), str(row["max_seqlen"]))
+        rows.values[key] = {"varlen_attn": _number(timed.get("varlen_attn")),
+                            "packed_attention": _number(timed.get(kernel)) if kernel else None}
+        rows.details[key] = f"{_number(row.get('tokens')) or 0:,.0f}"
+    return rows
+
+
 _READERS: Dict[str, Callable[[Dict[str, Any]], Rows]] = {
-    PIPELINES: read_pipelines, JOB: read_job, THROUGHPUT: read_throughput, SERVE: read_serve, LATENCY: read_latency}
+    PIPELINES: read_pipelines, JOB: read_job, THROUGHPUT: read_throughput, SERVE: read_serve, LATENCY: read_latency,
+    TEXT_BATCHES: read_text_batches, PACKED_ATTENTION: read_packed_attention}
 
 
 def pair_keys(old: Sequence[Key], new: Sequence[Key], unrecorded_last_matches: bool = False

@@ -291,7 +291,8 @@ def test_other_records_are_not_results_it_reads(tmp_path, capsys):
     tokenizer.write_text(json.dumps({**ENVIRONMENT, "title": "tokenizer", "rows": [{"caption_set": "x"}]}))
     good = write_job(tmp_path / "job.json", [("stock OpenCLIP (DataLoader)", "2,223", "1,607")])
     assert compare_results.main([str(tokenizer), str(good)]) == 2
-    assert "nor a bench_embed, image_decode_throughput, bench_serve or image_latency JSON" in capsys.readouterr().err
+    assert "nor a bench_embed, image_decode_throughput, bench_serve, image_latency, bench_text_batches or " \
+        "bench_packed_attention JSON" in capsys.readouterr().err
 
 
 def test_serve_curves_compare_achieved_rates_per_offered_rate(tmp_path, capsys):
@@ -333,6 +334,40 @@ def test_image_latency_runs_compare_p50_and_p99_old_over_new(tmp_path, capsys):
     assert "| step: GraphedEncoder encode_image | - | 1.600 -> 1.800 | 0.889 | - | - | slower (p50 < 0.952) |" in out
 
 
+def test_text_batches_compare_captions_per_s_and_pair_runs_without_groupings(tmp_path, capsys):
+    def run(path, revision, rows):
+        path.write_text(json.dumps({"git_revision": revision, "device_name": "Fake GPU", "command": "bench_tb",
+                                    "rows": rows}))
+        return path
+
+    old = run(tmp_path / "old.json", "aaa", [
+        {"batch": 1024, "per_doubling": 4, "token_rows_per_caption": 36.7, "captions_per_s": 53000.0},
+        {"alone_batch": 1024, "alone_captions_per_s": 75000.0}])
+    new = run(tmp_path / "new.json", "bbb", [
+        {"batch": 1024, "per_doubling": 4, "grouping": "cost-packed", "token_rows_per_caption": 24.9,
+         "captions_per_s": 78000.0},
+        {"alone_batch": 1024, "alone_captions_per_s": 90000.0}, {"profiled": []}])
+    assert compare_results.main([str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "| 1024 | 4 | - -> cost-packed | 36.7 -> 24.9 | 53,000 -> 78,000 | 1.472 |  |" in out
+    assert "| 1024 | - | encoder alone (eager) | - | 75,000 -> 90,000 | 1.200 |  |" in out
+
+
+def test_packed_attention_runs_compare_microseconds_old_over_new(tmp_path, capsys):
+    def run(path, revision, kernel_name, kernel_us):
+        path.write_text(json.dumps({"git_revision": revision, "device_name": "Fake GPU", "command": "bench_pa",
+                                    "rows": [{"captions": 1024, "tokens": 25767, "max_seqlen": 77,
+                                              "us": {"varlen_attn": 286.0, kernel_name: kernel_us}}]}))
+        return path
+
+    old = run(tmp_path / "old.json", "aaa", "packed_attention", 108.0)
+    new = run(tmp_path / "new.json", "bbb", "packed_attention (4 warps)", 120.0)
+    assert compare_results.main([str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "times (us) old -> new, ratio old / new (above 1 is faster)" in out
+    assert "| 1024 | 77 | 25,767 | 286.000 -> 286.000 | 1.000 | 108.000 -> 120.000 | 0.900 | slower" in out
+
+
 JOB_RUN = "job_final_cc384da/embed_bench_cc384da.json"  # the one committed H100 job run: compared with itself
 
 
@@ -346,6 +381,10 @@ JOB_RUN = "job_final_cc384da/embed_bench_cc384da.json"  # the one committed H100
      "| clip_flash | image-raw | 1,600.0 | 32.703 / 62.783 -> 16.215 / 35.327 | 1,599 -> 1,601 | 1.001 |  |"),
     ("job_0bcb378/image_latency_ViT-L-14.json", "serve_latency_8da9c3e/image_latency_ViT-L-14.json",
      "| clip_flash | 1000 | 3.430 -> 3.071 | 1.117 | 4.304 -> 3.790 | 1.136 |  |"),
+    ("packed_attention_a17619e/text_batches_7f9c643.json", "packed_attention_a17619e/text_batches_a17619e.json",
+     "| 1024 | 4 | cost-packed | 24.9 | 66,852 -> 78,403 | 1.173 |  |"),
+    ("packed_attention_a17619e/packed_attention_a17619e.json", "packed_attention_a17619e/packed_attention_a17619e.json",
+     "| 1024 | 77 | 25,767 | 286.040 -> 286.040 | 1.000 | 108.221 -> 108.221 | 1.000 |  |"),
 ])
 def test_runs_as_a_script_on_committed_rate_runs(old, new, expected):
     committed = REPO_ROOT / "benchmarks" / "results" / "h100"
