@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..ops.cuda_timing import median_cuda_ms
 from ..patching.text_fast_path import encode_packed_tokens, pooled_positions, text_tower_plan
 from .capture import CapturedGraph, CaptureSpace, GraphKey
 
@@ -200,17 +201,9 @@ class PackedTextGraphs:
             lengths = np.minimum(lengths, self.context_length)
             tokens = np.ones((len(lengths), self.context_length), dtype=np.int64)
             packed = torch.from_numpy(pack_token_rows(tokens, lengths, self.layouts[t]))[None]
-            samples = []
             with torch.inference_mode(), self._lock:
-                for repeat in range(repeats + 1):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    torch.cuda.synchronize(self.device)
-                    start.record()
-                    self.space.replay(self.graphs[t], packed, 1, False, out_rows=len(lengths))
-                    end.record()
-                    end.synchronize()
-                    if repeat:
-                        samples.append(start.elapsed_time(end))
-            times[t] = sorted(samples)[len(samples) // 2]
+                times[t] = median_cuda_ms(
+                    lambda: self.space.replay(self.graphs[t], packed, 1, False, out_rows=len(lengths)), repeats,
+                    each_alone=True, device=self.device)
         self.replay_ms = dict(times)
         return times

@@ -36,21 +36,13 @@ def time_text_replays(encoder: Any, sizes: Sequence[int], lengths: Sequence[int]
     """Device milliseconds of one replay of each captured text graph, by (rows, length bucket): the median of
     ``repeats`` after a warm one, each alone (CUDA events around it, the device idle before), copies in and out
     included. About a second for the 224 graphs of ViT-L-14 at four sizes per doubling."""
+    from clip_flash.ops.cuda_timing import median_cuda_ms
+
     times: Dict[Tuple[int, int], float] = {}
     for size in sizes:
         for length in lengths:
             tokens = token_rows_of_length(size, length, context_length)
-            encoder.encode_text(tokens)
-            samples = []
-            for _ in range(repeats):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                start.record()
-                encoder.encode_text(tokens)
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
-            times[(size, length)] = sorted(samples)[len(samples) // 2]
+            times[(size, length)] = median_cuda_ms(lambda: encoder.encode_text(tokens), repeats, each_alone=True)
     return times
 
 
