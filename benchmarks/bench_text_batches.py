@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from clip_flash.graphs.packed_text import PACKED_BUCKETS_PER_DOUBLING  # noqa: E402
 from clip_flash.serve.engine import batch_buckets  # noqa: E402
 from clip_flash.serve.inputs import MIN_TEXT_GROUP, length_groups  # noqa: E402
 from clip_flash.serve.text_graphs import (CheapestTextEncode, ReplayCosts, cheapest_groups, cost_groups,  # noqa: E402
@@ -137,8 +138,8 @@ def main() -> int:
                         help="how batches are cut into length groups (the server's --text-grouping; packed: every "
                              "batch whole through the packed text graphs)")
     parser.add_argument("--max-text-batch", type=int, default=1024, help="the server's --max-text-batch")
-    parser.add_argument("--packed-per-doubling", type=int, default=4,
-                        help="packed text graphs' token-count buckets per doubling (the server's: 4)")
+    parser.add_argument("--packed-per-doubling", type=int, default=PACKED_BUCKETS_PER_DOUBLING,
+                        help="packed text graphs' token-count buckets per doubling (default: the server's)")
     parser.add_argument("--batches", type=int, default=20, help="random batches per batch size")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--alone-batch", type=int, default=1024)

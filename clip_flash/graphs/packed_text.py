@@ -40,6 +40,10 @@ from .capture import CapturedGraph, CaptureSpace, GraphKey
 logger = logging.getLogger(__name__)
 
 SMALLEST_TOKEN_BUCKET = 256
+# Token-count buckets per doubling: padding to the next bucket is pure GEMM work (the GEMMs are most of a packed
+# batch), so finer buckets pay; 8 pads a 1,024-caption batch of web captions (about 25,700 tokens) to 26,624
+# rather than 28,672, for 67 graphs instead of 34 (captured in about 3 s from one memory pool).
+PACKED_BUCKETS_PER_DOUBLING = 8
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,10 @@ def cheapest_bucket(buckets: Sequence[int], total: int, replay_ms: Optional[Dict
     return min(holding, key=lambda bucket: (replay_ms.get(bucket, float("inf")), bucket))
 
 
-def token_buckets(max_tokens: int, per_doubling: int = 4, smallest: int = SMALLEST_TOKEN_BUCKET) -> List[int]:
+def token_buckets(max_tokens: int, per_doubling: int = PACKED_BUCKETS_PER_DOUBLING,
+                  smallest: int = SMALLEST_TOKEN_BUCKET) -> List[int]:
     """Token counts with a graph: ``smallest``, then ``per_doubling`` evenly spaced counts per doubling, up to and
-    including ``max_tokens`` (a batch pads to a count under 25% larger with 4)."""
+    including ``max_tokens`` (a batch pads to a count at most ``1 / per_doubling`` larger)."""
     sizes, low = [smallest], smallest
     while low < max_tokens:
         step = max(1, low // per_doubling)

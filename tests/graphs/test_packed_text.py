@@ -51,11 +51,17 @@ def test_rows_or_tokens_past_the_layout_raise():
         pack_token_rows(np.ones((2, 77), dtype=np.int64), np.array([77, 77]), layout)
 
 
-def test_token_buckets_rise_by_at_most_a_quarter_and_end_at_the_largest():
-    buckets = token_buckets(1024 * 77)
+@pytest.mark.parametrize("per_doubling", [4, 8])
+def test_token_buckets_rise_by_at_most_one_step_a_doubling_and_end_at_the_largest(per_doubling):
+    buckets = token_buckets(1024 * 77, per_doubling)
     assert buckets[0] == 256 and buckets[-1] == 1024 * 77 and buckets == sorted(set(buckets))
-    assert all(b / a <= 1.25 + 1e-9 for a, b in zip(buckets[8:], buckets[9:]))
-    assert token_buckets(300) == [256, 300]
+    assert all(b / a <= 1 + 1 / per_doubling + 1e-9 for a, b in zip(buckets, buckets[1:]))
+    assert token_buckets(300, 4) == [256, 300] and token_buckets(300, 8) == [256, 288, 300]
+
+
+def test_a_typical_web_caption_batch_pads_to_the_next_eighth_by_default():
+    buckets = token_buckets(1024 * 77)
+    assert len(buckets) == 67 and min(b for b in buckets if b >= 25_727) == 26_624
 
 
 def test_a_batch_replays_the_cheapest_measured_bucket_holding_it():
