@@ -53,6 +53,29 @@ def freeze_loaded_objects() -> None:
     gc.freeze()
 
 
+def single_threaded_host_ops(device: Any) -> bool:
+    """On a CUDA device, torch's CPU ops in this process run on the calling thread (``torch.set_num_threads(1)``);
+    True when set.
+
+    The engine's CPU work is per batch and small (token ids, packing, result rows). With torch's intra-op pool, the
+    first batcher thread to run such an op on a large batch starts an OpenMP team of one thread per core, whose
+    threads spin between ops: in a fresh server on a 16-core H100 host, fed 950 requests of 64 captions a second,
+    a team of 15 threads started with the first batches and used 8-12 cores while the queue held 1,024-caption
+    batches, beside the HTTP frontends and the load generator that needed them
+    (``benchmarks/results/h100/text_buckets_04bca1b/first_point``). On the CPU the model needs the pool: left as is.
+    """
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return False
+    if torch.get_num_threads() != 1:
+        logger.info("torch CPU ops in the engine process run on one thread (was %d): the GPU does the model's "
+                    "work, and an OpenMP team per batcher thread would spin on the cores the frontends use",
+                    torch.get_num_threads())
+        torch.set_num_threads(1)
+    return True
+
+
 def _inputs(runs: Sequence[QueuedInputs]) -> int:
     return sum(len(run.indices) for run in runs)
 
@@ -118,6 +141,7 @@ class Engine:
             import clip_flash
 
             clip_flash.patch(model)
+        single_threaded_host_ops(device)  # after loading: OpenCLIP builds the model (and draws random init) on the CPU
         if config.inputs == "fast":
             from clip_flash.inputs.text.tokenizer import get_tokenizer
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from clip_flash.serve.batcher import TowerBatcher, encode_in_pieces
-from clip_flash.serve.engine import IMAGE_BUCKETS_PER_OCTAVE, batch_buckets
+from clip_flash.serve.engine import IMAGE_BUCKETS_PER_OCTAVE, batch_buckets, single_threaded_host_ops
 from clip_flash.serve.inputs import length_groups
 from clip_flash.serve.text_graphs import ReplayCosts, cost_groups
 from clip_flash.serve.jobs import DROPPED, QUEUED, Embedded, EmbeddingJob, ItemError, QueuedInputs
@@ -40,6 +40,14 @@ def test_batch_buckets_cover_every_batch_with_bounded_padding(largest):
     assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64)  # powers of two
     assert batch_buckets(64, IMAGE_BUCKETS_PER_OCTAVE) == (1, 2, 4, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48,
                                                            56, 64)
+
+
+def test_an_engine_on_cuda_keeps_torch_cpu_ops_on_one_thread_and_on_the_cpu_leaves_the_pool(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    assert not single_threaded_host_ops("cpu") and calls == []
+    assert single_threaded_host_ops(torch.device("cuda", 0)) and calls == [1]
 
 
 def test_out_of_memory_retried_in_halves():
