@@ -56,10 +56,11 @@ class ServeConfig:
             ``cost``: 1,002-1,010 req/s answered at 1,100 offered against 840-851, at 950 offered 953-954 against
             764-848 (``benchmarks/results/h100/packed_text_graphs_18449c5``); with clip_flash's packed attention
             kernel in the packed graphs, 1,176-1,189 req/s saturated against 1,008-1,019 before it
-            (``benchmarks/results/h100/packed_attention_a17619e``). ``"cost"``: padded graphs only, each
-            batch cut into length groups where their replays cost least in sum; ``"buckets"``: cut at every
-            length bucket, groups under 16 captions joined to the next. ``cost``, ``cost-packed`` need CUDA graphs
-            (else ``buckets``).
+            (``benchmarks/results/h100/packed_attention_a17619e``), and with 8 token-count buckets a doubling
+            instead of 4, 1,269-1,272 against 1,171-1,172 (``benchmarks/results/h100/text_buckets_04bca1b``).
+            ``"cost"``: padded graphs only, each batch cut into length groups where their replays cost least in
+            sum; ``"buckets"``: cut at every length bucket, groups under 16 captions joined to the next.
+            ``cost``, ``cost-packed`` need CUDA graphs (else ``buckets``).
         max_wait_ms: how long the first item of a batch waits for others while a batch of its tower is in flight
             (with none in flight a batch closes at once: waiting would only add latency).
         wait_when_idle: wait ``max_wait_ms`` even with no batch in flight (fuller batches at low load, at the cost

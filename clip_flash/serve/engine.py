@@ -57,11 +57,11 @@ def single_threaded_host_ops(device: Any) -> bool:
     """On a CUDA device, torch's CPU ops in this process run on the calling thread (``torch.set_num_threads(1)``);
     True when set.
 
-    The engine's CPU work is per batch and small (token ids, packing, result rows). With torch's intra-op pool, the
-    first batcher thread to run such an op on a large batch starts an OpenMP team of one thread per core, whose
-    threads spin between ops: in a fresh server on a 16-core H100 host, fed 950 requests of 64 captions a second,
-    a team of 15 threads started with the first batches and used 8-12 cores while the queue held 1,024-caption
-    batches, beside the HTTP frontends and the load generator that needed them
+    The engine's CPU work is per batch and small (token ids, packing, result rows). With torch's intra-op pool, a
+    batcher thread's first parallel op starts an OpenMP team of one thread per core, and libgomp's threads spin
+    300,000 times before sleeping while there are no more of them than cores: a fresh server on a 16-core H100
+    host, fed 950 requests of 64 captions a second, started one such team in 1 of 7 runs, whose spinning took
+    6-12 cores from the HTTP frontends and the load generator while 1,024-caption batches queued
     (``benchmarks/results/h100/text_buckets_04bca1b/first_point``). On the CPU the model needs the pool: left as is.
     """
     import torch
