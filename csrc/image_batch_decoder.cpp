@@ -396,13 +396,17 @@ ImageBatchDecoder::ImageBatchDecoder(int threads, std::string library_path)
 const std::string& ImageBatchDecoder::failure() const { return libjpeg::open_library(library_path_).failure; }
 
 std::shared_ptr<ScannedBatch> ImageBatchDecoder::scan(std::vector<DecodeSource> sources, ScanMode mode,
-                                                      int64_t max_pixels) {
+                                                      int64_t max_pixels, const std::vector<int64_t>& exact) {
   auto batch = std::make_shared<ScannedBatch>();
   batch->items.resize(sources.size());
+  std::vector<ScanMode> modes(sources.size(), mode);
+  for (const int64_t position : exact) {
+    if (position >= 0 && static_cast<size_t>(position) < modes.size()) modes[position] = ScanMode::kCoefficients;
+  }
   const libjpeg::Library& library = libjpeg::open_library(library_path_);
   pool_.run(sources.size(), [&](size_t i) {
     try {
-      scan_one(library, sources[i], mode, max_pixels, &batch->items[i]);
+      scan_one(library, sources[i], modes[i], max_pixels, &batch->items[i]);
     } catch (const std::exception& error) {  // e.g. out of memory: Pillow decides
       batch->items[i].kind = DecodeKind::kPython;
       batch->items[i].note = error.what();

@@ -101,7 +101,10 @@ class ImageBatchDecoder {
   const std::string& failure() const;
   int threads() const { return pool_.threads(); }
   // Reads and scans every source; sizes past max_pixels (> 0) are left to Pillow's decompression-bomb check.
-  std::shared_ptr<ScannedBatch> scan(std::vector<DecodeSource> sources, ScanMode mode, int64_t max_pixels);
+  // The items at the positions in `exact` are scanned as kCoefficients whatever `mode` says (with kEncoded:
+  // the share of a batch's JPEGs the CPU decodes exactly beside nvJPEG's hardware decoder).
+  std::shared_ptr<ScannedBatch> scan(std::vector<DecodeSource> sources, ScanMode mode, int64_t max_pixels,
+                                     const std::vector<int64_t>& exact = {});
   // Decodes the kCoefficients and kPixels items whose offset is >= 0 into their buffers (capacities checked);
   // returns per item why it could not (empty: written), the item then being left to Pillow.
   std::vector<std::string> decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,

@@ -61,7 +61,8 @@ void register_image_batch_decoder(py::module& module) {
       .def_property_readonly("threads", &ImageBatchDecoder::threads)
       .def_property_readonly("failure", &ImageBatchDecoder::failure,
                              "Why the libjpeg cannot be used (empty: it can).")
-      .def("scan", [](ImageBatchDecoder& decoder, const py::list& items, int64_t mode, int64_t max_pixels) {
+      .def("scan", [](ImageBatchDecoder& decoder, const py::list& items, int64_t mode, int64_t max_pixels,
+                      const std::vector<int64_t>& exact) {
         TORCH_CHECK(mode >= 0 && mode <= 2, "mode must be 0 (pixels), 1 (coefficients) or 2 (encoded)");
         std::vector<DecodeSource> sources(items.size());
         for (size_t i = 0; i < sources.size(); ++i) {
@@ -76,9 +77,10 @@ void register_image_batch_decoder(py::module& module) {
           }
         }
         py::gil_scoped_release released;
-        return decoder.scan(std::move(sources), static_cast<ScanMode>(mode), max_pixels);
-      }, "Read and scan every input (str: a path; bytes: the encoded image).", py::arg("items"), py::arg("mode"),
-           py::arg("max_pixels"))
+        return decoder.scan(std::move(sources), static_cast<ScanMode>(mode), max_pixels, exact);
+      }, "Read and scan every input (str: a path; bytes: the encoded image); the items at the positions in `exact` "
+         "as mode 1 (coefficients) whatever `mode` says.", py::arg("items"), py::arg("mode"), py::arg("max_pixels"),
+           py::arg("exact") = std::vector<int64_t>{})
       .def("decode", [](ImageBatchDecoder& decoder, const ScannedBatch& batch, const at::Tensor& pixels,
                         const at::Tensor& pixel_offsets, const at::Tensor& coefficients,
                         const at::Tensor& coefficient_offsets) {

@@ -42,6 +42,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def share_of_one(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The job's options on ``parser``."""
     parser.add_argument("--model", default=DEFAULT_MODEL,
@@ -73,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "same rows, where launching takes a quarter of an eager batch's time or more)")
     parser.add_argument("--decode-threads", type=positive_int, default=None,
                         help="batches prepared at once ahead of the GPU (default 2)")
+    parser.add_argument("--exact-share", type=share_of_one, default=None,
+                        help="with --decode gpu: the share of each batch decoded exactly on the CPU beside nvJPEG's "
+                             "hardware decoder (those rows are exact; default from the cores, about 0.35 on 16)")
     parser.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw embeddings")
     parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument("--no-captions", dest="captions", action="store_false", default=None,
@@ -132,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
                    normalize=args.normalize, out_dtype=args.out_dtype, captions=args.captions,
                    caption_column=args.caption_column, require_captions=args.require_captions,
                    workers=args.workers, executor=args.executor, cuda_graphs=args.cuda_graphs,
-                   decode_threads=args.decode_threads, repeat=args.repeat, progress=args.progress,
+                   decode_threads=args.decode_threads, exact_share=args.exact_share, repeat=args.repeat,
+                   progress=args.progress,
                    command=getattr(args, "command", None))
     try:
         with _stop_on_sigterm():

@@ -111,10 +111,12 @@ def _progress(total: Optional[int], enabled: bool):
 
 
 def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
-                 executor: str = "thread", decode_threads: int = DEFAULT_DECODE_THREADS) -> Tuple[Any, Any]:
+                 executor: str = "thread", decode_threads: int = DEFAULT_DECODE_THREADS,
+                 exact_share: Optional[float] = None) -> Tuple[Any, Any]:
     """clip_flash's image preparer and tokenizer for this model (None for what the source lacks). With
     ``decode="gpu"``, one nvJPEG hardware decoder per decoding thread (up to nvJPEG's 8), so that no batch waits
-    for another's decoder."""
+    for another's decoder, and ``exact_share`` of each batch decoded exactly beside it (None: the preparer's
+    default)."""
     from clip_flash.inputs.image.preprocessor import MAX_NVJPEG_DECODERS, ImagePreprocessor
     from clip_flash.inputs.text.tokenizer import get_tokenizer
 
@@ -122,7 +124,8 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
     if source.has_images:
         preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
                                      workers=workers, executor=executor,
-                                     nvjpeg_decoders=max(1, min(MAX_NVJPEG_DECODERS, decode_threads)))
+                                     nvjpeg_decoders=max(1, min(MAX_NVJPEG_DECODERS, decode_threads)),
+                                     exact_share=exact_share)
     if source.has_captions:
         base = get_tokenizer(loaded.spec.name)
         context = loaded.context_length
@@ -132,7 +135,8 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
 
 def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
                 normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread",
-                cuda_graphs: bool = True, decode_threads: Optional[int] = None) -> Any:
+                cuda_graphs: bool = True, decode_threads: Optional[int] = None,
+                exact_share: Optional[float] = None) -> Any:
     """The pipeline that runs the job: clip_flash's, or the stock baseline."""
     if pipeline == "stock":
         from .stock import StockPipeline
@@ -140,7 +144,8 @@ def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str
         return StockPipeline(loaded, device, source, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], workers=workers)
     decode_threads = decode_threads or DEFAULT_DECODE_THREADS
-    preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor, decode_threads)
+    preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor, decode_threads,
+                                       exact_share)
     return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset",
                              cuda_graphs=cuda_graphs, decode_threads=decode_threads)
@@ -151,13 +156,28 @@ def _caption_file(input: Union[str, Path]) -> bool:
     return Path(str(input)).suffix.lower() in CAPTION_FILE_SUFFIXES
 
 
+def _exact_route_runs(decode: str, exact_share: Optional[float], workers: Optional[int]) -> bool:
+    """Whether the job's images take the exact route (page-locked blocks per batch): decode="cpu", or "gpu" with
+    an exact share (the preparer's default where none is asked for)."""
+    from clip_flash.environment import usable_cores
+    from clip_flash.inputs.image.exact_share import default_exact_share
+
+    if decode == "cpu":
+        return True
+    share = exact_share if exact_share is not None else default_exact_share(workers or usable_cores())
+    return share > 0
+
+
 def decoding_workers(runner: Any) -> Dict[str, Any]:
     """How the run's images were decoded: the executor asked for, the workers, and whether natively."""
     preparer = getattr(runner, "image_preparer", None)
     if preparer is None or not hasattr(preparer, "executor"):
         return {}
-    return {"decode_executor": preparer.executor, "decode_workers": preparer.workers,
-            "decode_native": preparer.native}
+    described = {"decode_executor": preparer.executor, "decode_workers": preparer.workers,
+                 "decode_native": preparer.native}
+    if getattr(preparer, "decoder", None) == "gpu":
+        described["decode_exact_share"] = preparer.exact_share
+    return described
 
 
 def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32", *,
@@ -166,8 +186,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
           shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
           captions: Optional[bool] = None, caption_column: Optional[str] = None, require_captions: bool = False,
           workers: Optional[int] = None, executor: str = "auto", cuda_graphs: bool = True,
-          decode_threads: Optional[int] = None, repeat: int = 1, progress: bool = True,
-          command: Optional[str] = None) -> JobSummary:
+          decode_threads: Optional[int] = None, exact_share: Optional[float] = None, repeat: int = 1,
+          progress: bool = True, command: Optional[str] = None) -> JobSummary:
     """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
 
     Args:
@@ -200,6 +220,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             batch takes ``warm_up.GRAPH_LAUNCH_SHARE`` of its time or more (measured on the run's second full
             batch; the run record's ``image_cuda_graphs`` says what ran); False runs them eager.
         decode_threads: batches prepared at once ahead of the GPU (default ``DEFAULT_DECODE_THREADS``, 2).
+        exact_share: with ``decode="gpu"``, the share of each batch decoded exactly on the CPU beside nvJPEG's
+            hardware decoder (those rows are exact; see :mod:`clip_flash.inputs.image.exact_share`); default: the
+            preparer's, from the decoding workers (about 0.35 on 16 cores). Recorded in the run record.
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 
@@ -215,6 +238,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     if decode_threads is not None and decode_threads < 1:
         raise ValueError(f"decode_threads must be at least 1, got {decode_threads}")
+    if exact_share is not None and not 0.0 <= exact_share <= 1.0:
+        raise ValueError(f"exact_share must be from 0 to 1, got {exact_share}")
     device = resolve_device(device)
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
                    decode=decode, shard_size=shard_size, normalize=normalize, out_dtype=out_dtype, captions=captions,
@@ -226,8 +251,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         reserved = None  # page-locked blocks made while the model loaded (None: not asked for)
         if job.todo:  # nothing left to embed: no model to load
             reservation = None
-            if (device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and decode == "cpu"
-                    and executor != "thread"):
+            if (device.type == "cuda" and job.source.has_images and pipeline == "clip_flash"
+                    and _exact_route_runs(decode, exact_share, workers) and executor != "thread"):
                 from .pinned_reserve import PinnedReservation
 
                 # Blocks for the batches alive at once (queued, launching, uploading), made while the model loads.
@@ -238,7 +263,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
-                                 workers, executor, cuda_graphs, decode_threads)
+                                 workers, executor, cuda_graphs, decode_threads, exact_share)
             if hasattr(runner, "warm_up"):
                 # The decoder's start; the device half runs at the run's start, beside its first reads.
                 warm_up_seconds = runner.warm_up(device=False)

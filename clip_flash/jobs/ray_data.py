@@ -98,7 +98,7 @@ class ShardEmbedder:
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                   job["normalize"], job["out_dtype"], workers, job["executor"],
-                                  job["cuda_graphs"], job.get("decode_threads"))
+                                  job["cuda_graphs"], job.get("decode_threads"), job.get("exact_share"))
         self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
         self.output = OutputFolder(job["out"], job["shard_count"])
 
@@ -139,8 +139,9 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                    normalize: bool = True, out_dtype: str = "float16", captions: Optional[bool] = None,
                    caption_column: Optional[str] = None, require_captions: bool = False,
                    workers: Optional[int] = None, executor: str = "auto",
-                   cuda_graphs: bool = True, decode_threads: Optional[int] = None, repeat: int = 1,
-                   progress: bool = True, command: Optional[str] = None) -> JobSummary:
+                   cuda_graphs: bool = True, decode_threads: Optional[int] = None,
+                   exact_share: Optional[float] = None, repeat: int = 1, progress: bool = True,
+                   command: Optional[str] = None) -> JobSummary:
     """:func:`clip_flash.embed` on a Ray cluster: same arguments, same output folder, same resume rules.
 
     ``address``: a running cluster (``HOST:6379``); None or ``"auto"`` starts a local Ray (``num_cpus``)
@@ -167,7 +168,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
     actor_job = {"device": device, "spec": job.spec, "precision": job.precision, "patch": patch, "decode": decode,
                  "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
                  "executor": executor, "cuda_graphs": cuda_graphs, "decode_threads": decode_threads,
-                 "out": str(job.output.root), "shard_count": len(job.plan),
+                 "exact_share": exact_share, "out": str(job.output.root), "shard_count": len(job.plan),
                  "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions}}
     try:
         job.output.record_settings(job.settings)  # the actors load the model; a bad spec failed in plan_job

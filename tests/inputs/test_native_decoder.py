@@ -314,3 +314,17 @@ def test_pngs_through_the_preparer_equal_the_reference(vit_b32_preprocess, tmp_p
         prepared = prep([str(path) for path in files])
     assert prepared.routes.get("png", 0) >= 8, prepared.routes
     assert_same_as_reference(prepared, vit_b32_preprocess, files)
+
+
+def test_positions_scanned_for_the_exact_route_beside_encoded_ones():
+    """decode="gpu"'s exact share: the positions passed as ``exact`` are scanned for coefficients, the other JPEGs
+    stay encoded for nvJPEG; positions out of range are ignored."""
+    datas = [data for data in _variants() if NATIVE.scan([data], ScanMode.COEFFICIENTS).info[0, KIND]
+             == DecodeKind.COEFFICIENTS][:8]
+    assert len(datas) == 8
+    scanned = NATIVE.scan(datas, ScanMode.ENCODED, exact=[1, 4, 99, -1])
+    kinds = scanned.info[:, KIND].tolist()
+    assert kinds == [DecodeKind.ENCODED, DecodeKind.COEFFICIENTS, DecodeKind.ENCODED, DecodeKind.ENCODED,
+                     DecodeKind.COEFFICIENTS, DecodeKind.ENCODED, DecodeKind.ENCODED, DecodeKind.ENCODED]
+    assert (scanned.info[[1, 4], COEFFICIENT_BYTES] > 0).all()
+    assert kinds == NATIVE.scan(datas, ScanMode.ENCODED, exact=[1, 4]).info[:, KIND].tolist()

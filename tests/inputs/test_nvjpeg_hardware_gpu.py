@@ -225,3 +225,32 @@ def test_the_decoder_count_argument(vit_b32_preprocess):
     for bad in (0, 9):
         with pytest.raises(ValueError, match="nvjpeg_decoders"):
             clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", nvjpeg_decoders=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_the_exact_share_is_exact_beside_the_hardwares_rows(vit_b32_preprocess, photo_files, share):
+    """decode="gpu" with an exact share: the inputs at the share's positions are decoded exactly (their rows are
+    ``preprocess(Image.open(p))`` bit for bit), the others are the rows of the fast path without the share; the
+    hardware decodes its part (in a thread of its own) while the CPU decodes the share."""
+    from clip_flash.inputs.image.exact_share import exact_positions
+
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cuda", dtype=torch.float32, workers=4) as prep:
+        exact = prep(photo_files)
+    native = {"device": "cuda", "dtype": torch.float32, "decode": "gpu", "workers": 4, "executor": "native"}
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, exact_share=0.0, **native) as prep:
+        fast = prep(photo_files)
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, exact_share=share, **native) as prep:
+        decoded = prep.decode(photo_files)
+        if nvjpeg_packed._HARDWARE["unavailable"] is not None:
+            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+        assert (decoded.on_gpu is not None) == (share < 1.0)
+        mixed = prep.prepare(decoded)
+    assert mixed.indices == exact.indices == fast.indices and mixed.failures == exact.failures
+    assert mixed.routes.get("jpeg-dct", 0) >= 20 and (share < 1.0) == (mixed.routes.get("gpu-jpeg", 0) > 0)
+    on_cpu = set(exact_positions(len(photo_files), share))
+    for row, index in enumerate(mixed.indices):
+        expected = exact.pixels[row] if index in on_cpu else fast.pixels[row]
+        assert torch.equal(mixed.pixels[row], expected), f"input {index} ({'exact' if index in on_cpu else 'nvJPEG'})"
+    if share == 1.0:
+        assert torch.equal(mixed.pixels, exact.pixels)

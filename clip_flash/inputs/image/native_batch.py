@@ -12,8 +12,8 @@ Inputs in memory (PIL images, arrays) and whatever the native decoder leaves to 
 """
 from __future__ import annotations
 
-from concurrent.futures import Executor
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from concurrent.futures import Executor, Future
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from ...ops.image_resample import plan_batch
 from .image_batches import DecodedImages, PackedPixels
 from .image_decoding import (DctCoefficients, DecodedItem, DecodedPixels, DecodeFailure, DecodeOptions, EncodedJpeg,
                              PixelsInLayout, Route, decode_item, describe_error)
+from .exact_share import exact_positions
 from .image_resize import ExactResize
 from .jpeg_dct import ALIGN, plan_dct_batch, table_bytes
 from .native_decode import (CHANNELS, ENCODED_BYTES, FORMAT, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH,
@@ -49,15 +50,28 @@ def python_decode(pairs: List[Tuple[int, Any]], options: DecodeOptions, threads:
 
 
 class NativeBatch:
-    """One call of the CPU step with the native decoder."""
+    """One call of the CPU step with the native decoder.
+
+    With ``mode`` :attr:`ScanMode.ENCODED` (``decode="gpu"``): ``exact_share`` of the natively read inputs are
+    scanned for the exact route instead (:mod:`.exact_share`), and ``start_encoded``, when given, is called with
+    the JPEGs kept encoded before the CPU decodes the rest, so that their decode (nvJPEG's hardware, in another
+    thread) runs beside it; its future is :attr:`encoded_started`. What the native decoder leaves to Pillow at the
+    share's positions is decoded with ``exact_options`` (not kept encoded for nvJPEG)."""
 
     def __init__(self, native: NativeBatchDecoder, mode: ScanMode, resize: ExactResize, options: DecodeOptions,
-                 threads: Executor) -> None:
+                 threads: Executor, exact_share: float = 0.0,
+                 start_encoded: Optional[Callable[[List[DecodedItem]], Future]] = None,
+                 exact_options: Optional[DecodeOptions] = None) -> None:
         self.native = native
         self.mode = mode
         self.resize = resize
         self.options = options
         self.threads = threads
+        self.exact_share = exact_share if mode == ScanMode.ENCODED else 0.0
+        self.start_encoded = start_encoded
+        self.exact_options = exact_options or options
+        self.exact_indices: set = set()  # inputs at the exact share's positions
+        self.encoded_started: Optional[Future] = None
         self._fits: Dict[Tuple[int, int], Optional[str]] = {}
 
     def _too_small(self, height: int, width: int) -> Optional[str]:
@@ -82,7 +96,9 @@ class NativeBatch:
         coefficients: List[int] = []
         encoded: List[int] = []
         if native_pairs:
-            scanned = self.native.scan([item for _, item in native_pairs], self.mode)
+            exact = exact_positions(len(native_pairs), self.exact_share) if self.exact_share else []
+            self.exact_indices = {native_pairs[position][0] for position in exact}
+            scanned = self.native.scan([item for _, item in native_pairs], self.mode, exact)
             info = scanned.info
             for position, (index, item) in enumerate(native_pairs):
                 kind = DecodeKind(int(info[position, KIND]))
@@ -100,7 +116,10 @@ class NativeBatch:
         python_items = self._python(python_pairs, failures)
         if scanned is not None:
             if encoded:
-                decoded += self._keep_encoded(scanned, native_pairs, encoded)
+                kept = self._keep_encoded(scanned, native_pairs, encoded)
+                decoded += kept
+                if self.start_encoded is not None and (pixels or coefficients):
+                    self.encoded_started = self.start_encoded(kept)
             retry: List[Tuple[int, Any]] = []
             if pixels or coefficients or (self.resize.packs and _has_pixels(python_items)):
                 more, python_items, packed, retry = self._decode_packed(scanned, native_pairs, pixels, coefficients,
@@ -115,9 +134,16 @@ class NativeBatch:
         return DecodedImages(len(items), decoded, failures, packed)
 
     def _python(self, pairs: List[Tuple[int, Any]], failures: List[Tuple[int, str]]) -> List[DecodedItem]:
-        """Pillow's way, in the Python threads; failures noted, the rest returned."""
+        """Pillow's way, in the Python threads (the exact share's inputs with ``exact_options``); failures noted,
+        the rest returned."""
         good = []
-        for item in python_decode(pairs, self.options, self.threads):
+        exact = [pair for pair in pairs if pair[0] in self.exact_indices]
+        rest = [pair for pair in pairs if pair[0] not in self.exact_indices]
+        decoded = python_decode(rest, self.options, self.threads)
+        if exact:
+            decoded = sorted(decoded + python_decode(exact, self.exact_options, self.threads),
+                             key=lambda item: item.index)
+        for item in decoded:
             if isinstance(item, DecodeFailure):
                 failures.append((item.index, item.reason))
             else:

@@ -137,13 +137,14 @@ class NativeBatchDecoder:
                 self._pid = os.getpid()
             return self._decoder
 
-    def scan(self, items: Sequence[Any], mode: ScanMode) -> ScannedBatch:
-        """Read every input (paths and bytes) and scan its header, in the pool."""
+    def scan(self, items: Sequence[Any], mode: ScanMode, exact: Sequence[int] = ()) -> ScannedBatch:
+        """Read every input (paths and bytes) and scan its header, in the pool; the items at the positions in
+        ``exact`` as :attr:`ScanMode.COEFFICIENTS` whatever ``mode`` says."""
         from PIL import Image
 
         sources = [_native_source(item) for item in items]
         limit = Image.MAX_IMAGE_PIXELS
-        handle = self._native().scan(sources, int(mode), int(limit) if limit else 0)
+        handle = self._native().scan(sources, int(mode), int(limit) if limit else 0, [int(i) for i in exact])
         return ScannedBatch(handle, handle.info().numpy(), handle.layouts().numpy(), handle.notes())
 
     def decode(self, batch: ScannedBatch, pixels: torch.Tensor, pixel_offsets: np.ndarray,

@@ -1,0 +1,54 @@
+"""decode="gpu"'s exact share (:mod:`clip_flash.inputs.image.exact_share`): which positions of a batch the CPU
+decodes exactly beside nvJPEG's hardware decoder, and the default share."""
+from __future__ import annotations
+
+import pytest
+
+import clip_flash
+from clip_flash.inputs.image.exact_share import MAX_DEFAULT_SHARE, default_exact_share, exact_positions
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 64, 256, 1000])
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.25, 1 / 3, 0.35, 0.5, 0.9, 1.0])
+def test_positions_are_the_share_spread_evenly(count, share):
+    positions = exact_positions(count, share)
+    assert positions == sorted(set(positions)) and all(0 <= p < count for p in positions)
+    assert abs(len(positions) - count * share) < 1.0
+    if len(positions) >= 2 and share <= 0.5:  # evenly spread: no two neighbours, gaps within one of each other
+        gaps = [b - a for a, b in zip(positions, positions[1:])]
+        assert min(gaps) >= 2 and max(gaps) - min(gaps) <= 1
+    assert exact_positions(count, share) == positions  # the same batch, the same rows from run to run
+
+
+def test_every_prefix_keeps_its_positions():
+    """A batch's positions do not depend on what follows it (a shorter last batch takes the same ones)."""
+    whole = exact_positions(256, 0.35)
+    for count in (1, 5, 100, 255):
+        assert exact_positions(count, 0.35) == [p for p in whole if p < count]
+
+
+@pytest.mark.parametrize("share", [-0.01, 1.01])
+def test_a_share_out_of_range_is_refused(share):
+    with pytest.raises(ValueError, match="exact share"):
+        exact_positions(10, share)
+
+
+def test_default_share_grows_with_the_cores_and_stays_bounded():
+    shares = [default_exact_share(cores) for cores in range(1, 257)]
+    assert shares[:4] == [0.0] * 4  # a small host keeps every core for the hardware's share
+    assert all(a <= b for a, b in zip(shares, shares[1:]))
+    assert 0.3 <= default_exact_share(16) <= 0.45 and max(shares) <= MAX_DEFAULT_SHARE
+
+
+@pytest.mark.parametrize("share", [-0.5, 1.5])
+def test_the_preprocessor_refuses_a_share_out_of_range(vit_b32_preprocess, share):
+    with pytest.raises(ValueError, match="exact_share"):
+        clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", exact_share=share)
+
+
+def test_the_preprocessor_default_follows_its_workers(vit_b32_preprocess):
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", workers=16, start=False) as prep:
+        assert prep.exact_share == default_exact_share(16)
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", workers=2, exact_share=0.25,
+                                      start=False) as prep:
+        assert prep.exact_share == 0.25
