@@ -156,16 +156,18 @@ def _caption_file(input: Union[str, Path]) -> bool:
     return Path(str(input)).suffix.lower() in CAPTION_FILE_SUFFIXES
 
 
-def _exact_route_runs(decode: str, exact_share: Optional[float], workers: Optional[int]) -> bool:
-    """Whether the job's images take the exact route (page-locked blocks per batch): decode="cpu", or "gpu" with
-    an exact share (the preparer's default where none is asked for)."""
+def exact_images_per_batch(decode: str, batch_size: int, exact_share: Optional[float],
+                           workers: Optional[int]) -> int:
+    """How many of a full batch's images take the exact route (each batch's coefficients go into one page-locked
+    block sized by them): all with decode="cpu"; with "gpu", the exact share's (the preparer's default share where
+    none is asked for)."""
     from clip_flash.environment import usable_cores
-    from clip_flash.inputs.image.exact_share import default_exact_share
+    from clip_flash.inputs.image.exact_share import default_exact_share, exact_positions
 
     if decode == "cpu":
-        return True
+        return batch_size
     share = exact_share if exact_share is not None else default_exact_share(workers or usable_cores())
-    return share > 0
+    return len(exact_positions(batch_size, share))
 
 
 def decoding_workers(runner: Any) -> Dict[str, Any]:
@@ -251,12 +253,14 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         reserved = None  # page-locked blocks made while the model loaded (None: not asked for)
         if job.todo:  # nothing left to embed: no model to load
             reservation = None
-            if (device.type == "cuda" and job.source.has_images and pipeline == "clip_flash"
-                    and _exact_route_runs(decode, exact_share, workers) and executor != "thread"):
+            exact_images = exact_images_per_batch(decode, batch_size, exact_share, workers)
+            if (device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and exact_images
+                    and executor != "thread"):
                 from .pinned_reserve import PinnedReservation
 
-                # Blocks for the batches alive at once (queued, launching, uploading), made while the model loads.
-                reservation = PinnedReservation(batch_size, input_blocks_alive()).start()
+                # Blocks for the batches alive at once (queued, launching, uploading), made while the model loads,
+                # the size the exact route's share of a batch asks for.
+                reservation = PinnedReservation(exact_images, input_blocks_alive()).start()
             loaded = load_job_model(job, device)
             model_load_seconds = time.perf_counter() - setup_started
             job.output.record_settings(job.settings)

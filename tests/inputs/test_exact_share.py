@@ -52,3 +52,14 @@ def test_the_preprocessor_default_follows_its_workers(vit_b32_preprocess):
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", workers=2, exact_share=0.25,
                                       start=False) as prep:
         assert prep.exact_share == 0.25
+
+
+def test_the_job_reserves_page_locked_blocks_for_the_exact_images_of_a_batch():
+    """The job's page-locked blocks made ahead are sized by the images that take the exact route in a batch."""
+    from clip_flash.jobs.job import exact_images_per_batch
+
+    assert exact_images_per_batch("cpu", 256, None, None) == 256
+    assert exact_images_per_batch("gpu", 256, 0.0, None) == 0
+    assert exact_images_per_batch("gpu", 256, 0.25, None) == 64
+    assert exact_images_per_batch("gpu", 256, None, 16) == len(exact_positions(256, default_exact_share(16))) > 0
+    assert exact_images_per_batch("gpu", 256, None, 4) == 0
