@@ -51,7 +51,6 @@ from benchmarks.harness.timing import synchronize  # noqa: E402
 from benchmarks.harness.workloads import caption_prompts  # noqa: E402
 from clip_flash.jobs.job import DEFAULT_TEXT_BATCH  # noqa: E402
 from clip_flash.environment import usable_cores  # noqa: E402
-from clip_flash.inputs.image.exact_share import default_exact_share  # noqa: E402
 
 CAPTION_SHARD = 32768  # captions per shard of the caption jobs: a steady rate over several shards of 8 batches
 
@@ -120,13 +119,13 @@ def compare(out: Path, reference: Path) -> Dict[str, float]:
 def run_case(scratch: Path, name: str, source: Any, model: str, pipeline: str, decode: str, repeat: int,
              shard_size: int, batch_size: Optional[int], device: torch.device,
              executor: str = "thread", cuda_graphs: bool = True, decode_threads: Optional[int] = None,
-             exact_share: Optional[float] = None) -> Dict[str, Any]:
+             exact_share: float = 0.0) -> Dict[str, Any]:
     out = scratch / name
     shutil.rmtree(out, ignore_errors=True)
     summary = clip_flash.embed(source, out, model, device=device, patch=pipeline != "stock", pipeline=pipeline,
                                decode=decode, executor=executor, cuda_graphs=cuda_graphs, repeat=repeat,
                                shard_size=shard_size, batch_size=batch_size, decode_threads=decode_threads,
-                               exact_share=exact_share if decode == "gpu" else None, progress=False)
+                               exact_share=exact_share if decode == "gpu" else 0.0, progress=False)
     print(summary.format(), flush=True)
     gc.collect()
     if device.type == "cuda":
@@ -155,8 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--encoder-calls", type=int, default=30, help="timed calls of the encoder-only ceiling")
     parser.add_argument("--decode-threads", type=int, default=None,
                         help="the image jobs' decode_threads (batches prepared at once; default: the job's)")
-    parser.add_argument("--exact-share", type=float, default=None,
-                        help="the decode-gpu jobs' exact_share (default: the job's, from the cores)")
+    parser.add_argument("--exact-share", type=float, default=0.0, help="the decode-gpu jobs' exact_share")
     args = parser.parse_args(argv)
     missing = [name for name in ("pyarrow", "tqdm", "tokenizers") if importlib.util.find_spec(name) is None]
     if missing:  # fail in a second, not after the first model load
@@ -171,8 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="embed_bench_", dir=args.scratch))
     command = "python " + " ".join(shlex.quote(arg) for arg in [sys.argv[0], *(argv or sys.argv[1:])])
     rows: List[Dict[str, Any]] = []
-    # The decode-gpu jobs' exact share: asked for, else the preparer's default for its workers (every core).
-    gpu_share = args.exact_share if args.exact_share is not None else default_exact_share(usable_cores())
+    gpu_share = args.exact_share
     ceilings: Dict[str, Dict[str, float]] = {}
     try:
         repeats = dict(zip(args.models, args.repeat + [args.repeat[-1]] * len(args.models)))

@@ -80,9 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "same rows, where launching takes a quarter of an eager batch's time or more)")
     parser.add_argument("--decode-threads", type=positive_int, default=None,
                         help="batches prepared at once ahead of the GPU (default 2)")
-    parser.add_argument("--exact-share", type=share_of_one, default=None,
+    parser.add_argument("--exact-share", type=share_of_one, default=0.0,
                         help="with --decode gpu: the share of each batch decoded exactly on the CPU beside nvJPEG's "
-                             "hardware decoder (those rows are exact; default from the cores, about 0.35 on 16)")
+                             "hardware decoder (those rows are exact; default 0)")
     parser.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw embeddings")
     parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument("--no-captions", dest="captions", action="store_false", default=None,

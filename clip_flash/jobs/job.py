@@ -112,11 +112,10 @@ def _progress(total: Optional[int], enabled: bool):
 
 def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
                  executor: str = "thread", decode_threads: int = DEFAULT_DECODE_THREADS,
-                 exact_share: Optional[float] = None) -> Tuple[Any, Any]:
+                 exact_share: float = 0.0) -> Tuple[Any, Any]:
     """clip_flash's image preparer and tokenizer for this model (None for what the source lacks). With
     ``decode="gpu"``, one nvJPEG hardware decoder per decoding thread (up to nvJPEG's 8), so that no batch waits
-    for another's decoder, and ``exact_share`` of each batch decoded exactly beside it (None: the preparer's
-    default)."""
+    for another's decoder, and ``exact_share`` of each batch decoded exactly beside it."""
     from clip_flash.inputs.image.preprocessor import MAX_NVJPEG_DECODERS, ImagePreprocessor
     from clip_flash.inputs.text.tokenizer import get_tokenizer
 
@@ -136,7 +135,7 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
 def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
                 normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread",
                 cuda_graphs: bool = True, decode_threads: Optional[int] = None,
-                exact_share: Optional[float] = None) -> Any:
+                exact_share: float = 0.0) -> Any:
     """The pipeline that runs the job: clip_flash's, or the stock baseline."""
     if pipeline == "stock":
         from .stock import StockPipeline
@@ -156,18 +155,12 @@ def _caption_file(input: Union[str, Path]) -> bool:
     return Path(str(input)).suffix.lower() in CAPTION_FILE_SUFFIXES
 
 
-def exact_images_per_batch(decode: str, batch_size: int, exact_share: Optional[float],
-                           workers: Optional[int]) -> int:
+def exact_images_per_batch(decode: str, batch_size: int, exact_share: float) -> int:
     """How many of a full batch's images take the exact route (each batch's coefficients go into one page-locked
-    block sized by them): all with decode="cpu"; with "gpu", the exact share's (the preparer's default share where
-    none is asked for)."""
-    from clip_flash.environment import usable_cores
-    from clip_flash.inputs.image.exact_share import default_exact_share, exact_positions
+    block sized by them): all with decode="cpu"; with "gpu", the exact share's."""
+    from clip_flash.inputs.image.exact_share import exact_positions
 
-    if decode == "cpu":
-        return batch_size
-    share = exact_share if exact_share is not None else default_exact_share(workers or usable_cores())
-    return len(exact_positions(batch_size, share))
+    return batch_size if decode == "cpu" else len(exact_positions(batch_size, exact_share))
 
 
 def decoding_workers(runner: Any) -> Dict[str, Any]:
@@ -188,7 +181,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
           shard_size: int = DEFAULT_SHARD_SIZE, normalize: bool = True, out_dtype: str = "float16",
           captions: Optional[bool] = None, caption_column: Optional[str] = None, require_captions: bool = False,
           workers: Optional[int] = None, executor: str = "auto", cuda_graphs: bool = True,
-          decode_threads: Optional[int] = None, exact_share: Optional[float] = None, repeat: int = 1,
+          decode_threads: Optional[int] = None, exact_share: float = 0.0, repeat: int = 1,
           progress: bool = True, command: Optional[str] = None) -> JobSummary:
     """Embed a collection into ``out`` in clip-retrieval's layout; resume where an earlier run stopped.
 
@@ -223,8 +216,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             batch; the run record's ``image_cuda_graphs`` says what ran); False runs them eager.
         decode_threads: batches prepared at once ahead of the GPU (default ``DEFAULT_DECODE_THREADS``, 2).
         exact_share: with ``decode="gpu"``, the share of each batch decoded exactly on the CPU beside nvJPEG's
-            hardware decoder (those rows are exact; see :mod:`clip_flash.inputs.image.exact_share`); default: the
-            preparer's, from the decoding workers (about 0.35 on 16 cores). Recorded in the run record.
+            hardware decoder (those rows are exact; see :mod:`clip_flash.inputs.image.exact_share`, which says why
+            it is 0 by default). Recorded in the run record.
         repeat: embed the input list this many times over (benchmarks on a small folder).
         progress: tqdm bar on stderr. command: recorded in the run record (default: this process's argv).
 
@@ -240,7 +233,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     if decode_threads is not None and decode_threads < 1:
         raise ValueError(f"decode_threads must be at least 1, got {decode_threads}")
-    if exact_share is not None and not 0.0 <= exact_share <= 1.0:
+    if not 0.0 <= exact_share <= 1.0:
         raise ValueError(f"exact_share must be from 0 to 1, got {exact_share}")
     device = resolve_device(device)
     job = plan_job(input, out, model, device_type=device.type, precision=precision, patch=patch, pipeline=pipeline,
@@ -253,7 +246,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         reserved = None  # page-locked blocks made while the model loaded (None: not asked for)
         if job.todo:  # nothing left to embed: no model to load
             reservation = None
-            exact_images = exact_images_per_batch(decode, batch_size, exact_share, workers)
+            exact_images = exact_images_per_batch(decode, batch_size, exact_share)
             if (device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and exact_images
                     and executor != "thread"):
                 from .pinned_reserve import PinnedReservation

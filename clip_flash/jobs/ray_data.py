@@ -98,7 +98,7 @@ class ShardEmbedder:
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                   job["normalize"], job["out_dtype"], workers, job["executor"],
-                                  job["cuda_graphs"], job.get("decode_threads"), job.get("exact_share"))
+                                  job["cuda_graphs"], job.get("decode_threads"), job.get("exact_share", 0.0))
         self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
         self.output = OutputFolder(job["out"], job["shard_count"])
 
@@ -140,7 +140,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                    caption_column: Optional[str] = None, require_captions: bool = False,
                    workers: Optional[int] = None, executor: str = "auto",
                    cuda_graphs: bool = True, decode_threads: Optional[int] = None,
-                   exact_share: Optional[float] = None, repeat: int = 1, progress: bool = True,
+                   exact_share: float = 0.0, repeat: int = 1, progress: bool = True,
                    command: Optional[str] = None) -> JobSummary:
     """:func:`clip_flash.embed` on a Ray cluster: same arguments, same output folder, same resume rules.
 

@@ -41,9 +41,8 @@ class FastImageInputs:
                  workers: Optional[int], batch_size: int) -> None:
         from clip_flash.inputs.image.preprocessor import ImagePreprocessor
 
-        # No exact share beside nvJPEG (decode="gpu"): its default counts idle cores, and a server's serve HTTP.
         self.preparer = ImagePreprocessor(preprocess, device=device, dtype=dtype, decode=decode, workers=workers,
-                                          start=False, exact_share=0.0)
+                                          start=False)
         self.preparer.start(batch_size=batch_size)
         self.output_size = self.preparer.output_size
 

@@ -1,11 +1,11 @@
 """decode="gpu"'s exact share (:mod:`clip_flash.inputs.image.exact_share`): which positions of a batch the CPU
-decodes exactly beside nvJPEG's hardware decoder, and the default share."""
+decodes exactly beside nvJPEG's hardware decoder; the preparer's and the job's argument."""
 from __future__ import annotations
 
 import pytest
 
 import clip_flash
-from clip_flash.inputs.image.exact_share import MAX_DEFAULT_SHARE, default_exact_share, exact_positions
+from clip_flash.inputs.image.exact_share import exact_positions
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 64, 256, 1000])
@@ -33,22 +33,15 @@ def test_a_share_out_of_range_is_refused(share):
         exact_positions(10, share)
 
 
-def test_default_share_grows_with_the_cores_and_stays_bounded():
-    shares = [default_exact_share(cores) for cores in range(1, 257)]
-    assert shares[:4] == [0.0] * 4  # a small host keeps every core for the hardware's share
-    assert all(a <= b for a, b in zip(shares, shares[1:]))
-    assert 0.3 <= default_exact_share(16) <= 0.45 and max(shares) <= MAX_DEFAULT_SHARE
-
-
 @pytest.mark.parametrize("share", [-0.5, 1.5])
 def test_the_preprocessor_refuses_a_share_out_of_range(vit_b32_preprocess, share):
     with pytest.raises(ValueError, match="exact_share"):
         clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", exact_share=share)
 
 
-def test_the_preprocessor_default_follows_its_workers(vit_b32_preprocess):
-    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", workers=16, start=False) as prep:
-        assert prep.exact_share == default_exact_share(16)
+def test_the_preprocessor_keeps_its_share(vit_b32_preprocess):
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", workers=2, start=False) as prep:
+        assert prep.exact_share == 0.0
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", workers=2, exact_share=0.25,
                                       start=False) as prep:
         assert prep.exact_share == 0.25
@@ -58,8 +51,7 @@ def test_the_job_reserves_page_locked_blocks_for_the_exact_images_of_a_batch():
     """The job's page-locked blocks made ahead are sized by the images that take the exact route in a batch."""
     from clip_flash.jobs.job import exact_images_per_batch
 
-    assert exact_images_per_batch("cpu", 256, None, None) == 256
-    assert exact_images_per_batch("gpu", 256, 0.0, None) == 0
-    assert exact_images_per_batch("gpu", 256, 0.25, None) == 64
-    assert exact_images_per_batch("gpu", 256, None, 16) == len(exact_positions(256, default_exact_share(16))) > 0
-    assert exact_images_per_batch("gpu", 256, None, 4) == 0
+    assert exact_images_per_batch("cpu", 256, 0.0) == 256
+    assert exact_images_per_batch("gpu", 256, 0.0) == 0
+    assert exact_images_per_batch("gpu", 256, 0.25) == 64
+    assert exact_images_per_batch("gpu", 256, 0.35) == len(exact_positions(256, 0.35)) == 89

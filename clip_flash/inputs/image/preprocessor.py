@@ -29,7 +29,6 @@ from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
 from .image_decoding import (DecodedItem, DecodedPixels, DecodeFailure, DecodeOptions, EncodedJpeg,
                              PreparedByPreprocess, decode_item, describe_error)
-from .exact_share import default_exact_share
 from .image_resize import ExactResize
 from .native_batch import NativeBatch, python_decode, default_workers
 from .native_decode import NativeBatchDecoder, ScanMode
@@ -75,8 +74,7 @@ class ImagePreprocessor:
         nvjpeg_decoders: hardware decodes running at once, from different threads (1 to 8).
         exact_share: with ``decode="gpu"``, the hardware decoder and the native decoder: the share of each
             batch's inputs decoded exactly on the CPU at the same time as the hardware decodes the others (those
-            rows are exact; see :mod:`.exact_share`). None (default): ``default_exact_share(workers)``, which
-            balances the two routes' rates (about 0.35 on 16 cores, 0 on 4 or fewer); 0: nvJPEG decodes every
+            rows are exact; see :mod:`.exact_share`, which says why it is off by default). 0: nvJPEG decodes every
             JPEG it can.
 
     Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
@@ -101,7 +99,7 @@ class ImagePreprocessor:
                  dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
                  executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg",
                  start: bool = True, dct_route: bool = True, nvjpeg_hardware: bool = True,
-                 nvjpeg_decoders: int = 2, exact_share: Optional[float] = None) -> None:
+                 nvjpeg_decoders: int = 2, exact_share: float = 0.0) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -136,9 +134,9 @@ class ImagePreprocessor:
         self.workers = workers or default_workers()
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
-        if exact_share is not None and not 0.0 <= exact_share <= 1.0:
+        if not 0.0 <= exact_share <= 1.0:
             raise ValueError(f"exact_share must be from 0 to 1, got {exact_share}")
-        self.exact_share = default_exact_share(self.workers) if exact_share is None else float(exact_share)
+        self.exact_share = float(exact_share)
         if decode == "gpu":
             self.scan_mode = ScanMode.ENCODED
         elif dct_route and self.resize.packs:
