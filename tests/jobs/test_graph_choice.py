@@ -3,6 +3,8 @@ probe that keeps or drops the graph, the rest through the graph if kept (eager i
 throughout. The probe's timing needs CUDA (``tests/jobs/test_job_gpu.py``); the order is checked here."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from clip_flash.jobs import pipeline as pipeline_module, warm_up
@@ -10,12 +12,14 @@ from clip_flash.jobs.pipeline import EmbeddingPipeline
 
 
 class _Model(torch.nn.Module):
-    def __init__(self, calls):
+    def __init__(self, calls, launch_seconds: float = 0.0):
         super().__init__()
         self.calls = calls
+        self.launch_seconds = launch_seconds
 
     def encode_image(self, pixels):
         self.calls.append(("eager", pixels.shape[0]))
+        time.sleep(self.launch_seconds)
         return pixels
 
 
@@ -73,10 +77,12 @@ def test_the_probe_hears_how_many_full_batches_are_left(monkeypatch):
 
 
 def _probe_on_cpu(monkeypatch, full_batches_left):
-    """The real probe, its device syncs made no-ops (launching is then the whole of its time: a graph pays)."""
+    """The real probe, its device syncs made no-ops (launching is then the whole of its time: a graph pays). The
+    launch takes 20 ms, so that a busy machine pausing the test between the probe's clocks cannot make it look
+    small."""
     monkeypatch.setattr(warm_up.torch.cuda, "synchronize", lambda device=None: None)
     calls = []
-    pipeline = EmbeddingPipeline(_Model(calls), torch.device("cpu"), batch_size=4)
+    pipeline = EmbeddingPipeline(_Model(calls, launch_seconds=0.02), torch.device("cpu"), batch_size=4)
     pipeline.image_graphs = _Graphs(calls)
     warm_up.eager_batch_deciding_graphs(pipeline, torch.zeros(4, 1), full_batches_left)
     return calls, pipeline
