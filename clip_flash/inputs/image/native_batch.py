@@ -13,7 +13,7 @@ Inputs in memory (PIL images, arrays) and whatever the native decoder leaves to 
 from __future__ import annotations
 
 from concurrent.futures import Executor, Future
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ class NativeBatch:
         self.exact_share = exact_share if mode == ScanMode.ENCODED else 0.0
         self.start_encoded = start_encoded
         self.exact_options = exact_options or options
-        self.exact_indices: set = set()  # inputs at the exact share's positions
+        self.exact_indices: Set[int] = set()  # inputs at the exact share's positions
         self.encoded_started: Optional[Future] = None
         self._fits: Dict[Tuple[int, int], Optional[str]] = {}
 
