@@ -125,7 +125,7 @@ def run_case(scratch: Path, name: str, source: Any, model: str, pipeline: str, d
     summary = clip_flash.embed(source, out, model, device=device, patch=pipeline != "stock", pipeline=pipeline,
                                decode=decode, executor=executor, cuda_graphs=cuda_graphs, repeat=repeat,
                                shard_size=shard_size, batch_size=batch_size, decode_threads=decode_threads,
-                               exact_share=exact_share if decode == "gpu" else 0.0, progress=False)
+                               exact_share=exact_share, progress=False)
     print(summary.format(), flush=True)
     gc.collect()
     if device.type == "cuda":

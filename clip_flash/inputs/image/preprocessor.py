@@ -179,20 +179,20 @@ class ImagePreprocessor:
                                                    thread_name_prefix="clip_flash-decode")
             return self._threads
 
+    def _decode_on_hardware(self, items: List[DecodedItem]) -> Optional[PackedJpegs]:
+        """:func:`decode_into_layout` of ``items`` on this preparer's device, from whichever thread calls it."""
+        with torch.cuda.device(self.device):
+            return decode_into_layout(items, self.device, self.resize.spec, self.gpu_chroma, self.nvjpeg_decoders)
+
     def _start_hardware_decode(self, items: List[DecodedItem]) -> "Future[Optional[PackedJpegs]]":
-        """:func:`decode_into_layout` of ``items`` in a thread of its own, so that the native decoder works on the
-        batch's exact share meanwhile (both release the GIL)."""
+        """:meth:`_decode_on_hardware` in a thread of its own, so that the native decoder works on the rest of the
+        batch meanwhile (both release the GIL)."""
         with self._lock:
             if self._hardware_threads is None:
                 self._hardware_threads = ThreadPoolExecutor(self.nvjpeg_decoders,
                                                             thread_name_prefix="clip_flash-nvjpeg")
             threads = self._hardware_threads
-
-        def decode() -> Optional[PackedJpegs]:
-            with torch.cuda.device(self.device):
-                return decode_into_layout(items, self.device, self.resize.spec, self.gpu_chroma, self.nvjpeg_decoders)
-
-        return threads.submit(decode)
+        return threads.submit(self._decode_on_hardware, items)
 
     @property
     def native(self) -> bool:
@@ -234,8 +234,7 @@ class ImagePreprocessor:
         if started is not None:
             decoded.on_gpu = started.result()
         elif hardware:
-            decoded.on_gpu = decode_into_layout(decoded.items, self.device, self.resize.spec, self.gpu_chroma,
-                                                self.nvjpeg_decoders)
+            decoded.on_gpu = self._decode_on_hardware(decoded.items)
         return decoded
 
     def _decode_in_threads(self, items: List[ImageInput]) -> DecodedImages:
