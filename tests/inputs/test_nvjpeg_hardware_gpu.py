@@ -244,7 +244,8 @@ def test_the_exact_share_is_exact_beside_the_hardwares_rows(vit_b32_preprocess, 
         decoded = prep.decode(photo_files)
         if nvjpeg_packed._HARDWARE["unavailable"] is not None:
             pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
-        assert (decoded.on_gpu is not None) == (share < 1.0)
+        # Both layouts were resized by the decoding thread (here this one): prepare() only waits for the rows.
+        assert decoded.ahead is not None and decoded.on_gpu is None and decoded.packed is None
         mixed = prep.prepare(decoded)
     assert mixed.indices == exact.indices == fast.indices and mixed.failures == exact.failures
     assert mixed.routes.get("jpeg-dct", 0) >= 20 and (share < 1.0) == (mixed.routes.get("gpu-jpeg", 0) > 0)
@@ -254,3 +255,36 @@ def test_the_exact_share_is_exact_beside_the_hardwares_rows(vit_b32_preprocess, 
         assert torch.equal(mixed.pixels[row], expected), f"input {index} ({'exact' if index in on_cpu else 'nvJPEG'})"
     if share == 1.0:
         assert torch.equal(mixed.pixels, exact.pixels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_rows_queued_by_a_decoding_thread_are_waited_for(vit_b32_preprocess, photo_files, share):
+    """decode="gpu" queues the resize on the decoding thread's own stream; prepare() on another thread (as the
+    job and the server call it) makes its stream wait for them. The decoding thread's stream is kept busy first,
+    so that rows read without waiting would not be there yet."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from clip_flash.inputs.image.thread_streams import thread_stream
+
+    native = {"device": "cuda", "dtype": torch.float32, "decode": "gpu", "workers": 4, "executor": "native"}
+    device = torch.device("cuda", torch.cuda.current_device())
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, exact_share=share, **native) as prep:
+        expected = prep(photo_files)
+        if nvjpeg_packed._HARDWARE["unavailable"] is not None:
+            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+        torch.cuda.synchronize()
+
+        def decode_behind_busy_stream():
+            with torch.cuda.stream(thread_stream(device)):
+                torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time ahead of the resize
+            return prep.decode(photo_files)
+
+        with ThreadPoolExecutor(1) as decoding_thread:
+            for _ in range(3):
+                decoded = decoding_thread.submit(decode_behind_busy_stream).result()
+                assert decoded.ahead is not None
+                prepared = prep.prepare(decoded)
+                del decoded
+                assert prepared.indices == expected.indices
+                assert torch.equal(prepared.pixels, expected.pixels)

@@ -28,6 +28,24 @@ class PackedPixels:
 
 
 @dataclass
+class RowsOnDevice:
+    """Model-ready rows the decoding thread already queued on its own stream (``decode="gpu"``): ``rows[k]`` is
+    input ``indices[k]``, valid on a stream once it waited for ``ready``."""
+
+    indices: List[int]
+    rows: torch.Tensor
+    ready: "torch.cuda.Event"
+
+    def hand_over(self) -> Tuple[List[int], torch.Tensor]:
+        """Make the current stream wait for the rows, keep their memory until what it queues has read them, and
+        return ``(indices, rows)``."""
+        stream = torch.cuda.current_stream(self.rows.device)
+        stream.wait_event(self.ready)
+        self.rows.record_stream(stream)
+        return self.indices, self.rows
+
+
+@dataclass
 class DecodedImages:
     """The CPU step's result for one call of :meth:`ImagePreprocessor.decode`.
 
@@ -42,6 +60,8 @@ class DecodedImages:
     failures: List[Tuple[int, str]]
     packed: Optional[PackedPixels] = None  # the pixel items, laid out for the GPU kernel
     on_gpu: Optional[PackedJpegs] = None  # decode="gpu": JPEGs the hardware decoder did here (see decode())
+    # decode="gpu": ``packed`` and ``on_gpu`` already resized, in one group, by the decoding thread (see decode())
+    ahead: Optional[RowsOnDevice] = None
 
     @property
     def indices(self) -> List[int]:

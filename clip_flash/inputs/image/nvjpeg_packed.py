@@ -3,10 +3,10 @@ kernel's packed layout, and the libjpeg-style chroma step runs in place there.
 
 A batch then costs a few calls, none of them per image: the layout from the header sizes the CPU step read
 (:func:`~clip_flash.ops.image_resample.plan_batch`), one device buffer, one copy of its head, one decode
-(``csrc/nvjpeg_decode.cpp``) and one chroma launch pair (``csrc/jpeg_chroma.cu``); :meth:`ImagePreprocessor.prepare`
-adds one resize launch. Every per-image tensor operation costs the thread that runs it a GIL hand-off,
-and beside busy Python threads each hand-off waits up to the interpreter's switch interval: a per-image
-route (decode, then per-image chroma and packing) pays that several times per image.
+(``csrc/nvjpeg_decode.cpp``), one chroma launch pair (``csrc/jpeg_chroma.cu``) and one resize launch (queued by
+the decoding thread too, :meth:`ImagePreprocessor.decode`). Every per-image tensor operation costs the thread
+that runs it a GIL hand-off, and beside busy Python threads each hand-off waits up to the interpreter's switch
+interval: a per-image route (decode, then per-image chroma and packing) pays that several times per image.
 
 The decode call releases the GIL for the whole batch (torchvision's batched call takes it back per image, so
 beside a busy Python thread it crawls), so :meth:`decode` runs it on a decoding thread, ahead of the batch on
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -40,6 +39,7 @@ from ...ops.image_resample import BatchPlan, plan_batch
 from .image_decoding import DecodedItem, EncodedJpeg, describe_error
 from .jpeg_chroma import SUBSAMPLING
 from .resample_plan import plan_image
+from .thread_streams import thread_stream
 from .transform_spec import ImageTransformSpec
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
     if not candidates or not hardware_decoder_usable():
         return None
     extension = load_extension()
-    with torch.cuda.stream(_thread_stream(device)):
+    with torch.cuda.stream(thread_stream(device)):
         try:
             plan, candidates = _plan(candidates, spec)
         except ValueError as error:
@@ -123,20 +123,6 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
         ready = torch.cuda.Event()
         ready.record()
     return PackedJpegs(plan, buffer, candidates, [bool(done) for done in written], ready)
-
-
-_streams = threading.local()
-
-
-def _thread_stream(device: torch.device) -> "torch.cuda.Stream":
-    """This thread's stream for its hardware decodes on ``device``: the call waits for its stream, so decoding
-    threads sharing one would wait for each other's batches too."""
-    streams = getattr(_streams, "by_device", None)
-    if streams is None:
-        streams = _streams.by_device = {}
-    if device not in streams:
-        streams[device] = torch.cuda.Stream(device)
-    return streams[device]
 
 
 def _plan(candidates: List[EncodedJpeg], spec: ImageTransformSpec) -> Tuple[BatchPlan, List[EncodedJpeg]]:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .image_batches import DecodedImages, PackedPixels, PreparedImages
+from .image_batches import DecodedImages, PackedPixels, PreparedImages, RowsOnDevice
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
 from .nvjpeg_packed import PackedJpegs, decode_into_layout
@@ -32,6 +32,7 @@ from .image_decoding import (DecodedItem, DecodedPixels, DecodeFailure, DecodeOp
 from .image_resize import ExactResize
 from .native_batch import NativeBatch, python_decode, default_workers
 from .native_decode import NativeBatchDecoder, ScanMode
+from .thread_streams import thread_stream
 
 logger = logging.getLogger(__name__)
 
@@ -211,8 +212,9 @@ class ImagePreprocessor:
 
         With ``decode="gpu"`` it reads the JPEGs and their headers and, where nvJPEG's hardware decoder runs
         (see :mod:`.nvjpeg_packed`), decodes the baseline colour ones straight into the resize kernel's
-        layout on the device, ahead of the batch, since that call releases the GIL; :meth:`prepare` runs
-        torchvision's nvJPEG decode on whatever is left."""
+        layout on the device, ahead of the batch, since that call releases the GIL; it then queues the resize
+        of what lies in the kernel's layouts (those, and the exact share's) on this thread's stream
+        (:meth:`_resize_ahead`). :meth:`prepare` runs torchvision's nvJPEG decode on whatever is left."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
         items = list(items)
@@ -235,7 +237,31 @@ class ImagePreprocessor:
             decoded.on_gpu = started.result()
         elif hardware:
             decoded.on_gpu = self._decode_on_hardware(decoded.items)
+        if self.decoder == "gpu" and self.device.type == "cuda":
+            self._resize_ahead(decoded)
         return decoded
+
+    def _resize_ahead(self, decoded: DecodedImages) -> None:
+        """Resize and assemble what lies in the kernel's layouts (the hardware decoder's, and the native
+        decoder's: the exact share, and what Pillow decoded) on this thread's stream, into ``decoded.ahead``.
+
+        Why here: the thread calling :meth:`prepare` (in the job and the server) also launches the model, and
+        each launch it makes waits for the GIL beside the decoding threads; these uploads and launches (with an
+        exact share, a dozen or so a batch) are queued instead by the decoding thread, which otherwise only
+        waits for the native decoder. If they fail here (e.g. out of memory), :meth:`prepare` runs them again
+        and reports what it gets."""
+        if decoded.packed is None and decoded.on_gpu is None:
+            return
+        try:
+            with torch.cuda.device(self.device), torch.cuda.stream(thread_stream(self.device)):
+                rows, indices = self._assemble(self._layout_rows(decoded))
+                ready = torch.cuda.Event()
+                ready.record()
+        except RuntimeError as error:
+            logger.debug("resizing ahead failed (%s); prepare() resizes", describe_error(error))
+            return
+        decoded.packed = decoded.on_gpu = None
+        decoded.ahead = RowsOnDevice(indices, rows, ready)
 
     def _decode_in_threads(self, items: List[ImageInput]) -> DecodedImages:
         """Without the native decoder: Python threads with Pillow (and torchvision's CPU decoders, which
@@ -255,32 +281,22 @@ class ImagePreprocessor:
     def prepare(self, decoded: DecodedImages) -> PreparedImages:
         """The device step: resample the decoded pixels exactly and assemble the batch in input order.
 
-        With ``decode="gpu"`` it resizes what :meth:`decode` put in the kernel's layout on the hardware route
-        with one launch, and queues torchvision's nvJPEG decode of the rest, the chroma step and the packing
-        on side streams. torchvision's decode runs here, on the thread that also launches the model, not
+        With ``decode="gpu"`` the current stream waits for the rows :meth:`decode` already queued (the hardware
+        route's and the exact share's), and this queues torchvision's nvJPEG decode of the rest, the chroma
+        step and the packing on side streams. torchvision's decode runs here, on the thread that also launches the model, not
         ahead on a decoding thread: its batched call takes the GIL again for each image, so beside a thread
         running Python (launches) both crawl."""
         failures = list(decoded.failures)
         route_of = {item.index: str(item.route) for item in decoded.items}
-        pixel_items = [item for item in decoded.items if isinstance(item, DecodedPixels)]
-        jpeg_items = [item for item in decoded.items if isinstance(item, EncodedJpeg)]
-        prepared_items = [item for item in decoded.items if isinstance(item, PreparedByPreprocess)]
         groups: List[Tuple[List[int], torch.Tensor]] = []
-        if decoded.packed is not None:
-            packed = decoded.packed
-            rows = self.resize.run_packed(packed.plan, packed.buffer, packed.segments, packed.dct)
-            indices = packed.indices
-            if packed.keep is not None:  # images the native decoder handed to Pillow after all: not these rows
-                rows = rows.index_select(0, _index_tensor(packed.keep, rows.device))
-                indices = [indices[position] for position in packed.keep]
-            groups.append((indices, rows))
-            in_buffer = set(indices)
-            pixel_items = [item for item in pixel_items if item.index not in in_buffer]
+        if decoded.ahead is not None:
+            groups.append(decoded.ahead.hand_over())
+        groups += self._layout_rows(decoded)
+        done = {index for indices, _ in groups for index in indices}
+        pixel_items = [item for item in decoded.items if isinstance(item, DecodedPixels) and item.index not in done]
+        jpeg_items = [item for item in decoded.items if isinstance(item, EncodedJpeg) and item.index not in done]
+        prepared_items = [item for item in decoded.items if isinstance(item, PreparedByPreprocess)]
         device_pixels = [item.pixels for item in pixel_items]
-        if decoded.on_gpu is not None:
-            groups.append(self._hardware_decoded_rows(decoded.on_gpu))
-            done = set(groups[-1][0])
-            jpeg_items = [item for item in jpeg_items if item.index not in done]
         if jpeg_items:
             # Laid out for the resize kernel on the side stream too, unless other pixels join them.
             pack = self.resize.pack_on_device if self.resize.implementation == "kernel" and not pixel_items else None
@@ -325,6 +341,22 @@ class ImagePreprocessor:
         return self.prepare(self.decode(items))
 
     # ----- helpers ------------------------------------------------------------------------
+    def _layout_rows(self, decoded: DecodedImages) -> List[Tuple[List[int], torch.Tensor]]:
+        """The rows of what lies in the kernel's layouts (``packed``: the native decoder's; ``on_gpu``: the
+        hardware decoder's), one resize launch each, on the current stream."""
+        groups: List[Tuple[List[int], torch.Tensor]] = []
+        if decoded.packed is not None:
+            packed = decoded.packed
+            rows = self.resize.run_packed(packed.plan, packed.buffer, packed.segments, packed.dct)
+            indices = packed.indices
+            if packed.keep is not None:  # images the native decoder handed to Pillow after all: not these rows
+                rows = rows.index_select(0, _index_tensor(packed.keep, rows.device))
+                indices = [indices[position] for position in packed.keep]
+            groups.append((indices, rows))
+        if decoded.on_gpu is not None:
+            groups.append(self._hardware_decoded_rows(decoded.on_gpu))
+        return groups
+
     def _hardware_decoded_rows(self, hardware: PackedJpegs) -> Tuple[List[int], torch.Tensor]:
         """The rows of what the hardware decoder wrote into the kernel's layout: one resize launch."""
         hardware.hand_over()
