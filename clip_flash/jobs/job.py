@@ -110,20 +110,27 @@ def _progress(total: Optional[int], enabled: bool):
                 disable=not enabled, desc="embedding", smoothing=0.1)
 
 
+def nvjpeg_decoders(decode_threads: Optional[int]) -> int:
+    """The hardware decoder states a decode="gpu" job uses: one per decoding thread, up to nvJPEG's 8."""
+    from clip_flash.inputs.image.preprocessor import MAX_NVJPEG_DECODERS
+
+    return max(1, min(MAX_NVJPEG_DECODERS, decode_threads or DEFAULT_DECODE_THREADS))
+
+
 def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
                  executor: str = "thread", decode_threads: int = DEFAULT_DECODE_THREADS,
                  exact_share: float = 0.0) -> Tuple[Any, Any]:
     """clip_flash's image preparer and tokenizer for this model (None for what the source lacks). With
     ``decode="gpu"``, one nvJPEG hardware decoder per decoding thread (up to nvJPEG's 8), so that no batch waits
     for another's decoder, and ``exact_share`` of each batch decoded exactly beside it."""
-    from clip_flash.inputs.image.preprocessor import MAX_NVJPEG_DECODERS, ImagePreprocessor
+    from clip_flash.inputs.image.preprocessor import ImagePreprocessor
     from clip_flash.inputs.text.tokenizer import get_tokenizer
 
     preparer = tokenizer = None
     if source.has_images:
         preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
                                      workers=workers, executor=executor,
-                                     nvjpeg_decoders=max(1, min(MAX_NVJPEG_DECODERS, decode_threads)),
+                                     nvjpeg_decoders=nvjpeg_decoders(decode_threads),
                                      exact_share=exact_share)
     if source.has_captions:
         base = get_tokenizer(loaded.spec.name)
@@ -244,8 +251,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         stats = PipelineStats()
         setup_seconds = warm_up_seconds = model_load_seconds = None
         reserved = None  # page-locked blocks made while the model loaded (None: not asked for)
+        decoders_made_ready = None  # nvJPEG's first calls made while the model loaded (None: not asked for)
         if job.todo:  # nothing left to embed: no model to load
-            reservation = None
+            reservation = decoders_ahead = None
             exact_images = exact_images_per_batch(decode, batch_size, exact_share)
             if (device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and exact_images
                     and executor != "thread"):
@@ -254,6 +262,12 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 # Blocks for the batches alive at once (queued, launching, uploading), made while the model loads,
                 # the size the exact route's share of a batch asks for.
                 reservation = PinnedReservation(exact_images, input_blocks_alive()).start()
+            if device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and decode == "gpu":
+                from .gpu_decoders_ahead import GpuDecodersWarmUp
+
+                # nvJPEG's first calls (its library, the hardware decoder's states, torchvision's decoder), while the
+                # model loads: one per decoding thread, as build_inputs sizes the preparer's.
+                decoders_ahead = GpuDecodersWarmUp(device, nvjpeg_decoders(decode_threads)).start()
             loaded = load_job_model(job, device)
             model_load_seconds = time.perf_counter() - setup_started
             job.output.record_settings(job.settings)
@@ -269,6 +283,10 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             if reservation is not None:
                 reservation.join()  # its blocks are not made beside the run's first batches
                 reserved = {"blocks": reservation.blocks_made, "seconds": round(reservation.seconds, 3)}
+            if decoders_ahead is not None:
+                decoders_ahead.join()  # its decoder states are not in use when the run's threads take them
+                decoders_made_ready = {"seconds": round(decoders_ahead.seconds, 3),
+                                       "hardware_decoder": decoders_ahead.hardware_decoded}
             setup_seconds = time.perf_counter() - setup_started
             known = [shard.size for shard in job.todo]
             total = sum(known) if all(size is not None for size in known) else None
@@ -286,6 +304,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             options["image_cuda_graphs"] = bool(getattr(runner, "image_graphs_replayed", False))
             if reserved is not None:
                 options["pinned_blocks_made_before_the_run"] = reserved
+            if decoders_made_ready is not None:
+                options["nvjpeg_made_ready_before_the_run"] = decoders_made_ready
         return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
                           command=command, options=options, environment_device=device, setup_seconds=setup_seconds,
                           warm_up_seconds=warm_up_seconds, model_load_seconds=model_load_seconds)

@@ -165,6 +165,27 @@ def test_gpu_decode_job_is_close_to_the_exact_job(tmp_path):
     assert cosine.min() > 0.99, f"nvJPEG path: min cosine {cosine.min():.5f} against the exact path"
 
 
+def test_a_gpu_decode_job_makes_nvjpeg_ready_while_its_model_loads(tmp_path, monkeypatch):
+    """decode="gpu": nvJPEG's first calls are made beside the model load (recorded in the run's options), and the
+    run's rows are those of a run whose own warm-up makes them."""
+    from clip_flash.inputs.image import nvjpeg_packed
+    from clip_flash.jobs.gpu_decoders_ahead import GpuDecodersWarmUp
+
+    _smooth_jpegs(tmp_path / "photos")
+    summary = clip_flash.embed(tmp_path / "photos", tmp_path / "ahead", GPU_MODEL, device="cuda", decode="gpu",
+                               progress=False)
+    ready = json.loads(open(summary.record_path).read())["options"]["nvjpeg_made_ready_before_the_run"]
+    assert ready["seconds"] > 0
+    assert ready["hardware_decoder"] == nvjpeg_packed.hardware_decoder_usable()
+    if torch.cuda.get_device_capability() in ((8, 0), (9, 0)):  # a hardware JPEG decoder: the route must run
+        assert ready["hardware_decoder"]
+    monkeypatch.setattr(GpuDecodersWarmUp, "_warm_up", lambda self: None)
+    clip_flash.embed(tmp_path / "photos", tmp_path / "in_run", GPU_MODEL, device="cuda", decode="gpu",
+                     progress=False)
+    np.testing.assert_array_equal(read_output(tmp_path / "ahead")["img_emb"],
+                                  read_output(tmp_path / "in_run")["img_emb"])
+
+
 def test_gpu_caption_job_equals_unpipelined_text_encoding(tmp_path):
     from clip_flash.models.model_spec import load_model, parse_model_spec
     from benchmarks.harness.workloads import caption_prompts

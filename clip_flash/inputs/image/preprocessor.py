@@ -283,9 +283,9 @@ class ImagePreprocessor:
 
         With ``decode="gpu"`` the current stream waits for the rows :meth:`decode` already queued (the hardware
         route's and the exact share's), and this queues torchvision's nvJPEG decode of the rest, the chroma
-        step and the packing on side streams. torchvision's decode runs here, on the thread that also launches the model, not
-        ahead on a decoding thread: its batched call takes the GIL again for each image, so beside a thread
-        running Python (launches) both crawl."""
+        step and the packing on side streams. torchvision's decode runs here, on the thread that also launches
+        the model, not ahead on a decoding thread: its batched call takes the GIL again for each image, so beside
+        a thread running Python (launches) both crawl."""
         failures = list(decoded.failures)
         route_of = {item.index: str(item.route) for item in decoded.items}
         groups: List[Tuple[List[int], torch.Tensor]] = []
