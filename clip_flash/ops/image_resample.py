@@ -114,14 +114,40 @@ def _cached_plan(shapes: Tuple[Tuple[int, int, int], ...], spec: ImageTransformS
     return _plan(shapes, spec)
 
 
+@dataclass(frozen=True)
+class _ShapePlan:
+    """What a batch's plan needs of one image size: its meta row (the table offsets left 0, set per batch) and
+    its two axis tables."""
+
+    meta_row: Tuple[int, ...]
+    cols: AxisTable
+    rows: AxisTable
+
+
+_COLS_TABLE, _ROWS_TABLE = META_FIELDS.index("cols_table"), META_FIELDS.index("rows_table")
+
+
+@functools.lru_cache(maxsize=4096)  # sizes repeat across batches: planning each again held the GIL for nothing
+def _shape_plan(height: int, width: int, channels: int, spec: ImageTransformSpec) -> _ShapePlan:
+    if channels not in (1, 3, 4):
+        raise ValueError(f"{channels} channels; decoded images have 1 (L), 3 (RGB) or 4 (RGBA)")
+    plan = plan_image(spec, height, width)
+    col_first, col_last = plan.cols.source_span
+    meta_row = (0, height, width, channels, 0, 0, plan.cols.taps, plan.rows.taps, int(plan.vertical_first),
+                plan.fill, col_first, col_last, int(needs_premultiply(channels, plan)))
+    return _ShapePlan(meta_row, plan.cols, plan.rows)
+
+
 def _plan(shapes: Tuple[Tuple[int, int, int], ...], spec: ImageTransformSpec) -> BatchPlan:
-    # Web photos come in few sizes: one meta row per distinct shape, then numpy does the rest.
+    # Web photos come in few sizes: one meta row per distinct shape (each planned once per process), then numpy
+    # does the rest. A batch is planned on the decoding threads, beside the thread that launches the model:
+    # every per-table numpy call here (a concatenate, a cast) would drop and retake the GIL.
     distinct: Dict[Tuple[int, int, int], int] = {}
     which = [distinct.setdefault(tuple(shape), len(distinct)) for shape in shapes]
     templates = np.zeros((len(distinct), len(META_FIELDS)), dtype=np.int64)
     pieces: List[np.ndarray] = []
     offsets: Dict[int, int] = {}
-    keep_alive: List[AxisTable] = []
+    keep_alive: List[AxisTable] = []  # ids stay unique while the plan is made, whatever the caches drop
     table_size = 0
 
     def place(table: AxisTable) -> int:
@@ -129,25 +155,18 @@ def _plan(shapes: Tuple[Tuple[int, int, int], ...], spec: ImageTransformSpec) ->
         if id(table) not in offsets:
             keep_alive.append(table)
             offsets[id(table)] = table_size
-            flat = np.concatenate([table.start, table.count, table.weights.reshape(-1)]).astype(np.int32)
-            pieces.append(flat)
-            table_size += flat.size
+            pieces.append(table.packed)
+            table_size += table.packed.size
         return offsets[id(table)]
 
     for (height, width, channels), row in distinct.items():
-        index = which.index(row)  # the first image of this shape, for the messages
-        if channels not in (1, 3, 4):
-            raise ValueError(f"image {index}: {channels} channels; decoded images have 1 (L), 3 (RGB) or 4 (RGBA)")
         try:
-            plan = plan_image(spec, height, width)
+            shape_plan = _shape_plan(height, width, channels, spec)
         except ValueError as error:
-            raise type(error)(f"image {index}: {error}") from error
-        col_first, col_last = plan.cols.source_span
-        templates[row] = (
-            0, height, width, channels, place(plan.cols), place(plan.rows), plan.cols.taps,
-            plan.rows.taps, int(plan.vertical_first), plan.fill, col_first, col_last,
-            int(needs_premultiply(channels, plan)),
-        )
+            raise type(error)(f"image {which.index(row)}: {error}") from error  # the first image of this shape
+        templates[row] = shape_plan.meta_row
+        templates[row, _COLS_TABLE] = place(shape_plan.cols)
+        templates[row, _ROWS_TABLE] = place(shape_plan.rows)
     meta = templates[np.asarray(which, dtype=np.int64)] if shapes else templates
     sizes = meta[:, 1] * meta[:, 2] * meta[:, 3]
     meta[:, 0] = np.cumsum(sizes) - sizes

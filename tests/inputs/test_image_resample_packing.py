@@ -218,6 +218,25 @@ def test_plans_of_small_batches_are_shared_read_only_and_their_head_is_the_layou
     assert plan_batch(many, spec) is not plan_batch(many, spec)
 
 
+def test_a_plan_is_the_same_whether_its_sizes_were_planned_before_or_not():
+    """Each size is planned once per process (its meta row and its tables, packed once): a batch planned with
+    that cache cold and again with it warm has the same layout, and the packed tables cannot be written."""
+    from open_clip.transform import image_transform
+
+    spec = spec_from_preprocess(image_transform(224, is_train=False))
+    shapes = [(480, 640, 3), (300, 200, 1), (480, 640, 3), (375, 500, 3), (500, 375, 4)] * 20  # > the plan cache
+    image_resample_module._shape_plan.cache_clear()
+    cold = plan_batch(shapes, spec)
+    warm = plan_batch(shapes, spec)
+    assert cold is not warm and image_resample_module._shape_plan.cache_info().hits >= 4
+    assert np.array_equal(cold.meta, warm.meta) and np.array_equal(cold.tables, warm.tables)
+    assert (cold.tables_at, cold.pixels_at, cold.total_bytes) == (warm.tables_at, warm.pixels_at, warm.total_bytes)
+    table = image_resample_module._shape_plan(480, 640, 3, spec).cols
+    assert table.packed is table.packed and table.packed.dtype == np.int32
+    with pytest.raises(ValueError, match="read-only"):
+        table.packed[0] = 1
+
+
 def test_resample_batch_falls_back_to_the_cpu(corpora):
     """Without CUDA (or for the CPU device) resample_batch is the CPU implementation, still exact."""
     from open_clip.transform import image_transform

@@ -75,6 +75,14 @@ class AxisTable:
     def taps(self) -> int:
         return int(self.weights.shape[1])
 
+    @functools.cached_property
+    def packed(self) -> np.ndarray:
+        """``start``, ``count`` and ``weights`` as one read-only int32 array, as the kernel reads a table: made
+        once per table, since tables are cached (:func:`axis_table`) and every batch of their size packs them."""
+        flat = np.concatenate([self.start, self.count, self.weights.reshape(-1)]).astype(np.int32)
+        flat.flags.writeable = False
+        return flat
+
     @property
     def source_span(self) -> Tuple[int, int]:
         """[first, last) source indices any output coordinate reads; (0, 0) when all are padding."""
