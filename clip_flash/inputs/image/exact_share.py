@@ -7,11 +7,17 @@ pixels) at the same time as the hardware decodes the rest. Those rows are exact;
 without the share. Which positions take the exact route depends only on the batch's size and the share, so a
 job's rows are the same from run to run.
 
-Off by default (0): measured on three H100 hosts (16 cores, ViT-B-32, 57,600 web photos, 0 and 0.35 alternated
-twice on each; ``benchmarks/results/h100/exact_share_7a386b9``), the job's main thread waited for inputs half as
-long (2.7-3.3 -> 1.3-1.6 s a run) but spent about twice as long launching (1.2-1.9 -> 2.6-3.4 s: the exact
-route's copies and kernels are launched there, beside the hardware's rows), so the steady rate moved by -3% to
-+17% depending on the host, and a run's rate after the model load by -10% to +2%.
+Off by default (0), as the gain depends on the host. Measured with ViT-B-32 on 57,600 web photos, share 0 and
+0.35 alternated, one H100 host (16 cores) at a time: on the first three hosts
+(``benchmarks/results/h100/exact_share_7a386b9``) the steady rate moved by -3% to +17% and the rate after the model
+load by -10% to +2%; the main thread waited for inputs half as long but launched about twice as long, the exact
+route's device work being queued there. Since the decoding thread queues it (``resize_ahead_6b11839``), the main
+thread launches no more than without the share, but still spends longer (2.1-2.9 against 1.1-1.3 s a run) waiting
+for the GIL beside the decoding threads' Python. With nvJPEG also made ready during the model load, two more hosts
+gave +8% and -1% (``exact_share_threads_4a3b39b``) and -1% to +18% (``shape_plans_5766e05``, every run with the share
+above 13,000 img/s over the whole run, every run without it 12,283-12,395) over the run; a slow host ran -11% and
+-20% steady (``resize_ahead_6b11839``). Where the host's cores are free, ``--exact-share 0.35`` raises the job past
+the hardware decoder's own rate.
 """
 from __future__ import annotations
 
