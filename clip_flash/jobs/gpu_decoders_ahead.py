@@ -73,13 +73,14 @@ class GpuDecodersWarmUp:
                         self.seconds, "yes" if self.hardware_decoded else "not here")
 
     def _hardware(self, encoded: bytes, together: threading.Barrier, results: List[bool]) -> None:
-        from ..inputs.image.image_decoding import EncodedJpeg
-        from ..inputs.image.nvjpeg_packed import decode_into_layout
-        from ..inputs.image.transform_spec import ImageTransformSpec
-        from .warm_up import WARM_UP_SIZE
-
-        item = EncodedJpeg(0, torch.frombuffer(bytearray(encoded), dtype=torch.uint8), WARM_UP_SIZE, 3, 2, False)
         try:
+            from ..inputs.image.image_decoding import EncodedJpeg
+            from ..inputs.image.nvjpeg_packed import decode_into_layout
+            from ..inputs.image.transform_spec import ImageTransformSpec
+            from .warm_up import WARM_UP_SIZE
+
+            item = EncodedJpeg(0, torch.frombuffer(bytearray(encoded), dtype=torch.uint8), WARM_UP_SIZE, 3, 2,
+                               False)
             together.wait(timeout=60)
             with torch.cuda.device(self.device):
                 packed = decode_into_layout([item], self.device, ImageTransformSpec(*_SPEC_ARGUMENTS), _CHROMA,
@@ -88,6 +89,7 @@ class GpuDecodersWarmUp:
                     packed.ready.synchronize()
             results.append(packed is not None)
         except Exception as error:  # noqa: BLE001 - logged; the run's warm-up tries again
+            together.abort()  # the other threads stop waiting for this one
             logger.debug("hardware JPEG decode ahead failed: %s", error)
             results.append(False)
 
