@@ -75,12 +75,13 @@ class GpuDecodersWarmUp:
     def _hardware(self, encoded: bytes, together: threading.Barrier, results: List[bool]) -> None:
         try:
             from ..inputs.image.image_decoding import EncodedJpeg
+            from ..inputs.image.jpeg_header import scan_jpeg_header
             from ..inputs.image.nvjpeg_packed import decode_into_layout
             from ..inputs.image.transform_spec import ImageTransformSpec
-            from .warm_up import WARM_UP_SIZE
 
-            item = EncodedJpeg(0, torch.frombuffer(bytearray(encoded), dtype=torch.uint8), WARM_UP_SIZE, 3, 2,
-                               False)
+            header = scan_jpeg_header(encoded)  # what the CPU step reads of a JPEG it keeps for nvJPEG
+            item = EncodedJpeg(0, torch.frombuffer(bytearray(encoded), dtype=torch.uint8),
+                               (header.height, header.width), header.channels, header.sampling, header.progressive)
             together.wait(timeout=60)
             with torch.cuda.device(self.device):
                 packed = decode_into_layout([item], self.device, ImageTransformSpec(*_SPEC_ARGUMENTS), _CHROMA,
