@@ -5,7 +5,8 @@ request, with no HTTP in front (``--workers N``'s engine side; the HTTP frontend
         [--connections 2]
 
 ``caption`` and ``image`` send one input a request, ``captions64`` 64 captions a request (a request counts as
-answered when its last row is back).
+answered when its last row is back). Each image request carries a 60 kB body of its own (``--image-payloads``
+distinct objects cycled through), as HTTP bodies are.
 
 This process runs the real ``EngineServer`` and ``EnginePool`` over the no-op model of ``overhead_server`` (no
 model, no image decoding); a driver process speaks the frontends' wire protocol (``clip_flash/serve/wire.py``)
@@ -28,7 +29,7 @@ from typing import Any, Dict, List, Sequence
 
 
 def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str, connections: int,
-           started: Any, ended: Any, out: Any) -> None:
+           image_payloads: int, started: Any, ended: Any, out: Any) -> None:
     sys.path.insert(0, os.getcwd())
     from clip_flash.inputs.text.tokenizer import get_tokenizer
     from clip_flash.serve.wire import frame, read_messages, token_bytes
@@ -37,7 +38,10 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
 
     captions = request_captions(2000)
     payloads = token_bytes(get_tokenizer("ViT-B-32")(captions, context_length=77))
-    image = b"\xff" * 60_000  # the no-op image tower counts bytes, never decodes them
+    # The no-op image tower counts bytes, never decodes them. One object per request, as request bodies are:
+    # pickle writes an object met twice in a frame once, so one shared object would cross the socket once per
+    # frame instead of once per request.
+    images = [bytes([number % 251]) * 60_000 for number in range(image_payloads)]
     per_request = CAPTIONS_PER_BATCH if workload == "captions64" else 1
 
     async def connection(number: int, stats: Dict[str, Any]) -> None:
@@ -81,7 +85,7 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
                                          True))
                         rows_left[next_id] = per_request
                     else:
-                        requests.append((next_id, 30.0, ([0], [image]), ([], []), True))
+                        requests.append((next_id, 30.0, ([0], [images[next_id % image_payloads]]), ([], []), True))
                     sent[next_id] = now
                     next_id += 1
                 writer.write(frame([("embed", requests)]))
@@ -122,6 +126,9 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument("--workload", choices=("caption", "captions64", "image"), default="caption")
     parser.add_argument("--connections", type=int, default=2, help="frontends simulated (default: %(default)s)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument("--image-payloads", type=int, default=512,
+                        help="distinct 60 kB image bodies the image workload cycles through (1: one object shared by "
+                             "every request, which a frame carries once) (default: %(default)s)")
     parser.add_argument("--json", help="append this run (with the environment: host, versions, revision, command) "
                                        "to a JSON list in this file")
     args = parser.parse_args(argv)
@@ -143,7 +150,7 @@ def main(argv: Sequence[str] = None) -> int:
     context = multiprocessing.get_context("spawn")
     started, ended, out = context.Event(), context.Event(), context.Queue()
     driver = context.Process(target=_drive, args=(path, args.rate, args.seconds, args.warmup, args.workload,
-                                                  args.connections, started, ended, out))
+                                                  args.connections, args.image_payloads, started, ended, out))
     driver.start()
     started.wait()
     cpu_before, wall_before = time.process_time(), time.perf_counter()
@@ -156,7 +163,8 @@ def main(argv: Sequence[str] = None) -> int:
     os.unlink(path)
     os.rmdir(directory)
     answered = max(stats["answered"], 1)
-    stats.update(workload=args.workload, offered_rps=args.rate, achieved_rps=round(stats["answered"] / wall, 1),
+    stats.update(workload=args.workload, image_payloads=args.image_payloads, offered_rps=args.rate,
+                 achieved_rps=round(stats["answered"] / wall, 1),
                  engine_cpu_us_per_request=round(1e6 * cpu / answered, 1),
                  engine_cpu_cores=round(cpu / wall, 2))
     print(json.dumps(stats))
