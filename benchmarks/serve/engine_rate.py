@@ -132,6 +132,8 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument("--json", help="append this run (with the environment: host, versions, revision, command) "
                                        "to a JSON list in this file")
     args = parser.parse_args(argv)
+    if args.image_payloads < 1:
+        parser.error("--image-payloads must be at least 1")
 
     from clip_flash.serve.config import ServeConfig
     from clip_flash.serve.engine import EnginePool
