@@ -4,13 +4,15 @@
     python benchmarks/image_latency.py --photos .device/photos --json out.json --markdown out.md
 
 clip_flash side: ``ImagePreprocessor`` (libjpeg-turbo decode on the CPU, exact resize on the GPU) then
-``GraphedEncoder`` of the patched model (CUDA graphs). Stock side: OpenCLIP's ``preprocess(Image.open(
-BytesIO(data)))`` then the unpatched model. Each request ends with the embedding on the host. The two
-sides alternate in blocks; p50/p99 over ``--requests`` each. Also reported: each step alone (p50), and
+``GraphedEncoder`` of the patched model (CUDA graphs); a third side is the same with the JPEG's entropy decode on
+one thread (``split_jpegs=False``) instead of split across the native threads. Stock side: OpenCLIP's
+``preprocess(Image.open(BytesIO(data)))`` then the unpatched model. Each request ends with the embedding on the
+host. The sides alternate in blocks; p50/p99 over ``--requests`` each. Also reported: each step alone (p50), and
 the cosine between the two sides' embeddings (same pixels, so only the encoder's fp16 rounding differs), of the
 first request and of one after the timed ones. Times of a path that computes the wrong thing are not a
-measurement: below ``MIN_COSINE`` either way, or when clip_flash's two embeddings of the same bytes differ, the
-files are still written, with the check's result, and the script exits with status 1.
+measurement: below ``MIN_COSINE`` either way, when clip_flash's two embeddings of the same bytes differ, or when
+the split and one-thread embeddings are not identical, the files are still written, with the check's result, and
+the script exits with status 1.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from benchmarks.harness import results  # noqa: E402
 from clip_flash.models.model_spec import load_model, parse_model_spec  # noqa: E402
 
 BLOCK = 50  # requests per side before switching
+ONE_THREAD = "clip_flash, entropy decode on one thread"
 
 
 def request_jpeg(args: argparse.Namespace) -> bytes:
@@ -79,8 +82,10 @@ def native_steps(prep: "clip_flash.ImagePreprocessor", data: bytes) -> Dict[str,
     no_pixels, at_zero = np.full(1, -1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     return {
         "    native scan (header) of the bytes": lambda: native.scan([data], ScanMode.COEFFICIENTS),
-        "    native entropy decode to coefficients": lambda: native.decode(scanned, coefficients[:1], no_pixels,
-                                                                          coefficients, at_zero),
+        "    native entropy decode to coefficients, one thread": lambda: native.decode(
+            scanned, coefficients[:1], no_pixels, coefficients, at_zero, split_jpegs=False),
+        f"    native entropy decode to coefficients, split across {native.threads} threads": lambda: native.decode(
+            scanned, coefficients[:1], no_pixels, coefficients, at_zero, split_jpegs=True),
     }
 
 
@@ -203,6 +208,7 @@ def main() -> int:
     encoder = clip_flash.GraphedEncoder(patched, batch_sizes=(1,))
     encoder.capture_all(image_shape=(3, *loaded.image_size), image_dtype=dtype)
     prep = clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype)
+    prep_one_thread = clip_flash.ImagePreprocessor(preprocess, device=device, dtype=dtype, split_jpegs=False)
 
     def stock_request() -> torch.Tensor:
         pixels = preprocess(Image.open(io.BytesIO(data))).unsqueeze(0).to(device, dtype)
@@ -210,6 +216,10 @@ def main() -> int:
 
     def fast_request() -> torch.Tensor:
         prepared = prep([data])
+        return encoder.encode_image(prepared.pixels).float().cpu()
+
+    def one_thread_request() -> torch.Tensor:
+        prepared = prep_one_thread([data])
         return encoder.encode_image(prepared.pixels).float().cpu()
 
     pixels = prep([data]).pixels
@@ -222,15 +232,16 @@ def main() -> int:
         "stock encode_image": lambda: stock_model.encode_image(pixels).float().cpu(),
         "GraphedEncoder encode_image": lambda: encoder.encode_image(pixels).float().cpu(),
     }
-    seconds: Dict[str, List[float]] = {"stock": [], "clip_flash": []}
+    seconds: Dict[str, List[float]] = {"stock": [], "clip_flash": [], ONE_THREAD: []}
     with torch.inference_mode():
         stock_embedding, fast_embedding = stock_request(), fast_request()
+        one_thread_embedding = one_thread_request()
         for _ in range(args.warmup):
-            stock_request(), fast_request()
+            stock_request(), fast_request(), one_thread_request()
         done = 0
         while done < args.requests:
             block = min(BLOCK, args.requests - done)
-            order = (("stock", stock_request), ("clip_flash", fast_request))
+            order = (("stock", stock_request), ("clip_flash", fast_request), (ONE_THREAD, one_thread_request))
             for side, call in order if (done // BLOCK) % 2 == 0 else order[::-1]:
                 seconds[side] += [timed(call) for _ in range(block)]
             done += block
@@ -239,6 +250,9 @@ def main() -> int:
         if args.profile:
             write_profile(args.profile, fast_request)
         embeddings_ok, check = embedding_check(stock_embedding, fast_embedding, stock_request(), fast_request())
+        check["split_vs_one_thread_max_abs"] = (fast_embedding - one_thread_embedding).abs().max().item()
+        embeddings_ok = embeddings_ok and check["split_vs_one_thread_max_abs"] == 0.0
+        split = prep._native_decoder().split_totals() if prep._native_decoder() is not None else {}
     rows = [{
         "side": side,
         "requests": len(values),
@@ -251,7 +265,11 @@ def main() -> int:
              f"{args.dtype}): one {width}x{height} JPEG ({len(data)} bytes) as bytes -> embedding on the host, "
              f"{args.requests} requests per side after {args.warmup} warm-up, sides alternating every {BLOCK}. "
              f"stock: OpenCLIP preprocess + unpatched model; clip_flash: ImagePreprocessor + GraphedEncoder "
-             f"(patched, CUDA graph of batch 1). Embedding cosine stock vs clip_flash: "
+             f"(patched, CUDA graph of batch 1), the JPEG's entropy decode split across the native threads; "
+             f"{ONE_THREAD}: the same on one thread (``split_jpegs=False``); split decodes {split.get('split', 0)}, "
+             f"declined {split.get('declined', 0)}, pieces decoded again {split.get('decoded_again', 0)}; "
+             f"embedding max |split - one thread| {check['split_vs_one_thread_max_abs']:.3g}. "
+             f"Embedding cosine stock vs clip_flash: "
              f"{check['embedding_cosine_stock_vs_clip_flash']:.6f} (first request), "
              f"{check['embedding_cosine_stock_vs_clip_flash_after']:.6f} (after the timed ones)"
              + ("." if embeddings_ok else ": CHECK FAILED, clip_flash's embedding is wrong or unstable (first vs "
@@ -271,6 +289,7 @@ def main() -> int:
                                  + [{"host_call": name, "p50_ms": ms} for name, ms in host_steps.items()]
                                  + [{**check, "embedding_check": "ok" if embeddings_ok else "failed"}])
     prep.close()
+    prep_one_thread.close()
     if not embeddings_ok:
         print("error: clip_flash's embedding of the request is wrong or unstable (see the title line)",
               file=sys.stderr)

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <utility>
 
+#include "jpeg_entropy_split.h"
 #include "libjpeg_runtime.h"
 #include "png_decoder.h"
 
@@ -226,6 +227,74 @@ class Decompression {
     return "";
   }
 
+  // The coefficients of coefficients(), the header read by libjpeg as there and the entropy decode split across
+  // `pieces` threads (jpeg_entropy_split.h). Empty: written; otherwise why not (decode with coefficients()).
+  std::string split_coefficients(const std::string& data, const Header& expected, const std::vector<int64_t>& layout,
+                                 uint8_t* out, int64_t capacity, int pieces,
+                                 const entropy_split::ParallelFor& parallel_for, entropy_split::SplitCounts* counts) {
+    if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
+    create();
+    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
+                     static_cast<unsigned long>(data.size()));
+    library_.read_header(&cinfo_, TRUE);
+    std::string failure = checked(expected);
+    if (!failure.empty()) return failure;
+    std::vector<int64_t> seen;
+    const int64_t bytes = libjpeg::dct_layout(cinfo_, &seen);
+    if (seen != layout || bytes > capacity) return "the coefficients' layout changed since the scan";
+    if (cinfo_.progressive_mode || cinfo_.arith_code) return "progressive or arithmetic coding";
+    if (cinfo_.restart_interval != 0) return "restart markers";
+    if (cinfo_.comps_in_scan != cinfo_.num_components) return "more than one scan";
+    if (cinfo_.Ss != 0 || cinfo_.Se != DCTSIZE2 - 1 || cinfo_.Ah != 0 || cinfo_.Al != 0) return "not a sequential scan";
+    // The layout of copy_coefficients: per component its quantization table, then its blocks.
+    auto* write = reinterpret_cast<int16_t*>(out);
+    std::vector<int16_t*> blocks(cinfo_.num_components);
+    for (int c = 0; c < cinfo_.num_components; ++c) {
+      const jpeg_component_info& component = cinfo_.comp_info[c];
+      const int table = component.quant_tbl_no;
+      if (table < 0 || table >= NUM_QUANT_TBLS || cinfo_.quant_tbl_ptrs[table] == nullptr) {
+        return "a component without a quantization table";
+      }
+      for (int k = 0; k < DCTSIZE2; ++k) write[k] = static_cast<int16_t>(cinfo_.quant_tbl_ptrs[table]->quantval[k]);
+      blocks[c] = write + DCTSIZE2;
+      write += DCTSIZE2 * (1 + static_cast<int64_t>(component.width_in_blocks) * component.height_in_blocks);
+    }
+    const bool interleaved = cinfo_.comps_in_scan > 1;
+    std::vector<entropy_split::HuffmanSpec> specs(2 * cinfo_.comps_in_scan);
+    entropy_split::Scan scan;
+    for (int j = 0; j < cinfo_.comps_in_scan; ++j) {
+      const jpeg_component_info& component = *cinfo_.cur_comp_info[j];
+      const int dc = component.dc_tbl_no, ac = component.ac_tbl_no;
+      if (dc < 0 || dc >= NUM_HUFF_TBLS || ac < 0 || ac >= NUM_HUFF_TBLS || cinfo_.dc_huff_tbl_ptrs[dc] == nullptr ||
+          cinfo_.ac_huff_tbl_ptrs[ac] == nullptr) {
+        return "a component without its Huffman tables";  // libjpeg-turbo would use the standard ones
+      }
+      std::memcpy(specs[2 * j].bits, cinfo_.dc_huff_tbl_ptrs[dc]->bits, sizeof(specs[2 * j].bits));
+      std::memcpy(specs[2 * j].values, cinfo_.dc_huff_tbl_ptrs[dc]->huffval, sizeof(specs[2 * j].values));
+      std::memcpy(specs[2 * j + 1].bits, cinfo_.ac_huff_tbl_ptrs[ac]->bits, sizeof(specs[2 * j + 1].bits));
+      std::memcpy(specs[2 * j + 1].values, cinfo_.ac_huff_tbl_ptrs[ac]->huffval, sizeof(specs[2 * j + 1].values));
+      entropy_split::ScanComponent part;
+      part.across = interleaved ? component.h_samp_factor : 1;
+      part.down = interleaved ? component.v_samp_factor : 1;
+      part.width_in_blocks = component.width_in_blocks;
+      part.height_in_blocks = component.height_in_blocks;
+      part.blocks = blocks[component.component_index];
+      part.dc = &specs[2 * j];
+      part.ac = &specs[2 * j + 1];
+      scan.components.push_back(part);
+    }
+    if (interleaved) {  // per_scan_setup's MCU grid
+      scan.mcus_across = (cinfo_.image_width + 8 * cinfo_.max_h_samp_factor - 1) / (8 * cinfo_.max_h_samp_factor);
+      scan.mcus_down = (cinfo_.image_height + 8 * cinfo_.max_v_samp_factor - 1) / (8 * cinfo_.max_v_samp_factor);
+    } else {
+      scan.mcus_across = scan.components[0].width_in_blocks;
+      scan.mcus_down = scan.components[0].height_in_blocks;
+    }
+    scan.data = cinfo_.src->next_input_byte;
+    scan.size = cinfo_.src->bytes_in_buffer;
+    return entropy_split::decode(scan, pieces, parallel_for, counts);
+  }
+
   // The whole decode with Pillow's settings (out_color_space RGB or GRAYSCALE; libjpeg's defaults otherwise:
   // islow IDCT, fancy upsampling) into `out`, rows of width * channels bytes.
   std::string pixels(const std::string& data, const Header& expected, uint8_t* out) {
@@ -417,23 +486,66 @@ std::shared_ptr<ScannedBatch> ImageBatchDecoder::scan(std::vector<DecodeSource> 
 
 std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,
                                                    const int64_t* pixel_offsets, uint8_t* coefficients,
-                                                   int64_t coefficient_capacity, const int64_t* coefficient_offsets) {
+                                                   int64_t coefficient_capacity, const int64_t* coefficient_offsets,
+                                                   bool split_jpegs) {
   const size_t count = batch.items.size();
   std::vector<std::string> failures(count);
+  const libjpeg::Library& library = libjpeg::open_library(library_path_);
+  auto coefficients_room = [&](const ScannedItem& item, size_t i) {
+    const int64_t at = coefficient_offsets[i];
+    return at % 16 == 0 && at + item.coefficient_bytes <= coefficient_capacity;
+  };
+  std::vector<char> written(count, 0);
+  std::vector<size_t> few;  // the coefficient items, when few enough to split
+  if (split_jpegs && coefficient_offsets != nullptr) {
+    for (size_t i = 0; i < count; ++i) {
+      const ScannedItem& item = batch.items[i];
+      if (item.kind == DecodeKind::kCoefficients && coefficient_offsets[i] >= 0 && coefficients_room(item, i)) {
+        few.push_back(i);
+      }
+    }
+    if (few.size() * kThreadsPerSplitJpeg > static_cast<size_t>(pool_.threads())) few.clear();
+  }
+  const entropy_split::ParallelFor parallel_for = [this](size_t tasks, const std::function<void(size_t)>& task) {
+    pool_.run(tasks, task);
+  };
+  for (const size_t i : few) {
+    const ScannedItem& item = batch.items[i];
+    entropy_split::SplitCounts counts;
+    std::string declined;
+    try {
+      Decompression decompression(library);
+      declined = decompression.split_coefficients(item.data, header_of(item), item.layout,
+                                                  coefficients + coefficient_offsets[i],
+                                                  coefficient_capacity - coefficient_offsets[i], pool_.threads(),
+                                                  parallel_for, &counts);
+    } catch (const std::exception& error) {
+      declined = error.what();
+    }
+    written[i] = declined.empty();
+    std::lock_guard<std::mutex> lock(totals_lock_);
+    totals_.decoded_again += counts.decoded_again;
+    if (declined.empty()) {
+      ++totals_.split;
+    } else {
+      ++totals_.declined;
+      totals_.last_declined = declined;
+    }
+  }
   // Largest first: the batch ends when its last image does.
   std::vector<size_t> order(count);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return batch.items[a].data.size() > batch.items[b].data.size();
   });
-  const libjpeg::Library& library = libjpeg::open_library(library_path_);
   pool_.run(count, [&](size_t position) {
     const size_t i = order[position];
     const ScannedItem& item = batch.items[i];
+    if (written[i]) return;
     try {
       if (item.kind == DecodeKind::kCoefficients && coefficient_offsets != nullptr && coefficient_offsets[i] >= 0) {
         const int64_t at = coefficient_offsets[i];
-        if (at % 16 != 0 || at + item.coefficient_bytes > coefficient_capacity) {
+        if (!coefficients_room(item, i)) {
           failures[i] = "no room for the coefficients";
         } else {
           Decompression decompression(library);
@@ -457,6 +569,11 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
     }
   });
   return failures;
+}
+
+ImageBatchDecoder::SplitTotals ImageBatchDecoder::split_totals() const {
+  std::lock_guard<std::mutex> lock(totals_lock_);
+  return totals_;
 }
 
 void ImageBatchDecoder::copy_data(const ScannedBatch& batch, uint8_t* out, int64_t capacity, const int64_t* offsets) {

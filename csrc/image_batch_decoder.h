@@ -106,16 +106,31 @@ class ImageBatchDecoder {
   std::shared_ptr<ScannedBatch> scan(std::vector<DecodeSource> sources, ScanMode mode, int64_t max_pixels,
                                      const std::vector<int64_t>& exact = {});
   // Decodes the kCoefficients and kPixels items whose offset is >= 0 into their buffers (capacities checked);
-  // returns per item why it could not (empty: written), the item then being left to Pillow.
+  // returns per item why it could not (empty: written), the item then being left to Pillow. With `split_jpegs`,
+  // a batch of at most threads() / kThreadsPerSplitJpeg coefficient items (a single request) has each one's
+  // entropy decode split across the pool (jpeg_entropy_split.h: the same coefficients, sooner); what that
+  // declines is decoded by libjpeg as the others are.
   std::vector<std::string> decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,
                                   const int64_t* pixel_offsets, uint8_t* coefficients, int64_t coefficient_capacity,
-                                  const int64_t* coefficient_offsets);
+                                  const int64_t* coefficient_offsets, bool split_jpegs = true);
+  // Since this decoder was made: JPEGs split, split decodes declined (then decoded by libjpeg), pieces decoded
+  // again (their guessed start missed), and the last reason a split was declined.
+  struct SplitTotals {
+    int64_t split = 0, declined = 0, decoded_again = 0;
+    std::string last_declined;
+  };
+  SplitTotals split_totals() const;
   // Copies each item whose offset is >= 0 to out + offset (its whole data).
   void copy_data(const ScannedBatch& batch, uint8_t* out, int64_t capacity, const int64_t* offsets);
 
  private:
   std::string library_path_;
   TaskPool pool_;
+  mutable std::mutex totals_lock_;
+  SplitTotals totals_;
 };
+
+// A batch splits its JPEGs' entropy decodes when it has at least this many threads for each.
+constexpr int kThreadsPerSplitJpeg = 4;
 
 }  // namespace clip_flash

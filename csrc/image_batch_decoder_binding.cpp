@@ -83,17 +83,28 @@ void register_image_batch_decoder(py::module& module) {
            py::arg("exact") = std::vector<int64_t>{})
       .def("decode", [](ImageBatchDecoder& decoder, const ScannedBatch& batch, const at::Tensor& pixels,
                         const at::Tensor& pixel_offsets, const at::Tensor& coefficients,
-                        const at::Tensor& coefficient_offsets) {
+                        const at::Tensor& coefficient_offsets, bool split_jpegs) {
         check_host_bytes(pixels, "pixels");
         check_host_bytes(coefficients, "coefficients");
         const int64_t* pixel_at = offsets_of(pixel_offsets, batch.items.size(), "pixel_offsets");
         const int64_t* coefficient_at = offsets_of(coefficient_offsets, batch.items.size(), "coefficient_offsets");
         py::gil_scoped_release released;
         return decoder.decode(batch, pixels.data_ptr<uint8_t>(), pixels.numel(), pixel_at,
-                              coefficients.data_ptr<uint8_t>(), coefficients.numel(), coefficient_at);
+                              coefficients.data_ptr<uint8_t>(), coefficients.numel(), coefficient_at, split_jpegs);
       }, "Decode the pixel and coefficient items into the buffers at their offsets (-1: skip); per item why not "
-         "(empty: written).", py::arg("batch"), py::arg("pixels"), py::arg("pixel_offsets"), py::arg("coefficients"),
-           py::arg("coefficient_offsets"))
+         "(empty: written). split_jpegs: a batch of few coefficient items splits each one's entropy decode across "
+         "the threads (the same coefficients).", py::arg("batch"), py::arg("pixels"), py::arg("pixel_offsets"),
+           py::arg("coefficients"), py::arg("coefficient_offsets"), py::arg("split_jpegs") = true)
+      .def("split_totals", [](const ImageBatchDecoder& decoder) {
+        const ImageBatchDecoder::SplitTotals totals = decoder.split_totals();
+        py::dict out;
+        out["split"] = totals.split;
+        out["declined"] = totals.declined;
+        out["decoded_again"] = totals.decoded_again;
+        out["last_declined"] = totals.last_declined;
+        return out;
+      }, "Since the decoder was made: JPEGs whose entropy decode was split, splits declined (decoded by libjpeg "
+         "instead), pieces decoded again from the true start, and the last reason a split was declined.")
       .def("copy_data", [](ImageBatchDecoder& decoder, const ScannedBatch& batch, const at::Tensor& out,
                            const at::Tensor& offsets) {
         check_host_bytes(out, "out");

@@ -16,6 +16,7 @@ EXTENSION_SOURCES = (
     "csrc/jpeg_dct_binding.cpp",
     "csrc/jpeg_dct.cu",
     "csrc/image_batch_decoder.cpp",
+    "csrc/jpeg_entropy_split.cpp",
     "csrc/png_decoder.cpp",
     "csrc/image_batch_decoder_binding.cpp",
 )

@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="cpu: exact (OpenCLIP's pixels, bit for bit); gpu: nvJPEG, faster, not exact (default: %(default)s)")
     add("--decode-workers", type=int, default=None,
         help="image decoding threads per engine (default: one per core, shared out between --devices' engines)")
+    add("--no-split-jpegs", dest="split_jpegs", action="store_false",
+        help="decode each JPEG on one thread even in a batch of one (default: a batch of few JPEGs splits each "
+             "one's entropy decode across the decoding threads: the same pixels, sooner)")
     add("--no-patch", dest="patch", action="store_false", help="serve the stock OpenCLIP model (a baseline)")
     add("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run every batch eager")
     add("--inputs", choices=("fast", "stock"), default=defaults.inputs,
@@ -92,7 +95,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         request_timeout=args.request_timeout,
         max_request_bytes=args.max_request_bytes, api_key=args.api_key, decode=args.decode, patch=args.patch,
         inputs=args.inputs, cuda_graphs=args.cuda_graphs, decode_workers=args.decode_workers,
-        workers=args.workers, log_level=args.log_level, served_name=args.served_name)
+        split_jpegs=args.split_jpegs, workers=args.workers, log_level=args.log_level, served_name=args.served_name)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,6 +80,8 @@ class ServeConfig:
         cuda_graphs: replay CUDA graphs (``clip_flash.GraphedEncoder``) on CUDA.
         decode_workers: image decoding workers (None: the preparer's default, a thread per core; with several
             ``devices`` the cores shared out between their engine processes).
+        split_jpegs: a batch of few JPEGs (at low load, one) splits each one's entropy decode across the decoding
+            workers (the same pixels, sooner; ``ImagePreprocessor(split_jpegs=...)``). False: one worker a JPEG.
         workers: HTTP frontend processes feeding the engine process(es); 1: one process does everything. None
             (the default): ``default_workers(engines)``, 1 on small machines and up to 4 per engine on large ones:
             one process's event loop shares the GIL with the batchers (one process answered 1,500-2,400
@@ -110,6 +112,7 @@ class ServeConfig:
     inputs: str = "fast"
     cuda_graphs: bool = True
     decode_workers: Optional[int] = None
+    split_jpegs: bool = True
     workers: Optional[int] = None
     log_level: str = "info"
     served_name: Optional[str] = None

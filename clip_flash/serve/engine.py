@@ -146,7 +146,7 @@ class Engine:
             from clip_flash.inputs.text.tokenizer import get_tokenizer
 
             image_inputs = FastImageInputs(loaded.preprocess, device, loaded.dtype, config.decode,
-                                           config.decode_workers, config.max_batch)
+                                           config.decode_workers, config.max_batch, config.split_jpegs)
             tokenizer = get_tokenizer(spec.name)
         else:
             import open_clip

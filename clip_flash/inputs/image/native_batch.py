@@ -56,12 +56,13 @@ class NativeBatch:
     scanned for the exact route instead (:mod:`.exact_share`), and ``start_encoded``, when given, is called with
     the JPEGs kept encoded before the CPU decodes the rest, so that their decode (nvJPEG's hardware, in another
     thread) runs beside it; its future is :attr:`encoded_started`. What the native decoder leaves to Pillow at the
-    share's positions is decoded with ``exact_options`` (not kept encoded for nvJPEG)."""
+    share's positions is decoded with ``exact_options`` (not kept encoded for nvJPEG). ``split_jpegs``: see
+    :meth:`.NativeBatchDecoder.decode`."""
 
     def __init__(self, native: NativeBatchDecoder, mode: ScanMode, resize: ExactResize, options: DecodeOptions,
                  threads: Executor, exact_share: float = 0.0,
                  start_encoded: Optional[Callable[[List[DecodedItem]], Future]] = None,
-                 exact_options: Optional[DecodeOptions] = None) -> None:
+                 exact_options: Optional[DecodeOptions] = None, split_jpegs: bool = True) -> None:
         self.native = native
         self.mode = mode
         self.resize = resize
@@ -70,6 +71,7 @@ class NativeBatch:
         self.exact_share = exact_share if mode == ScanMode.ENCODED else 0.0
         self.start_encoded = start_encoded
         self.exact_options = exact_options or options
+        self.split_jpegs = split_jpegs
         self.exact_indices: Set[int] = set()  # inputs at the exact share's positions
         self.encoded_started: Optional[Future] = None
         self._fits: Dict[Tuple[int, int], Optional[str]] = {}
@@ -202,7 +204,8 @@ class NativeBatch:
                                        pin_memory=self.resize.packs and torch.cuda.is_available())
         declined = [""] * count
         if pixels or coefficients:
-            declined = self.native.decode(scanned, host, pixel_offsets, coefficient_host, coefficient_offsets)
+            declined = self.native.decode(scanned, host, pixel_offsets, coefficient_host, coefficient_offsets,
+                                          split_jpegs=self.split_jpegs)
         in_layout: Dict[int, PixelsInLayout] = {}
         for number, item in enumerate(joining):
             slot = plan.pixel_slot(host, len(pixels) + number)

@@ -23,7 +23,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -82,6 +82,9 @@ class FileFormat(enum.IntEnum):
 # Columns of ScannedImageBatch.info().
 KIND, HEIGHT, WIDTH, CHANNELS, SAMPLING, PROGRESSIVE, COEFFICIENT_BYTES, ENCODED_BYTES, FORMAT = range(9)
 LAYOUT_HEAD, LAYOUT_PER_COMPONENT = 3, 7
+# A batch splits its JPEGs' entropy decodes across the threads when it has this many threads for each
+# (``kThreadsPerSplitJpeg`` in ``csrc/image_batch_decoder.h``).
+SPLIT_THREADS_PER_JPEG = 4
 
 
 def takes_natively(item: Any) -> bool:
@@ -148,10 +151,22 @@ class NativeBatchDecoder:
         return ScannedBatch(handle, handle.info().numpy(), handle.layouts().numpy(), handle.notes())
 
     def decode(self, batch: ScannedBatch, pixels: torch.Tensor, pixel_offsets: np.ndarray,
-               coefficients: torch.Tensor, coefficient_offsets: np.ndarray) -> List[str]:
-        """Decode the batch's pixel and coefficient items at their offsets (-1: skip); per item why not."""
+               coefficients: torch.Tensor, coefficient_offsets: np.ndarray, split_jpegs: bool = True) -> List[str]:
+        """Decode the batch's pixel and coefficient items at their offsets (-1: skip); per item why not.
+
+        ``split_jpegs``: where the batch holds at most one coefficient JPEG for every ``SPLIT_THREADS_PER_JPEG``
+        threads (a single request), each one's entropy decode is split across the threads
+        (``csrc/jpeg_entropy_split.h``): the same coefficients, sooner; JPEGs it does not handle (restart markers,
+        progressive, damaged) are decoded by libjpeg as in a larger batch."""
         return self._native().decode(batch.handle, pixels, torch.from_numpy(np.ascontiguousarray(pixel_offsets)),
-                                     coefficients, torch.from_numpy(np.ascontiguousarray(coefficient_offsets)))
+                                     coefficients, torch.from_numpy(np.ascontiguousarray(coefficient_offsets)),
+                                     split_jpegs)
+
+    def split_totals(self) -> Dict[str, Any]:
+        """Since this process's decoder was made: ``split`` (JPEGs whose entropy decode was split), ``declined``
+        (splits declined, decoded by libjpeg instead), ``decoded_again`` (pieces whose guessed start missed, decoded
+        again from the true one) and ``last_declined`` (why the last split was declined)."""
+        return dict(self._native().split_totals())
 
     def copy_data(self, batch: ScannedBatch, out: torch.Tensor, offsets: np.ndarray) -> None:
         """Each item's encoded bytes to its offset in ``out`` (-1: skip)."""

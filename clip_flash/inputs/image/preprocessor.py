@@ -77,6 +77,9 @@ class ImagePreprocessor:
             batch's inputs decoded exactly on the CPU at the same time as the hardware decodes the others (those
             rows are exact; see :mod:`.exact_share`, which says why it is off by default). 0: nvJPEG decodes every
             JPEG it can.
+        split_jpegs: a call with at most one JPEG for every four native threads (a single request) splits each
+            JPEG's entropy decode across the threads (``csrc/jpeg_entropy_split.h``: the same coefficients, a
+            lower latency). False: one thread a JPEG, as in larger batches.
 
     Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
     and resampled by clip_flash's Pillow-exact resize on the device. Inputs Pillow treats specially
@@ -100,7 +103,7 @@ class ImagePreprocessor:
                  dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
                  executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg",
                  start: bool = True, dct_route: bool = True, nvjpeg_hardware: bool = True,
-                 nvjpeg_decoders: int = 2, exact_share: float = 0.0) -> None:
+                 nvjpeg_decoders: int = 2, exact_share: float = 0.0, split_jpegs: bool = True) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -138,6 +141,7 @@ class ImagePreprocessor:
         if not 0.0 <= exact_share <= 1.0:
             raise ValueError(f"exact_share must be from 0 to 1, got {exact_share}")
         self.exact_share = float(exact_share)
+        self.split_jpegs = split_jpegs
         if decode == "gpu":
             self.scan_mode = ScanMode.ENCODED
         elif dct_route and self.resize.packs:
@@ -225,7 +229,7 @@ class ImagePreprocessor:
             batch = NativeBatch(native, self.scan_mode, self.resize, self.options, self._python_threads(),
                                 exact_share=self.exact_share if hardware else 0.0,
                                 start_encoded=self._start_hardware_decode if hardware else None,
-                                exact_options=self._cpu_options)
+                                exact_options=self._cpu_options, split_jpegs=self.split_jpegs)
             decoded = batch.decode(items)
             started = batch.encoded_started
         else:
