@@ -169,6 +169,8 @@ def test_coefficient_route_bookkeeping_on_the_cpu(vit_b32_preprocess, photo_file
                 pixels[start:start + expected.size].copy_(torch.from_numpy(expected.reshape(-1).copy()))
 
     monkeypatch.setattr(jpeg_dct.DctBatch, "decode", fill)
+    # resample_packed uploads the batch and calls the launch it returns with the layout's pixel area
+    monkeypatch.setattr(jpeg_dct.DctBatch, "upload", lambda batch, device: lambda pixels: fill(batch, pixels))
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2) as prep:
         prep.resize.implementation = "kernel"  # as on a GPU with the extension built
         prep.scan_mode = ScanMode.COEFFICIENTS
