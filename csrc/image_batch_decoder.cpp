@@ -31,8 +31,14 @@ TaskPool::~TaskPool() {
   for (auto& worker : workers_) worker.join();
 }
 
-void TaskPool::drain(const std::function<void(size_t)>& task, size_t count) {
-  for (size_t i = next_.fetch_add(1); i < count; i = next_.fetch_add(1)) task(i);
+void TaskPool::drain(Run& run) {
+  for (size_t i = run.next.fetch_add(1); i < run.count; i = run.next.fetch_add(1)) {
+    (*run.task)(i);
+    if (run.finished.fetch_add(1) + 1 == run.count) {
+      std::lock_guard<std::mutex> lock(mutex_);  // the caller checks `finished` under it: no lost wake-up
+      done_.notify_all();
+    }
+  }
 }
 
 void TaskPool::run(size_t count, const std::function<void(size_t)>& task) {
@@ -42,37 +48,38 @@ void TaskPool::run(size_t count, const std::function<void(size_t)>& task) {
     return;
   }
   std::lock_guard<std::mutex> call(calls_);
+  auto run = std::make_shared<Run>();
+  run->task = &task;
+  run->count = count;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    task_ = &task;
-    count_ = count;
-    next_.store(0);
-    active_ = workers_.size();
+    current_ = run;
     ++generation_;
   }
-  wake_.notify_all();
-  drain(task, count);
+  const size_t helpers = std::min(count - 1, workers_.size());
+  if (helpers == workers_.size()) {
+    wake_.notify_all();
+  } else {
+    for (size_t i = 0; i < helpers; ++i) wake_.notify_one();
+  }
+  drain(*run);
   std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [this] { return active_ == 0; });
-  task_ = nullptr;
+  done_.wait(lock, [&] { return run->finished.load() == count; });
+  current_.reset();
 }
 
 void TaskPool::work() {
   uint64_t seen = 0;
   while (true) {
-    const std::function<void(size_t)>* task;
-    size_t count;
+    std::shared_ptr<Run> run;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && current_ != nullptr); });
       if (stopping_) return;
       seen = generation_;
-      task = task_;
-      count = count_;
+      run = current_;
     }
-    drain(*task, count);
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (--active_ == 0) done_.notify_all();
+    drain(*run);
   }
 }
 

@@ -69,7 +69,9 @@ struct ScannedBatch {
   std::vector<int64_t> layouts() const;  // row-major (items, kLayoutFields)
 };
 
-// Runs `task(i)` for i in [0, count) on its threads and the calling one; one batch at a time.
+// Runs `task(i)` for i in [0, count) on its threads and the calling one; one batch at a time. A run wakes only
+// as many threads as it has tasks beyond the caller's, and returns once every task is done: a thread still
+// waking up (or descheduled) when the others have taken all the tasks does not hold the caller up.
 class TaskPool {
  public:
   explicit TaskPool(int threads);
@@ -80,15 +82,20 @@ class TaskPool {
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
  private:
+  // One call's tasks. A thread that picks it up late finds every index taken and never calls `task`, which
+  // lives only as long as the call.
+  struct Run {
+    const std::function<void(size_t)>* task = nullptr;
+    size_t count = 0;
+    std::atomic<size_t> next{0};
+    std::atomic<size_t> finished{0};
+  };
   void work();
-  void drain(const std::function<void(size_t)>& task, size_t count);
+  void drain(Run& run);
   std::mutex calls_;  // one run at a time
   std::mutex mutex_;
   std::condition_variable wake_, done_;
-  const std::function<void(size_t)>* task_ = nullptr;
-  size_t count_ = 0;
-  std::atomic<size_t> next_{0};
-  size_t active_ = 0;
+  std::shared_ptr<Run> current_;  // the run being worked on (guarded by mutex_)
   uint64_t generation_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
