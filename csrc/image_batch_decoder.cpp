@@ -57,7 +57,7 @@ void TaskPool::run(size_t count, const std::function<void(size_t)>& task) {
     ++generation_;
   }
   const size_t helpers = std::min(count - 1, workers_.size());
-  if (helpers == workers_.size()) {
+  if (2 * helpers >= workers_.size()) {  // one wake-up call for all: cheaper than many for most
     wake_.notify_all();
   } else {
     for (size_t i = 0; i < helpers; ++i) wake_.notify_one();

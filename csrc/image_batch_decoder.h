@@ -69,8 +69,8 @@ struct ScannedBatch {
   std::vector<int64_t> layouts() const;  // row-major (items, kLayoutFields)
 };
 
-// Runs `task(i)` for i in [0, count) on its threads and the calling one; one batch at a time. A run wakes only
-// as many threads as it has tasks beyond the caller's, and returns once every task is done: a thread still
+// Runs `task(i)` for i in [0, count) on its threads and the calling one; one batch at a time. A run with tasks
+// for fewer than half the threads wakes only that many, and a run returns once every task is done: a thread still
 // waking up (or descheduled) when the others have taken all the tasks does not hold the caller up.
 class TaskPool {
  public:
