@@ -200,10 +200,7 @@ class Decompression {
   // The header's checks (exact decode): what Pillow would open as mode L or RGB, the same size. Empty: fine.
   std::string header(const std::string& data, const Header& expected) {
     if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
-    create();
-    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
-                     static_cast<unsigned long>(data.size()));
-    library_.read_header(&cinfo_, TRUE);
+    read_header(data);
     return checked(expected);
   }
 
@@ -217,10 +214,7 @@ class Decompression {
   std::string coefficients(const std::string& data, const Header& expected, const std::vector<int64_t>& layout,
                            uint8_t* out, int64_t capacity) {
     if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
-    create();
-    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
-                     static_cast<unsigned long>(data.size()));
-    library_.read_header(&cinfo_, TRUE);
+    read_header(data);
     std::string failure = checked(expected);
     if (!failure.empty()) return failure;
     jvirt_barray_ptr* arrays = library_.read_coefficients(&cinfo_);
@@ -240,10 +234,7 @@ class Decompression {
                                  uint8_t* out, int64_t capacity, int pieces,
                                  const entropy_split::ParallelFor& parallel_for, entropy_split::SplitCounts* counts) {
     if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
-    create();
-    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
-                     static_cast<unsigned long>(data.size()));
-    library_.read_header(&cinfo_, TRUE);
+    read_header(data);
     std::string failure = checked(expected);
     if (!failure.empty()) return failure;
     std::vector<int64_t> seen;
@@ -306,10 +297,7 @@ class Decompression {
   // islow IDCT, fancy upsampling) into `out`, rows of width * channels bytes.
   std::string pixels(const std::string& data, const Header& expected, uint8_t* out) {
     if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
-    create();
-    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
-                     static_cast<unsigned long>(data.size()));
-    library_.read_header(&cinfo_, TRUE);
+    read_header(data);
     std::string failure = checked(expected);
     if (!failure.empty()) return failure;
     cinfo_.out_color_space = expected.channels == 3 ? JCS_RGB : JCS_GRAYSCALE;
@@ -338,6 +326,14 @@ class Decompression {
     if (created_) return;
     library_.create(&cinfo_, JPEG_LIB_VERSION, sizeof(cinfo_));
     created_ = true;
+  }
+
+  // Inside the calling method's jump scope (libjpeg's errors jump back to it; nothing here needs unwinding).
+  void read_header(const std::string& data) {
+    create();
+    library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
+                     static_cast<unsigned long>(data.size()));
+    library_.read_header(&cinfo_, TRUE);
   }
 
   std::string checked(const Header& expected) {
