@@ -507,7 +507,7 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
         few.push_back(i);
       }
     }
-    if (few.size() * kThreadsPerSplitJpeg > static_cast<size_t>(pool_.threads())) few.clear();
+    if (few.size() > split_at_most(pool_.threads())) few.clear();
   }
   const entropy_split::ParallelFor parallel_for = [this](size_t tasks, const std::function<void(size_t)>& task) {
     pool_.run(tasks, task);

@@ -114,8 +114,8 @@ class ImageBatchDecoder {
                                      const std::vector<int64_t>& exact = {});
   // Decodes the kCoefficients and kPixels items whose offset is >= 0 into their buffers (capacities checked);
   // returns per item why it could not (empty: written), the item then being left to Pillow. With `split_jpegs`,
-  // a batch of at most threads() / kThreadsPerSplitJpeg coefficient items (a single request) has each one's
-  // entropy decode split across the pool (jpeg_entropy_split.h: the same coefficients, sooner); what that
+  // a batch of at most split_at_most(threads()) coefficient items (a single request) has each one's entropy
+  // decode split across the pool in turn (jpeg_entropy_split.h: the same coefficients, sooner); what that
   // declines is decoded by libjpeg as the others are.
   std::vector<std::string> decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,
                                   const int64_t* pixel_offsets, uint8_t* coefficients, int64_t coefficient_capacity,
@@ -137,7 +137,14 @@ class ImageBatchDecoder {
   SplitTotals totals_;
 };
 
-// A batch splits its JPEGs' entropy decodes when it has at least this many threads for each.
-constexpr int kThreadsPerSplitJpeg = 4;
+// How many coefficient JPEGs a batch splits (one after another, each across all the threads): one JPEG from
+// kMinThreadsToSplit threads on, and one per kThreadsPerSplitJpeg threads. On 16 threads a split JPEG took about a
+// third of one thread's time, so splitting n of them in turn beats decoding them side by side only while n stays
+// under about three.
+constexpr int kThreadsPerSplitJpeg = 8;
+constexpr int kMinThreadsToSplit = 4;
+inline size_t split_at_most(int threads) {
+  return threads < kMinThreadsToSplit ? 0 : std::max<size_t>(1, static_cast<size_t>(threads / kThreadsPerSplitJpeg));
+}
 
 }  // namespace clip_flash

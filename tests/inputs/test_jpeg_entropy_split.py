@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from clip_flash.inputs.image.native_decode import (COEFFICIENT_BYTES, KIND, SPLIT_THREADS_PER_JPEG, DecodeKind,
-                                                   NativeBatchDecoder, ScanMode)
+from clip_flash.inputs.image.native_decode import (COEFFICIENT_BYTES, KIND, DecodeKind, NativeBatchDecoder,
+                                                   ScanMode, split_at_most)
 from photo_corpus import skimage_photo
 
 THREADS = 16
@@ -116,7 +116,8 @@ def test_damaged_files_get_libjpegs_answer():
 
 
 def test_only_batches_of_few_jpegs_split():
-    cases = _jpegs()[: THREADS // SPLIT_THREADS_PER_JPEG + 1]
+    assert [split_at_most(threads) for threads in (1, 3, 4, 8, 15, 16, 32)] == [0, 0, 1, 1, 1, 2, 4]
+    cases = _jpegs()[: split_at_most(THREADS) + 1]
     before = NATIVE.split_totals()
     results = _coefficients(cases, split=True)  # one more JPEG than the threads split: one thread each
     assert all(why == "" for why, _ in results)
@@ -126,6 +127,16 @@ def test_only_batches_of_few_jpegs_split():
     reference = _coefficients(cases[:-1], split=False)
     for (_, split_bytes), (_, whole_bytes) in zip(results, reference):
         assert np.array_equal(split_bytes, whole_bytes)
+    few_threads = NativeBatchDecoder.create(threads=4)
+    before = few_threads.split_totals()
+    scanned = few_threads.scan(cases[:2], ScanMode.COEFFICIENTS)
+    sizes = -(-scanned.info[:, COEFFICIENT_BYTES] // 16) * 16
+    out = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+    offsets = np.cumsum(sizes) - sizes
+    for count in (2, 1):  # two JPEGs on four threads: one thread each; one: split
+        at = np.where(np.arange(2) < count, offsets, -1).astype(np.int64)
+        assert few_threads.decode(scanned, out[:16], np.full(2, -1, dtype=np.int64), out, at) == ["", ""]
+    assert few_threads.split_totals()["split"] == before["split"] + 1
 
 
 @pytest.mark.gpu

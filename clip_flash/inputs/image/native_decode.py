@@ -82,9 +82,13 @@ class FileFormat(enum.IntEnum):
 # Columns of ScannedImageBatch.info().
 KIND, HEIGHT, WIDTH, CHANNELS, SAMPLING, PROGRESSIVE, COEFFICIENT_BYTES, ENCODED_BYTES, FORMAT = range(9)
 LAYOUT_HEAD, LAYOUT_PER_COMPONENT = 3, 7
-# A batch splits its JPEGs' entropy decodes across the threads when it has this many threads for each
-# (``kThreadsPerSplitJpeg`` in ``csrc/image_batch_decoder.h``).
-SPLIT_THREADS_PER_JPEG = 4
+
+
+def split_at_most(threads: int) -> int:
+    """How many JPEGs a batch may hold for each one's entropy decode to be split across ``threads`` (one after
+    another): one from 4 threads on, one per 8 threads (``split_at_most`` in ``csrc/image_batch_decoder.h``, which
+    says why)."""
+    return 0 if threads < 4 else max(1, threads // 8)
 
 
 def takes_natively(item: Any) -> bool:
@@ -154,8 +158,8 @@ class NativeBatchDecoder:
                coefficients: torch.Tensor, coefficient_offsets: np.ndarray, split_jpegs: bool = True) -> List[str]:
         """Decode the batch's pixel and coefficient items at their offsets (-1: skip); per item why not.
 
-        ``split_jpegs``: where the batch holds at most one coefficient JPEG for every ``SPLIT_THREADS_PER_JPEG``
-        threads (a single request), each one's entropy decode is split across the threads
+        ``split_jpegs``: where the batch holds at most ``split_at_most(threads)`` coefficient JPEGs (a single
+        request), each one's entropy decode is split across the threads in turn
         (``csrc/jpeg_entropy_split.h``): the same coefficients, sooner; JPEGs it does not handle (restart markers,
         progressive, damaged) are decoded by libjpeg as in a larger batch."""
         return self._native().decode(batch.handle, pixels, torch.from_numpy(np.ascontiguousarray(pixel_offsets)),

@@ -77,9 +77,9 @@ class ImagePreprocessor:
             batch's inputs decoded exactly on the CPU at the same time as the hardware decodes the others (those
             rows are exact; see :mod:`.exact_share`, which says why it is off by default). 0: nvJPEG decodes every
             JPEG it can.
-        split_jpegs: a call with at most one JPEG for every four native threads (a single request) splits each
-            JPEG's entropy decode across the threads (``csrc/jpeg_entropy_split.h``: the same coefficients, a
-            lower latency). False: one thread a JPEG, as in larger batches.
+        split_jpegs: a call with a single JPEG (from 4 native threads on; with 16 or more, up to one per 8
+            threads) splits each JPEG's entropy decode across the threads (``csrc/jpeg_entropy_split.h``: the same
+            coefficients, a lower latency). False: one thread a JPEG, as in larger batches.
 
     Exactness: inputs whose Pillow mode is RGB or L (nearly all photos) are decoded to uint8 pixels
     and resampled by clip_flash's Pillow-exact resize on the device. Inputs Pillow treats specially
