@@ -530,6 +530,7 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
     totals_.decoded_again += counts.decoded_again;
     if (declined.empty()) {
       ++totals_.split;
+      totals_.pieces += counts.pieces;
     } else {
       ++totals_.declined;
       totals_.last_declined = declined;

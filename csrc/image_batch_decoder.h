@@ -120,10 +120,10 @@ class ImageBatchDecoder {
   std::vector<std::string> decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,
                                   const int64_t* pixel_offsets, uint8_t* coefficients, int64_t coefficient_capacity,
                                   const int64_t* coefficient_offsets, bool split_jpegs = true);
-  // Since this decoder was made: JPEGs split, split decodes declined (then decoded by libjpeg), pieces decoded
-  // again (their guessed start missed), and the last reason a split was declined.
+  // Since this decoder was made: JPEGs split, split decodes declined (then decoded by libjpeg), the split JPEGs'
+  // pieces, those decoded again (their guessed start missed), and the last reason a split was declined.
   struct SplitTotals {
-    int64_t split = 0, declined = 0, decoded_again = 0;
+    int64_t split = 0, declined = 0, pieces = 0, decoded_again = 0;
     std::string last_declined;
   };
   SplitTotals split_totals() const;

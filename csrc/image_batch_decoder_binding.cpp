@@ -100,11 +100,12 @@ void register_image_batch_decoder(py::module& module) {
         py::dict out;
         out["split"] = totals.split;
         out["declined"] = totals.declined;
+        out["pieces"] = totals.pieces;
         out["decoded_again"] = totals.decoded_again;
         out["last_declined"] = totals.last_declined;
         return out;
       }, "Since the decoder was made: JPEGs whose entropy decode was split, splits declined (decoded by libjpeg "
-         "instead), pieces decoded again from the true start, and the last reason a split was declined.")
+         "instead), their pieces, pieces decoded again from the true start, and the last reason a split was declined.")
       .def("copy_data", [](ImageBatchDecoder& decoder, const ScannedBatch& batch, const at::Tensor& out,
                            const at::Tensor& offsets) {
         check_host_bytes(out, "out");

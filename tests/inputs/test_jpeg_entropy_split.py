@@ -73,6 +73,7 @@ def test_split_coefficients_are_libjpegs():
     # Every one of these is large enough to split: none may have gone to libjpeg instead.
     assert after["split"] - before["split"] == len(cases), after["last_declined"]
     assert after["declined"] == before["declined"]
+    assert after["pieces"] - before["pieces"] >= 2 * len(cases)  # every one cut at least once
 
 
 def test_what_it_does_not_handle_goes_to_libjpeg():

@@ -168,8 +168,9 @@ class NativeBatchDecoder:
 
     def split_totals(self) -> Dict[str, Any]:
         """Since this process's decoder was made: ``split`` (JPEGs whose entropy decode was split), ``declined``
-        (splits declined, decoded by libjpeg instead), ``decoded_again`` (pieces whose guessed start missed, decoded
-        again from the true one) and ``last_declined`` (why the last split was declined)."""
+        (splits declined, decoded by libjpeg instead), ``pieces`` (of the split JPEGs), ``decoded_again`` (pieces
+        whose guessed start missed, decoded again from the true one) and ``last_declined`` (why the last split was
+        declined)."""
         return dict(self._native().split_totals())
 
     def copy_data(self, batch: ScannedBatch, out: torch.Tensor, offsets: np.ndarray) -> None:
