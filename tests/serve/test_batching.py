@@ -520,6 +520,26 @@ def test_text_graphs_per_doubling_reaches_the_config_and_is_checked():
         ServeConfig(text_graphs_per_doubling=0)
 
 
+def test_no_split_jpegs_reaches_the_image_preparer():
+    import argparse
+
+    from open_clip.transform import image_transform
+
+    from clip_flash.serve.cli import add_arguments, config_from_args
+    from clip_flash.serve.inputs import FastImageInputs
+
+    vit_b32_transform = image_transform(224, is_train=False)
+    parser = add_arguments(argparse.ArgumentParser())
+    assert config_from_args(parser.parse_args([])).split_jpegs is True
+    config = config_from_args(parser.parse_args(["--no-split-jpegs"]))
+    assert config.split_jpegs is False
+    inputs = FastImageInputs(vit_b32_transform, torch.device("cpu"), torch.float32, "cpu", 2, 8, config.split_jpegs)
+    try:
+        assert inputs.preparer.split_jpegs is False
+    finally:
+        inputs.close()
+
+
 def test_text_graphs_are_captured_largest_first_with_the_end_of_text_at_each_length():
     from clip_flash.serve.text_graphs import capture_text_graphs
 
