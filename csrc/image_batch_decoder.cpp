@@ -258,7 +258,8 @@ class Decompression {
       write += DCTSIZE2 * (1 + static_cast<int64_t>(component.width_in_blocks) * component.height_in_blocks);
     }
     const bool interleaved = cinfo_.comps_in_scan > 1;
-    std::vector<entropy_split::HuffmanSpec> specs(2 * cinfo_.comps_in_scan);
+    // One spec per table (DC tables first, then AC): components sharing a table share it, and it is built once.
+    std::vector<entropy_split::HuffmanSpec> specs(2 * NUM_HUFF_TBLS);
     entropy_split::Scan scan;
     for (int j = 0; j < cinfo_.comps_in_scan; ++j) {
       const jpeg_component_info& component = *cinfo_.cur_comp_info[j];
@@ -267,18 +268,20 @@ class Decompression {
           cinfo_.ac_huff_tbl_ptrs[ac] == nullptr) {
         return "a component without its Huffman tables";  // libjpeg-turbo would use the standard ones
       }
-      std::memcpy(specs[2 * j].bits, cinfo_.dc_huff_tbl_ptrs[dc]->bits, sizeof(specs[2 * j].bits));
-      std::memcpy(specs[2 * j].values, cinfo_.dc_huff_tbl_ptrs[dc]->huffval, sizeof(specs[2 * j].values));
-      std::memcpy(specs[2 * j + 1].bits, cinfo_.ac_huff_tbl_ptrs[ac]->bits, sizeof(specs[2 * j + 1].bits));
-      std::memcpy(specs[2 * j + 1].values, cinfo_.ac_huff_tbl_ptrs[ac]->huffval, sizeof(specs[2 * j + 1].values));
+      entropy_split::HuffmanSpec& dc_spec = specs[dc];
+      entropy_split::HuffmanSpec& ac_spec = specs[NUM_HUFF_TBLS + ac];
+      std::memcpy(dc_spec.bits, cinfo_.dc_huff_tbl_ptrs[dc]->bits, sizeof(dc_spec.bits));
+      std::memcpy(dc_spec.values, cinfo_.dc_huff_tbl_ptrs[dc]->huffval, sizeof(dc_spec.values));
+      std::memcpy(ac_spec.bits, cinfo_.ac_huff_tbl_ptrs[ac]->bits, sizeof(ac_spec.bits));
+      std::memcpy(ac_spec.values, cinfo_.ac_huff_tbl_ptrs[ac]->huffval, sizeof(ac_spec.values));
       entropy_split::ScanComponent part;
       part.across = interleaved ? component.h_samp_factor : 1;
       part.down = interleaved ? component.v_samp_factor : 1;
       part.width_in_blocks = component.width_in_blocks;
       part.height_in_blocks = component.height_in_blocks;
       part.blocks = blocks[component.component_index];
-      part.dc = &specs[2 * j];
-      part.ac = &specs[2 * j + 1];
+      part.dc = &dc_spec;
+      part.ac = &ac_spec;
       scan.components.push_back(part);
     }
     if (interleaved) {  // per_scan_setup's MCU grid

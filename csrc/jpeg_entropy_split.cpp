@@ -138,8 +138,7 @@ struct Piece {
   size_t exit = 0;   // where they end: the next piece's first, when both lie on the true decode
   bool complete = false;  // reached next_cut without a bad code or running out of data
   bool failed = false;    // an exception (out of memory)
-  int64_t mcus = 0;
-  std::vector<size_t> mcu_end;    // the bit after each kept MCU
+  std::vector<size_t> mcu_end;    // the bit after each kept MCU (one entry per kept MCU)
   std::vector<int32_t> dc;        // each kept block's DC difference
   std::vector<uint8_t> ac_count;  // each kept block's AC coefficients written
   std::vector<uint32_t> ac;       // (natural position << 16) | the value's 16 bits
@@ -189,7 +188,6 @@ inline bool decode_mcu(const Decoder& decoder, size_t* bit, Piece* piece) {
 // Decodes from `bit` (a guess unless it is an MCU boundary of the true decode) as the piece says; see Piece.
 void decode_piece(const Decoder& decoder, Piece* piece, size_t bit, bool last) {
   piece->complete = false;
-  piece->mcus = 0;
   piece->mcu_end.clear();
   piece->dc.clear();
   piece->ac_count.clear();
@@ -220,7 +218,6 @@ void decode_piece(const Decoder& decoder, Piece* piece, size_t bit, bool last) {
     }
     bit = at;
     piece->mcu_end.push_back(bit);
-    ++piece->mcus;
   }
   piece->exit = bit;
   piece->complete = bit >= end;
@@ -326,15 +323,16 @@ std::string decode(const Scan& scan, int pieces, const ParallelFor& parallel_for
     }
     if (piece.failed) return "out of memory";
     first_mcu[i] = done;
-    if (done + piece.mcus >= mcus) {
+    const int64_t kept = static_cast<int64_t>(piece.mcu_end.size());
+    if (done + kept >= mcus) {
       const int64_t keep = mcus - done;
-      piece.mcus = keep;
+      piece.mcu_end.resize(keep);
       end_bit = keep > 0 ? piece.mcu_end[keep - 1] : piece.first;
       used = i + 1;
       break;
     }
     if (!piece.complete) return "the data ends early or holds a code no table has";
-    done += piece.mcus;
+    done += kept;
   }
   if (used == 0) return "fewer MCUs in the data than the frame has";
   if (decoder.total_bits - end_bit >= 8) return "bytes left after the scan's last MCU";
@@ -353,8 +351,8 @@ std::string decode(const Scan& scan, int pieces, const ParallelFor& parallel_for
     int64_t predicted[kMaxComponents];
     std::copy(start.begin() + i * kMaxComponents, start.begin() + (i + 1) * kMaxComponents, predicted);
     size_t block = 0, entry = 0;
-    for (int64_t n = 0; n < piece.mcus; ++n) {
-      const int64_t mcu = first_mcu[i] + n;
+    for (size_t n = 0; n < piece.mcu_end.size(); ++n) {
+      const int64_t mcu = first_mcu[i] + static_cast<int64_t>(n);
       const int64_t row = mcu / scan.mcus_across, column = mcu % scan.mcus_across;
       for (int c = 0; c < components; ++c) {
         const ScanComponent& component = scan.components[c];
