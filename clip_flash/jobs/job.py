@@ -381,7 +381,8 @@ def load_job_model(job: PlannedJob, device: torch.device) -> Any:
 def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: str, gpu_peak: Optional[float],
                command: Optional[str], options: Dict[str, Any], environment_device: torch.device,
                setup_seconds: Optional[float] = None, warm_up_seconds: Optional[float] = None,
-               model_load_seconds: Optional[float] = None) -> JobSummary:
+               model_load_seconds: Optional[float] = None,
+               actor_timeline: Optional[List[Dict[str, Any]]] = None) -> JobSummary:
     """Write failures.parquet and the run record; return the summary."""
     failures_total = job.output.collect_failures([shard.index for shard in job.plan])
     summary = JobSummary(
@@ -395,7 +396,8 @@ def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: 
         warm_up_seconds=(warm_up_seconds or 0.0) + stats.warm_up_seconds if warm_up_seconds is not None else None,
         first_batch_seconds=stats.first_batch_seconds,
         main_thread_seconds=dict(stats.main_thread_seconds), pinned_blocks_created=stats.pinned_blocks_created,
-        pinned_block_seconds=stats.pinned_block_seconds, pinned_block_bytes=stats.pinned_block_bytes)
+        pinned_block_seconds=stats.pinned_block_seconds, pinned_block_bytes=stats.pinned_block_bytes,
+        actor_timeline=list(actor_timeline or []))
     command = command or "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
     record = run_record(summary, job.settings, environment_device, command, options)
     summary.record_path = str(job.output.write_run_record(record_name(), record))

@@ -63,6 +63,7 @@ from .record import JobSummary
 from .writer import OutputFolder
 
 logger = logging.getLogger(__name__)
+_IMPORTED_AT = time.time()  # in an actor: when its process had imported torch and this module
 
 
 def _decode_threads_per_gpu() -> Optional[int]:
@@ -87,13 +88,23 @@ class ShardEmbedder:
     """A Ray Data actor that embeds whole shards of a planned job and commits each to the output folder.
 
     ``ds.map_batches(ShardEmbedder, batch_size=1, ...)`` over rows ``{"shard": N, "payload": pickled Shard}``;
-    returns one row per shard: ``shard``, ``rows``, ``failures``, ``seconds``, ``gpu_peak_mib``, ``node``.
+    returns one row per shard: ``shard``, ``rows``, ``failures``, ``seconds``, ``gpu_peak_mib``, ``node``, and the
+    actor's name (``actor``: host and pid) and start marks (``imported_at``, ``started_at``, ``loaded_at``,
+    ``ready_at``: wall-clock seconds).
     """
 
     def __init__(self, job: Dict[str, Any]) -> None:
+        import os
+        import socket
+
+        # Wall-clock marks of this actor's start, reported with each shard: the driver times the run from the
+        # first model loaded, as the one-device job times its own (see :func:`_actor_timeline`).
+        self.marks = {"actor": f"{socket.gethostname()}:{os.getpid()}", "imported_at": _IMPORTED_AT,
+                      "started_at": time.time()}
         self.device = _actor_device(job["device"])
         self.job = SimpleNamespace(spec=job["spec"], precision=job["precision"], patch=job["patch"])
         loaded = load_job_model(self.job, self.device)
+        self.marks["loaded_at"] = time.time()
         source = SimpleNamespace(**job["source"])
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
@@ -101,12 +112,13 @@ class ShardEmbedder:
                                   job["cuda_graphs"], job.get("decode_threads"), job.get("exact_share", 0.0))
         self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
         self.output = OutputFolder(job["out"], job["shard_count"])
+        self.marks["ready_at"] = time.time()
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         import socket
 
         rows: Dict[str, List[Any]] = {"shard": [], "rows": [], "failures": [], "seconds": [], "gpu_peak_mib": [],
-                                      "node": []}
+                                      "node": [], **{name: [] for name in self.marks}}
         for payload in batch["payload"]:
             shard = pickle.loads(payload)
             stats = self.runner.run([shard], self.output.write, None, more_runs_follow=True)
@@ -117,6 +129,8 @@ class ShardEmbedder:
             peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else -1.0
             rows["gpu_peak_mib"].append(peak)
             rows["node"].append(socket.gethostname())
+            for name, value in self.marks.items():
+                rows[name].append(value)
         return {name: np.asarray(values) for name, values in rows.items()}
 
 
@@ -151,6 +165,7 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
     """
     import ray
 
+    called, called_wall = time.perf_counter(), time.time()
     if pipeline != "clip_flash":
         raise ValueError("--ray runs clip_flash's pipeline; the stock baseline runs on one device")
     if decode_threads is not None and decode_threads < 1:
@@ -172,9 +187,19 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                  "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions}}
     try:
         job.output.record_settings(job.settings)  # the actors load the model; a bad spec failed in plan_job
-        stats, peak = _run_on_actors(job.todo, actor_job, actors, progress)
+        handed_seconds = time.perf_counter() - called
+        stats, peak, marks = _run_on_actors(job.todo, actor_job, actors, progress)
+        timeline = _actor_timeline(marks, called_wall)
+        model_load_seconds = None
+        if timeline:
+            # The run counts from the first model loaded, as the one-device job's does from its model loaded: the
+            # other actors' loads, every warm-up and Ray's dispatch stay inside it.
+            model_load_seconds = min(actor["loaded"] for actor in timeline)
+            _start_run_at(stats, model_load_seconds - handed_seconds)
         return finish_job(job, stats, device=f"ray: {actors} actor(s) on {device}", pipeline="clip_flash (ray)",
                           gpu_peak=peak, command=command, environment_device=torch.device("cpu"),
+                          setup_seconds=model_load_seconds, model_load_seconds=model_load_seconds,
+                          actor_timeline=timeline,
                           options={"batch_size": batch_size, "workers": workers, "actors": actors,
                                    "cuda_graphs": cuda_graphs, "decode_threads": decode_threads,
                                    "cluster": {key: value for key, value in ray.cluster_resources().items()
@@ -183,14 +208,37 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
         job.output.close()
 
 
+def _actor_timeline(marks: Dict[str, Dict[str, Any]], called_wall: float) -> List[Dict[str, Any]]:
+    """Each actor's start in seconds after the job was called: its process had imported torch and this module
+    (``imported``), entered its constructor (``started``), loaded the model (``loaded``) and warmed up
+    (``ready``); and the shards it embedded. Wall clocks: across nodes they are as close as the nodes' clocks."""
+    timeline = []
+    for name, actor in sorted(marks.items(), key=lambda item: item[1]["loaded_at"]):
+        entry: Dict[str, Any] = {"actor": name}
+        for mark in ("imported", "started", "loaded", "ready"):
+            entry[mark] = round(float(actor[f"{mark}_at"]) - called_wall, 3)
+        entry["shards"] = actor["shards"]
+        timeline.append(entry)
+    return timeline
+
+
+def _start_run_at(stats: PipelineStats, offset: float) -> None:
+    """Moves the run's start ``offset`` seconds later (shard marks and wall time counted from there)."""
+    offset = min(max(offset, 0.0), stats.seconds)
+    stats.seconds -= offset
+    stats.marks = [(items, seconds - offset) for items, seconds in stats.marks]
+
+
 def _run_on_actors(todo: List[Any], actor_job: Dict[str, Any], actors: int,
-                   progress: bool) -> Tuple[PipelineStats, Optional[float]]:
-    """Hand each shard to the pool of :class:`ShardEmbedder` actors; tally their reports as they come."""
+                   progress: bool) -> Tuple[PipelineStats, Optional[float], Dict[str, Dict[str, Any]]]:
+    """Hand each shard to the pool of :class:`ShardEmbedder` actors; tally their reports as they come. Also
+    returns each actor's start marks and shard count, by actor name."""
     import ray
     from tqdm.auto import tqdm
 
     stats = PipelineStats()
     peak = None
+    marks: Dict[str, Dict[str, Any]] = {}
     started = time.perf_counter()
     if todo:
         ray.data.DataContext.get_current().enable_progress_bars = False
@@ -210,9 +258,13 @@ def _run_on_actors(todo: List[Any], actor_job: Dict[str, Any], actors: int,
                 stats.marks.append((stats.rows + stats.failures, time.perf_counter() - started))
                 if row["gpu_peak_mib"] >= 0:
                     peak = max(peak or 0.0, float(row["gpu_peak_mib"]))
+                actor = marks.setdefault(str(row["actor"]), {
+                    "shards": 0, **{f"{mark}_at": float(row[f"{mark}_at"])
+                                    for mark in ("imported", "started", "loaded", "ready")}})
+                actor["shards"] += 1
                 bar.update(int(row["rows"]) + int(row["failures"]))
     stats.seconds = time.perf_counter() - started
-    return stats, peak
+    return stats, peak, marks
 
 
 class ClipEmbedder:

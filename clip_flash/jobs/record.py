@@ -5,7 +5,9 @@ the pipeline's wall time (the run: on CUDA it starts with the device half of the
 reads); ``steady_items_per_s`` leaves the first written shard out, which is the rate a long job runs at;
 ``after_load_items_per_s`` from the model loaded to the end (the decoder's start, the warm-up, the run: what a
 job costs beyond its model load); ``job_items_per_s`` counts the whole setup too (planning, model loading), the
-rate a user waits for.
+rate a user waits for. Through Ray the run counts from the first actor's model loaded (the setup is the planning,
+the actors' start and that load; the other actors' loads and every warm-up are in the run), and
+``actor_timeline`` says when each actor got there.
 """
 from __future__ import annotations
 
@@ -50,6 +52,9 @@ class JobSummary:
     pinned_block_seconds: float = 0.0    # and the seconds CUDA took making them
     pinned_block_bytes: int = 0          # and their bytes together
     shard_marks: List[Tuple[int, float]] = field(default_factory=list, repr=False)  # (inputs so far, seconds)
+    # Through Ray: per actor, seconds after the call it had imported, entered its constructor, loaded the model
+    # and warmed up, and the shards it embedded.
+    actor_timeline: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def items(self) -> int:
@@ -112,6 +117,9 @@ class JobSummary:
                          + (f"; {self.after_load_items_per_s:,.1f} items/s from the model loaded"
                             if self.after_load_items_per_s is not None else "")
                          + f"; {self.job_items_per_s:,.1f} items/s counting all of it")
+        for actor in self.actor_timeline:
+            lines.append(f"  actor {actor['actor']}: imported {actor['imported']:.2f} s after the call, model "
+                         f"loaded {actor['loaded']:.2f} s, ready {actor['ready']:.2f} s; {actor['shards']} shards")
         if any(self.main_thread_seconds.values()):
             lines.append("  main thread: " + ", ".join(f"{step} {seconds:.2f} s"
                                                        for step, seconds in self.main_thread_seconds.items()))

@@ -33,6 +33,13 @@ def test_ray_job_writes_what_the_one_device_job_writes_and_resumes(tmp_path, che
     model = f"{MODEL}::{checkpoint}"
     summary = embed_with_ray(tmp_path / "photos", tmp_path / "ray_out", model, actors=1, **options)
     assert (summary.shards_written, summary.rows, summary.failures) == (3, 5, 1)
+    # the run counts from the actor's model loaded, as the one-device job's does from its own
+    (actor,) = summary.actor_timeline
+    assert actor["shards"] == 3 and 0 < actor["started"] <= actor["loaded"] <= actor["ready"]
+    assert summary.model_load_seconds == summary.setup_seconds == actor["loaded"]
+    assert summary.after_load_seconds == pytest.approx(summary.seconds)
+    assert summary.job_items_per_s < summary.items_per_s
+    assert "model loaded" in summary.format() and actor["actor"] in summary.format()
     clip_flash.embed(tmp_path / "photos", tmp_path / "one_out", model, **options)
     ray_output, one_output = read_output(tmp_path / "ray_out"), read_output(tmp_path / "one_out")
     assert ray_output["img_emb_files"] == one_output["img_emb_files"] == ["img_emb_0.npy", "img_emb_1.npy",
