@@ -17,13 +17,15 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
+from .pinned_reserve import first_images
 from .run_stats import PipelineStats
 from ..environment import usable_cores
 from .record import JobSummary, gpu_peak_mib, record_name, run_record, steady_rate
@@ -162,6 +164,24 @@ def _caption_file(input: Union[str, Path]) -> bool:
     return Path(str(input)).suffix.lower() in CAPTION_FILE_SUFFIXES
 
 
+def reserve_pinned_blocks(device: torch.device, has_images: bool, pipeline: str, decode: str, batch_size: int,
+                          exact_share: float, executor: str,
+                          first_images: Callable[[int], Sequence[Any]]) -> Optional[Any]:
+    """A started :class:`~clip_flash.jobs.pinned_reserve.PinnedReservation` for a run whose batches put JPEG
+    coefficients in page-locked blocks (None otherwise): blocks for the batches alive at once (queued, launching,
+    uploading), the size the exact route's share of the run's first batch asks for (``first_images(count)``: its
+    first images, paths or bytes; called in the reservation's thread), made while the model loads. ``join()`` it
+    before the run."""
+    exact_images = exact_images_per_batch(decode, batch_size, exact_share)
+    if not (device.type == "cuda" and has_images and pipeline == "clip_flash" and exact_images
+            and executor != "thread"):
+        return None
+    from .pinned_reserve import PinnedReservation
+
+    return PinnedReservation(exact_images, input_blocks_alive(),
+                             first_images=partial(first_images, exact_images)).start()
+
+
 def exact_images_per_batch(decode: str, batch_size: int, exact_share: float) -> int:
     """How many of a full batch's images take the exact route (each batch's coefficients go into one page-locked
     block sized by them): all with decode="cpu"; with "gpu", the exact share's."""
@@ -253,15 +273,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         reserved = None  # page-locked blocks made while the model loaded (None: not asked for)
         decoders_made_ready = None  # nvJPEG's first calls made while the model loaded (None: not asked for)
         if job.todo:  # nothing left to embed: no model to load
-            reservation = decoders_ahead = None
-            exact_images = exact_images_per_batch(decode, batch_size, exact_share)
-            if (device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and exact_images
-                    and executor != "thread"):
-                from .pinned_reserve import PinnedReservation
-
-                # Blocks for the batches alive at once (queued, launching, uploading), made while the model loads,
-                # the size the exact route's share of a batch asks for.
-                reservation = PinnedReservation(exact_images, input_blocks_alive()).start()
+            decoders_ahead = None
+            reservation = reserve_pinned_blocks(device, job.source.has_images, pipeline, decode, batch_size,
+                                                exact_share, executor, partial(first_images, job.todo))
             if device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and decode == "gpu":
                 from .gpu_decoders_ahead import GpuDecodersWarmUp
 
@@ -282,7 +296,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 runner.start()  # the image decoder, in the background while the run begins
             if reservation is not None:
                 reservation.join()  # its blocks are not made beside the run's first batches
-                reserved = {"blocks": reservation.blocks_made, "seconds": round(reservation.seconds, 3)}
+                reserved = {"blocks": reservation.blocks_made, "seconds": round(reservation.seconds, 3),
+                            "batch_block_bytes": reservation.block_bytes}
             if decoders_ahead is not None:
                 decoders_ahead.join()  # its decoder states are not in use when the run's threads take them
                 decoders_made_ready = {"seconds": round(decoders_ahead.seconds, 3),

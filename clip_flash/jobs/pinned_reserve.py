@@ -9,9 +9,10 @@ first batches (15-27 blocks, 0.45-1.23 s per run, measured) and stall the encode
 :class:`PinnedReservation` makes them beforehand in a thread of its own, while the model is built on the CPU,
 and frees them into the allocator's cache, where the run's batches find them.
 
-The blocks are sized for a batch of web photos as the run's decoder asks for them: the coefficient bytes of a
-640x480 4:2:0 JPEG (what the decoder's own scan reports), times the batch size. Batches of larger photos land in
-a larger power-of-two size and make their blocks in the run as before: nothing else changes. With only those,
+The blocks are sized as the run's first batch asks for them: the job's first images are scanned (headers
+only, in the reservation's thread) and their coefficient bytes, as the decoder lays them out, scaled to a full
+batch. Where no images are given (or none scans as a JPEG), a batch of 640x480 4:2:0 JPEGs. Batches that need a
+larger power-of-two size than the first make their blocks in the run as before: nothing else changes. With only those,
 the runs measured still made 10-17 smaller blocks (0.10-0.36 s; ``job_start_63aab05/embed_bench_3b99e4f_{a,b}.md``):
 the run's other page-locked buffers, whose sizes vary from batch to batch (the resize layout's head with the
 pixels of the images decoded whole, the coefficient table, the output rows). So a ladder of blocks of every
@@ -23,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
@@ -34,21 +35,26 @@ LADDER_MANY_UP_TO = 1 << 20  # up to this size, ``count`` blocks each; above it,
 LADDER_FEW_EACH = 3
 
 
-def coefficient_block_bytes(batch_size: int) -> Optional[int]:
-    """Bytes the native decoder asks for to hold a batch of ``batch_size`` 640x480 JPEGs' coefficients (None
-    where the native decoder cannot run)."""
-    from ..inputs.image.jpeg_dct import ALIGN
-    from ..inputs.image.native_decode import COEFFICIENT_BYTES, NativeBatchDecoder, ScanMode
+def coefficient_block_bytes(batch_size: int, images: Sequence[Any] = ()) -> Optional[int]:
+    """Bytes the native decoder asks for to hold a batch of ``batch_size`` JPEGs' coefficients and the kernel's
+    table: the batch of ``images`` (paths or encoded bytes, the job's first; scaled to ``batch_size``), else of
+    640x480 4:2:0 JPEGs (None where the native decoder cannot run)."""
+    from ..inputs.image.jpeg_dct import ALIGN, table_bytes
+    from ..inputs.image.native_decode import COEFFICIENT_BYTES, KIND, DecodeKind, NativeBatchDecoder, ScanMode
     from .warm_up import synthetic_images
 
     decoder = NativeBatchDecoder.create(1)
     if decoder is None:
         return None
-    scanned = decoder.scan([synthetic_images()[0]], ScanMode.COEFFICIENTS)
-    per_image = int(scanned.info[0, COEFFICIENT_BYTES])
-    if per_image <= 0:
+    sample = list(images[:batch_size]) or [synthetic_images()[0]]
+    info = decoder.scan(sample, ScanMode.COEFFICIENTS).info
+    taken = info[info[:, KIND] == DecodeKind.COEFFICIENTS, COEFFICIENT_BYTES]
+    if not len(taken) and images:
+        return coefficient_block_bytes(batch_size)
+    if not len(taken):
         return None
-    return -(-per_image // ALIGN) * ALIGN * batch_size
+    per_image = int((-(-taken.astype("int64") // ALIGN) * ALIGN).sum()) / len(taken)
+    return int(per_image * batch_size) + table_bytes(batch_size)
 
 
 def ladder_sizes(count: int) -> List[int]:
@@ -61,14 +67,31 @@ def ladder_sizes(count: int) -> List[int]:
     return sizes
 
 
+def first_images(shards: Sequence[Any], count: int) -> List[Any]:
+    """The images (paths or encoded bytes) of up to ``count`` first items of ``shards`` (the run's first batch)."""
+    images: List[Any] = []
+    for shard in shards:
+        for item in shard.load():
+            if item.image is not None and item.error is None:
+                images.append(item.image)
+                if len(images) == count:
+                    return images
+    return images
+
+
 class PinnedReservation:
     """Makes ``count`` page-locked blocks for batches of ``batch_size``, and the ladder of smaller sizes, in a
     background thread, then frees them into torch's cache. ``start()`` it before the model load; ``join()``
-    before the run (its blocks must not be made beside the run's first batches: that is the stall it removes)."""
+    before the run (its blocks must not be made beside the run's first batches: that is the stall it removes).
+    ``first_images``: a callable giving the job's first images (paths or bytes; called in the thread), which size
+    the blocks."""
 
-    def __init__(self, batch_size: int, count: int) -> None:
+    def __init__(self, batch_size: int, count: int,
+                 first_images: Optional[Callable[[], Sequence[Any]]] = None) -> None:
         self.batch_size = batch_size
         self.count = count
+        self.first_images = first_images
+        self.block_bytes: Optional[int] = None
         self.blocks_made = 0
         self.seconds = 0.0
         self._thread = threading.Thread(target=self._reserve, daemon=True, name="clip_flash-pinned-reserve")
@@ -83,9 +106,10 @@ class PinnedReservation:
     def _reserve(self) -> None:
         started = time.perf_counter()
         try:
-            size = coefficient_block_bytes(self.batch_size)
+            size = coefficient_block_bytes(self.batch_size, self.first_images() if self.first_images else ())
             if size is None:
                 return
+            self.block_bytes = size
             blocks: List[torch.Tensor] = []
             for _ in range(self.count):
                 blocks.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))

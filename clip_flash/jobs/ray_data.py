@@ -56,7 +56,9 @@ from .job import (
     load_job_model,
     make_runner,
     plan_job,
+    reserve_pinned_blocks,
 )
+from .pinned_reserve import first_images
 from .pipeline import finish_features
 from .run_stats import PipelineStats
 from .record import JobSummary
@@ -103,14 +105,20 @@ class ShardEmbedder:
                       "started_at": time.time()}
         self.device = _actor_device(job["device"])
         self.job = SimpleNamespace(spec=job["spec"], precision=job["precision"], patch=job["patch"])
+        source = SimpleNamespace(**job["source"])
+        # The first batch's page-locked blocks, made while the model loads (as the one-device job does).
+        reservation = reserve_pinned_blocks(self.device, source.has_images, "clip_flash", job["decode"],
+                                            job["batch_size"], job.get("exact_share", 0.0), job["executor"],
+                                            lambda count: job["first_images"][:count])
         loaded = load_job_model(self.job, self.device)
         self.marks["loaded_at"] = time.time()
-        source = SimpleNamespace(**job["source"])
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                   job["normalize"], job["out_dtype"], workers, job["executor"],
                                   job["cuda_graphs"], job.get("decode_threads"), job.get("exact_share", 0.0))
         self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
+        if reservation is not None:
+            reservation.join()
         self.output = OutputFolder(job["out"], job["shard_count"])
         self.marks["ready_at"] = time.time()
 
@@ -184,7 +192,10 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                  "batch_size": batch_size, "normalize": normalize, "out_dtype": out_dtype, "workers": workers,
                  "executor": executor, "cuda_graphs": cuda_graphs, "decode_threads": decode_threads,
                  "exact_share": exact_share, "out": str(job.output.root), "shard_count": len(job.plan),
-                 "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions}}
+                 "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions},
+                 # a folder's first batch of paths, which size the actors' page-locked blocks (the samples of tars
+                 # stay unread here: the actors then size them for 640x480 JPEGs)
+                 "first_images": first_images(job.todo, batch_size) if source.kind == "folder" else []}
     try:
         job.output.record_settings(job.settings)  # the actors load the model; a bad spec failed in plan_job
         handed_seconds = time.perf_counter() - called

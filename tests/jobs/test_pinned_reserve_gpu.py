@@ -32,3 +32,21 @@ def test_a_batch_after_the_reservation_makes_no_new_block():
                                                                                     20 << 20, 20 << 20, 20 << 20)]
     assert all(block.is_pinned() for block in held)
     assert _blocks_made() == reserved
+
+
+def test_the_blocks_are_sized_by_the_first_images(tmp_path):
+    from PIL import Image
+
+    if coefficient_block_bytes(8) is None:
+        pytest.skip("the native decoder is not built here")
+    large = tmp_path / "large.jpg"
+    Image.new("RGB", (1600, 1200), (90, 120, 200)).save(large, quality=90)
+    # 1600x1200 4:2:0 holds 1.5 coefficients per pixel, 2 bytes each; 8 of them in one block, with the table
+    sized = coefficient_block_bytes(8, [str(large)] * 3)
+    assert sized >= 8 * 1600 * 1200 * 3 > coefficient_block_bytes(8)
+    # what does not scan as a JPEG leaves the 640x480 estimate
+    (tmp_path / "text.jpg").write_bytes(b"not an image")
+    assert coefficient_block_bytes(8, [str(tmp_path / "text.jpg")]) == coefficient_block_bytes(8)
+    reservation = PinnedReservation(8, count=1, first_images=lambda: [str(large)]).start()
+    reservation.join()
+    assert reservation.block_bytes == sized and reservation.blocks_made == 1 + len(ladder_sizes(1))
