@@ -130,8 +130,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "x one GPU (with setup)": f"{with_setup / (base['items'] / base['total_seconds']):.2f}",
         })
     actor_lines = [f"- {run['run']}: actor {actor['actor']} imported torch and clip_flash {actor['imported']:.1f} s "
-                   f"after the call, entered its constructor at {actor['started']:.1f} s, model loaded at "
-                   f"{actor['loaded']:.1f} s, warmed up at {actor['ready']:.1f} s; {actor['shards']} shards"
+                   f"after the call, entered its constructor at {actor['started']:.1f} s, imported OpenCLIP at "
+                   f"{actor['libraries']:.1f} s, model loaded at "
+                   f"{actor['loaded']:.1f} s, warmed up at {actor['ready']:.1f} s, was handed its first shard at "
+                   f"{actor['first_shard']:.1f} s; {actor['shards']} shards"
                    for run in runs for actor in run["summary"].get("actor_timeline") or []]
     record = {**environment_record(device, command), "cpu_cores": usable_cores(), "gpus": gpus,
               "ray": ray.__version__, "runs": runs, "rows": rows, "same_rows": identical}

@@ -66,6 +66,7 @@ from .writer import OutputFolder
 
 logger = logging.getLogger(__name__)
 _IMPORTED_AT = time.time()  # in an actor: when its process had imported torch and this module
+ACTOR_MARKS = ("imported", "started", "libraries", "loaded", "ready", "first_shard")  # each actor's start, in order
 
 
 def _decode_threads_per_gpu() -> Optional[int]:
@@ -91,8 +92,8 @@ class ShardEmbedder:
 
     ``ds.map_batches(ShardEmbedder, batch_size=1, ...)`` over rows ``{"shard": N, "payload": pickled Shard}``;
     returns one row per shard: ``shard``, ``rows``, ``failures``, ``seconds``, ``gpu_peak_mib``, ``node``, and the
-    actor's name (``actor``: host and pid) and start marks (``imported_at``, ``started_at``, ``loaded_at``,
-    ``ready_at``: wall-clock seconds).
+    actor's name (``actor``: host and pid) and start marks (``imported_at``, ``started_at``, ``libraries_at``,
+    ``loaded_at``, ``ready_at``, ``first_shard_at``: wall-clock seconds).
     """
 
     def __init__(self, job: Dict[str, Any]) -> None:
@@ -110,6 +111,9 @@ class ShardEmbedder:
         reservation = reserve_pinned_blocks(self.device, source.has_images, "clip_flash", job["decode"],
                                             job["batch_size"], job.get("exact_share", 0.0), job["executor"],
                                             lambda count: job["first_images"][:count])
+        import open_clip  # noqa: F401 - what the load imports, timed apart from building the model
+
+        self.marks["libraries_at"] = time.time()
         loaded = load_job_model(self.job, self.device)
         self.marks["loaded_at"] = time.time()
         workers = job["workers"] or _decode_threads_per_gpu()
@@ -125,6 +129,7 @@ class ShardEmbedder:
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         import socket
 
+        self.marks.setdefault("first_shard_at", time.time())
         rows: Dict[str, List[Any]] = {"shard": [], "rows": [], "failures": [], "seconds": [], "gpu_peak_mib": [],
                                       "node": [], **{name: [] for name in self.marks}}
         for payload in batch["payload"]:
@@ -221,12 +226,13 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
 
 def _actor_timeline(marks: Dict[str, Dict[str, Any]], called_wall: float) -> List[Dict[str, Any]]:
     """Each actor's start in seconds after the job was called: its process had imported torch and this module
-    (``imported``), entered its constructor (``started``), loaded the model (``loaded``) and warmed up
-    (``ready``); and the shards it embedded. Wall clocks: across nodes they are as close as the nodes' clocks."""
+    (``imported``), entered its constructor (``started``), imported OpenCLIP (``libraries``), loaded the model
+    (``loaded``), warmed up (``ready``) and was handed its first shard (``first_shard``); and the shards it embedded.
+    Wall clocks: across nodes they are as close as the nodes' clocks."""
     timeline = []
     for name, actor in sorted(marks.items(), key=lambda item: item[1]["loaded_at"]):
         entry: Dict[str, Any] = {"actor": name}
-        for mark in ("imported", "started", "loaded", "ready"):
+        for mark in ACTOR_MARKS:
             entry[mark] = round(float(actor[f"{mark}_at"]) - called_wall, 3)
         entry["shards"] = actor["shards"]
         timeline.append(entry)
@@ -270,8 +276,7 @@ def _run_on_actors(todo: List[Any], actor_job: Dict[str, Any], actors: int,
                 if row["gpu_peak_mib"] >= 0:
                     peak = max(peak or 0.0, float(row["gpu_peak_mib"]))
                 actor = marks.setdefault(str(row["actor"]), {
-                    "shards": 0, **{f"{mark}_at": float(row[f"{mark}_at"])
-                                    for mark in ("imported", "started", "loaded", "ready")}})
+                    "shards": 0, **{f"{mark}_at": float(row[f"{mark}_at"]) for mark in ACTOR_MARKS}})
                 actor["shards"] += 1
                 bar.update(int(row["rows"]) + int(row["failures"]))
     stats.seconds = time.perf_counter() - started

@@ -35,7 +35,8 @@ def test_ray_job_writes_what_the_one_device_job_writes_and_resumes(tmp_path, che
     assert (summary.shards_written, summary.rows, summary.failures) == (3, 5, 1)
     # the run counts from the actor's model loaded, as the one-device job's does from its own
     (actor,) = summary.actor_timeline
-    assert actor["shards"] == 3 and 0 < actor["started"] <= actor["loaded"] <= actor["ready"]
+    assert actor["shards"] == 3 and 0 < actor["started"] <= actor["libraries"] <= actor["loaded"] <= actor["ready"]
+    assert actor["ready"] <= actor["first_shard"]
     assert summary.model_load_seconds == summary.setup_seconds == actor["loaded"]
     assert summary.after_load_seconds == pytest.approx(summary.seconds)
     assert summary.job_items_per_s < summary.items_per_s
