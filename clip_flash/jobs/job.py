@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
-from .pinned_reserve import first_images
+from .pinned_reserve import PinnedReservation, first_images
 from .run_stats import PipelineStats
 from ..environment import usable_cores
 from .record import JobSummary, gpu_peak_mib, record_name, run_record, steady_rate
@@ -166,7 +166,7 @@ def _caption_file(input: Union[str, Path]) -> bool:
 
 def reserve_pinned_blocks(device: torch.device, has_images: bool, pipeline: str, decode: str, batch_size: int,
                           exact_share: float, executor: str,
-                          first_images: Callable[[int], Sequence[Any]]) -> Optional[Any]:
+                          first_images: Callable[[int], Sequence[Any]]) -> Optional[PinnedReservation]:
     """A started :class:`~clip_flash.jobs.pinned_reserve.PinnedReservation` for a run whose batches put JPEG
     coefficients in page-locked blocks (None otherwise): blocks for the batches alive at once (queued, launching,
     uploading), the size the exact route's share of the run's first batch asks for (``first_images(count)``: its
@@ -176,8 +176,6 @@ def reserve_pinned_blocks(device: torch.device, has_images: bool, pipeline: str,
     if not (device.type == "cuda" and has_images and pipeline == "clip_flash" and exact_images
             and executor != "thread"):
         return None
-    from .pinned_reserve import PinnedReservation
-
     return PinnedReservation(exact_images, input_blocks_alive(),
                              first_images=partial(first_images, exact_images)).start()
 
