@@ -198,9 +198,10 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
                  "executor": executor, "cuda_graphs": cuda_graphs, "decode_threads": decode_threads,
                  "exact_share": exact_share, "out": str(job.output.root), "shard_count": len(job.plan),
                  "source": {"kind": source.kind, "has_images": source.has_images, "has_captions": source.has_captions},
-                 # a folder's first batch of paths, which size the actors' page-locked blocks (the samples of tars
-                 # stay unread here: the actors then size them for 640x480 JPEGs)
-                 "first_images": first_images(job.todo, batch_size) if source.kind == "folder" else []}
+                 # a folder's first batch of paths, which size the actors' page-locked blocks on CUDA (the samples
+                 # of tars stay unread here: the actors then size them for 640x480 JPEGs)
+                 "first_images": (first_images(job.todo, batch_size)
+                                  if source.kind == "folder" and torch.device(device).type == "cuda" else [])}
     try:
         job.output.record_settings(job.settings)  # the actors load the model; a bad spec failed in plan_job
         handed_seconds = time.perf_counter() - called
