@@ -41,6 +41,7 @@ from .writer import ShardResult
 logger = logging.getLogger(__name__)
 
 _DONE = object()
+_FLUSH = object()  # the shard stream has nothing for now: finish what is in flight (see ``EmbeddingPipeline.run``)
 
 
 @dataclass
@@ -202,6 +203,9 @@ class EmbeddingPipeline:
 
         try:
             for shard in shards:
+                if shard is None:
+                    put(_FLUSH)
+                    continue
                 put(_ShardStart(shard))
                 known_failures: List[Tuple[str, str]] = []
                 for batch, failures in shard_batches(shard, self.batch_size):
@@ -349,6 +353,9 @@ class EmbeddingPipeline:
     def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
             progress: Any = None, more_runs_follow: bool = False) -> PipelineStats:
         """Embed every shard and ``commit`` each finished one (from a writer thread, in shard order).
+        ``shards`` may be a stream fed while the run goes on (a Ray actor's, :class:`~.shard_stream.ShardStream`):
+        a None between shards says nothing more is there for now, so the batches in flight are finished and
+        their shard handed over instead of waiting for the next shard's batches to push them out.
         ``more_runs_follow``: this pipeline will run more shards after these (a Ray actor's), so this run's size
         does not bound how many batches an image graph would serve."""
         stats = PipelineStats()
@@ -429,6 +436,11 @@ class EmbeddingPipeline:
                     break
                 if isinstance(entry, BaseException):
                     raise entry
+                if entry is _FLUSH:
+                    while in_flight:
+                        collect(in_flight.popleft())
+                    hand_over_finished()
+                    continue
                 if isinstance(entry, _ShardStart):
                     current = _Accumulator(entry.shard)
                 elif isinstance(entry, _Batch):

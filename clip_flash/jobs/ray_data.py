@@ -7,8 +7,10 @@ Two ways in (``pip install clip_flash[ray]``):
    Ray dataset of one row per shard left. ``map_batches(ShardEmbedder, batch_size=1, num_gpus=1)`` runs
    a pool of actors, one per GPU, each holding one patched model: an actor reads its shard's files,
    decodes them in its own threads, embeds them on its GPU and commits the shard to the output folder
-   itself. Shard numbers come from the plan, so file names are unique across workers, and a shard is
-   committed by the same atomic writer, so a retried or re-run shard never duplicates rows.
+   itself. Each actor holds two shards at a time and runs them as one pipeline run (``ShardStream``), so
+   its GPU does not drain at a shard's end. Shard numbers come from the plan, so file names are unique
+   across workers, and a shard is committed by the same atomic writer, so a retried or re-run shard never
+   duplicates rows.
 2. Your own Ray Data pipeline: :class:`ClipEmbedder` for ``ds.map_batches`` adds ``img_emb`` /
    ``text_emb`` and ``error`` columns to batches of encoded images (``read_binary_files``' ``bytes``,
    ``read_webdataset``'s ``jpg``), paths, or decoded arrays (``read_images``), and captions::
@@ -60,6 +62,7 @@ from .job import (
 )
 from .pinned_reserve import first_images
 from .pipeline import finish_features
+from .shard_stream import ShardStream
 from .run_stats import PipelineStats
 from .record import JobSummary
 from .writer import OutputFolder
@@ -124,6 +127,8 @@ class ShardEmbedder:
         if reservation is not None:
             reservation.join()
         self.output = OutputFolder(job["out"], job["shard_count"])
+        # Ray Data runs two calls at once on this actor (see _run_on_actors): both shards feed one pipeline run.
+        self.stream = ShardStream(self.runner, self.output.write)
         self.marks["ready_at"] = time.time()
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -133,12 +138,11 @@ class ShardEmbedder:
         rows: Dict[str, List[Any]] = {"shard": [], "rows": [], "failures": [], "seconds": [], "gpu_peak_mib": [],
                                       "node": [], **{name: [] for name in self.marks}}
         for payload in batch["payload"]:
-            shard = pickle.loads(payload)
-            stats = self.runner.run([shard], self.output.write, None, more_runs_follow=True)
-            rows["shard"].append(shard.index)
-            rows["rows"].append(stats.rows)
-            rows["failures"].append(stats.failures)
-            rows["seconds"].append(stats.seconds)
+            report = self.stream.embed(pickle.loads(payload))
+            rows["shard"].append(report.index)
+            rows["rows"].append(report.rows)
+            rows["failures"].append(report.failures)
+            rows["seconds"].append(report.seconds)
             peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else -1.0
             rows["gpu_peak_mib"].append(peak)
             rows["node"].append(socket.gethostname())
@@ -264,7 +268,11 @@ def _run_on_actors(todo: List[Any], actor_job: Dict[str, Any], actors: int,
         dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
             ShardEmbedder, batch_size=1, fn_constructor_kwargs={"job": actor_job},
             num_gpus=1 if torch.device(actor_job["device"]).type == "cuda" else 0, num_cpus=1,
-            compute=ray.data.ActorPoolStrategy(size=actors))
+            # Two shards at a time on each actor, both fed to one pipeline run (ShardStream): the next shard's
+            # batches decode while this one's last ones are on the device, as in the one-device job's run.
+            # No more than those two in flight, so the last shards go to whichever actor is free.
+            compute=ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2,
+                                               enable_true_multi_threading=True, max_tasks_in_flight_per_actor=2))
         known = [shard.size for shard in todo]
         total = sum(known) if all(size is not None for size in known) else None
         with tqdm(total=total, unit="item", desc=f"embedding on {actors} Ray actor(s)", disable=not progress,
