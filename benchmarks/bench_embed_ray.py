@@ -129,11 +129,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "x one GPU (from the model loaded)": f"{after_load / (base['after_load_items_per_s'] or 1):.2f}",
             "x one GPU (with setup)": f"{with_setup / (base['items'] / base['total_seconds']):.2f}",
         })
-    actor_lines = [f"- {run['run']}: actor {actor['actor']} imported torch and clip_flash {actor['imported']:.1f} s "
-                   f"after the call, entered its constructor at {actor['started']:.1f} s, imported OpenCLIP at "
-                   f"{actor['libraries']:.1f} s, model loaded at "
-                   f"{actor['loaded']:.1f} s, warmed up at {actor['ready']:.1f} s, was handed its first shard at "
-                   f"{actor['first_shard']:.1f} s; {actor['shards']} shards"
+    actor_lines = [f"- {run['run']}: actor {actor['actor']}'s process started {actor['spawned']:.2f} s after the "
+                   f"call, imported torch and clip_flash at {actor['imported']:.2f} s, entered its constructor at "
+                   f"{actor['started']:.2f} s, imported OpenCLIP at {actor['libraries']:.2f} s, model loaded at "
+                   f"{actor['loaded']:.2f} s, warmed up at {actor['ready']:.2f} s, was handed its first shard at "
+                   f"{actor['first_shard']:.2f} s, committed its last at {actor['last_shard_done']:.2f} s; "
+                   f"{actor['shards']} shards"
                    for run in runs for actor in run["summary"].get("actor_timeline") or []]
     record = {**environment_record(device, command), "cpu_cores": usable_cores(), "gpus": gpus,
               "ray": ray.__version__, "runs": runs, "rows": rows, "same_rows": identical}

@@ -41,6 +41,7 @@ on a cluster is not measured.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import time
 from types import SimpleNamespace
@@ -69,7 +70,21 @@ from .writer import OutputFolder
 
 logger = logging.getLogger(__name__)
 _IMPORTED_AT = time.time()  # in an actor: when its process had imported torch and this module
-ACTOR_MARKS = ("imported", "started", "libraries", "loaded", "ready", "first_shard")  # each actor's start, in order
+# each actor's start, in order
+ACTOR_MARKS = ("spawned", "imported", "started", "libraries", "loaded", "ready", "first_shard")
+
+
+def _process_started_at() -> float:
+    """When this process was created, on the wall clock (Linux: its start in clock ticks after boot, against the
+    uptime now, so to about 10 ms); elsewhere when it had imported this module."""
+    try:
+        with open("/proc/self/stat") as stat:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as uptime:
+            up = float(uptime.read().split()[0])
+        return time.time() - (up - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED_AT
 
 
 def _decode_threads_per_gpu() -> Optional[int]:
@@ -94,19 +109,19 @@ class ShardEmbedder:
     """A Ray Data actor that embeds whole shards of a planned job and commits each to the output folder.
 
     ``ds.map_batches(ShardEmbedder, batch_size=1, ...)`` over rows ``{"shard": N, "payload": pickled Shard}``;
-    returns one row per shard: ``shard``, ``rows``, ``failures``, ``seconds``, ``gpu_peak_mib``, ``node``, and the
-    actor's name (``actor``: host and pid) and start marks (``imported_at``, ``started_at``, ``libraries_at``,
-    ``loaded_at``, ``ready_at``, ``first_shard_at``: wall-clock seconds).
+    returns one row per shard: ``shard``, ``rows``, ``failures``, ``seconds``, ``done_at`` (when it was committed),
+    ``gpu_peak_mib``, ``node``, and the actor's name (``actor``: host and pid) and start marks (``spawned_at``,
+    ``imported_at``, ``started_at``, ``libraries_at``, ``loaded_at``, ``ready_at``, ``first_shard_at``): wall-clock
+    seconds.
     """
 
     def __init__(self, job: Dict[str, Any]) -> None:
-        import os
         import socket
 
         # Wall-clock marks of this actor's start, reported with each shard: the driver times the run from the
         # first model loaded, as the one-device job times its own (see :func:`_actor_timeline`).
-        self.marks = {"actor": f"{socket.gethostname()}:{os.getpid()}", "imported_at": _IMPORTED_AT,
-                      "started_at": time.time()}
+        self.marks = {"actor": f"{socket.gethostname()}:{os.getpid()}", "spawned_at": _process_started_at(),
+                      "imported_at": _IMPORTED_AT, "started_at": time.time()}
         self.device = _actor_device(job["device"])
         self.job = SimpleNamespace(spec=job["spec"], precision=job["precision"], patch=job["patch"])
         source = SimpleNamespace(**job["source"])
@@ -135,14 +150,15 @@ class ShardEmbedder:
         import socket
 
         self.marks.setdefault("first_shard_at", time.time())
-        rows: Dict[str, List[Any]] = {"shard": [], "rows": [], "failures": [], "seconds": [], "gpu_peak_mib": [],
-                                      "node": [], **{name: [] for name in self.marks}}
+        rows: Dict[str, List[Any]] = {"shard": [], "rows": [], "failures": [], "seconds": [], "done_at": [],
+                                      "gpu_peak_mib": [], "node": [], **{name: [] for name in self.marks}}
         for payload in batch["payload"]:
             report = self.stream.embed(pickle.loads(payload))
             rows["shard"].append(report.index)
             rows["rows"].append(report.rows)
             rows["failures"].append(report.failures)
             rows["seconds"].append(report.seconds)
+            rows["done_at"].append(time.time())
             peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else -1.0
             rows["gpu_peak_mib"].append(peak)
             rows["node"].append(socket.gethostname())
@@ -230,15 +246,18 @@ def embed_with_ray(input: Any, out: Any, model: str = "ViT-B-32", *, address: Op
 
 
 def _actor_timeline(marks: Dict[str, Dict[str, Any]], called_wall: float) -> List[Dict[str, Any]]:
-    """Each actor's start in seconds after the job was called: its process had imported torch and this module
-    (``imported``), entered its constructor (``started``), imported OpenCLIP (``libraries``), loaded the model
-    (``loaded``), warmed up (``ready``) and was handed its first shard (``first_shard``); and the shards it embedded.
-    Wall clocks: across nodes they are as close as the nodes' clocks."""
+    """Each actor's start in seconds after the job was called: its process was created (``spawned``; before the
+    call where Ray had started the worker ahead), had imported torch and this module (``imported``), entered its
+    constructor (``started``), imported OpenCLIP (``libraries``), loaded the model (``loaded``), warmed up
+    (``ready``) and was handed its first shard (``first_shard``); when it committed its last shard
+    (``last_shard_done``), and the shards it embedded. Wall clocks: across nodes they are as close as the nodes'
+    clocks."""
     timeline = []
     for name, actor in sorted(marks.items(), key=lambda item: item[1]["loaded_at"]):
         entry: Dict[str, Any] = {"actor": name}
         for mark in ACTOR_MARKS:
             entry[mark] = round(float(actor[f"{mark}_at"]) - called_wall, 3)
+        entry["last_shard_done"] = round(actor["last_done_at"] - called_wall, 3)
         entry["shards"] = actor["shards"]
         timeline.append(entry)
     return timeline
@@ -287,6 +306,7 @@ def _run_on_actors(todo: List[Any], actor_job: Dict[str, Any], actors: int,
                 actor = marks.setdefault(str(row["actor"]), {
                     "shards": 0, **{f"{mark}_at": float(row[f"{mark}_at"]) for mark in ACTOR_MARKS}})
                 actor["shards"] += 1
+                actor["last_done_at"] = max(actor.get("last_done_at", 0.0), float(row["done_at"]))
                 bar.update(int(row["rows"]) + int(row["failures"]))
     stats.seconds = time.perf_counter() - started
     return stats, peak, marks

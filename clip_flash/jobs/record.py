@@ -52,8 +52,9 @@ class JobSummary:
     pinned_block_seconds: float = 0.0    # and the seconds CUDA took making them
     pinned_block_bytes: int = 0          # and their bytes together
     shard_marks: List[Tuple[int, float]] = field(default_factory=list, repr=False)  # (inputs so far, seconds)
-    # Through Ray: per actor, seconds after the call it had imported torch, entered its constructor, imported
-    # OpenCLIP, loaded the model, warmed up and was handed its first shard, and the shards it embedded.
+    # Through Ray: per actor, seconds after the call its process was created, had imported torch, entered its
+    # constructor, imported OpenCLIP, loaded the model, warmed up, was handed its first shard and committed its last,
+    # and the shards it embedded.
     actor_timeline: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -118,10 +119,11 @@ class JobSummary:
                             if self.after_load_items_per_s is not None else "")
                          + f"; {self.job_items_per_s:,.1f} items/s counting all of it")
         for actor in self.actor_timeline:
-            lines.append(f"  actor {actor['actor']}: imported torch {actor['imported']:.2f} s after the call, "
+            lines.append(f"  actor {actor['actor']}: process started {actor['spawned']:.2f} s after the call, "
+                         f"imported torch {actor['imported']:.2f} s, "
                          f"OpenCLIP {actor['libraries']:.2f} s, model loaded {actor['loaded']:.2f} s, "
-                         f"ready {actor['ready']:.2f} s, first shard handed {actor['first_shard']:.2f} s; "
-                         f"{actor['shards']} shards")
+                         f"ready {actor['ready']:.2f} s, first shard handed {actor['first_shard']:.2f} s, "
+                         f"last shard committed {actor['last_shard_done']:.2f} s; {actor['shards']} shards")
         if any(self.main_thread_seconds.values()):
             lines.append("  main thread: " + ", ".join(f"{step} {seconds:.2f} s"
                                                        for step, seconds in self.main_thread_seconds.items()))
