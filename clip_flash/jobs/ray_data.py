@@ -109,7 +109,8 @@ class ShardEmbedder:
     """A Ray Data actor that embeds whole shards of a planned job and commits each to the output folder.
 
     ``ds.map_batches(ShardEmbedder, batch_size=1, ...)`` over rows ``{"shard": N, "payload": pickled Shard}``;
-    returns one row per shard: ``shard``, ``rows``, ``failures``, ``seconds``, ``done_at`` (when it was committed),
+    returns one row per shard: ``shard``, ``rows``, ``failures``, ``seconds`` (from handed to the actor's pipeline
+    run to committed, the previous shard's last batches included), ``done_at`` (when it was committed),
     ``gpu_peak_mib``, ``node``, and the actor's name (``actor``: host and pid) and start marks (``spawned_at``,
     ``imported_at``, ``started_at``, ``libraries_at``, ``loaded_at``, ``ready_at``, ``first_shard_at``): wall-clock
     seconds.
