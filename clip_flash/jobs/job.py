@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .inputs_ahead import InputsAhead
 from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
 from .pinned_reserve import PinnedReservation, first_images
 from .run_stats import PipelineStats
@@ -121,21 +122,23 @@ def nvjpeg_decoders(decode_threads: Optional[int]) -> int:
 
 def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
                  executor: str = "thread", decode_threads: int = DEFAULT_DECODE_THREADS,
-                 exact_share: float = 0.0) -> Tuple[Any, Any]:
+                 exact_share: float = 0.0, ahead: Optional[InputsAhead] = None) -> Tuple[Any, Any]:
     """clip_flash's image preparer and tokenizer for this model (None for what the source lacks). With
     ``decode="gpu"``, one nvJPEG hardware decoder per decoding thread (up to nvJPEG's 8), so that no batch waits
-    for another's decoder, and ``exact_share`` of each batch decoded exactly beside it."""
+    for another's decoder, and ``exact_share`` of each batch decoded exactly beside it. ``ahead``: what was made
+    while the model loaded (joined here; the tokenizer taken from it where it was made)."""
     from clip_flash.inputs.image.preprocessor import ImagePreprocessor
     from clip_flash.inputs.text.tokenizer import get_tokenizer
 
     preparer = tokenizer = None
+    base = ahead.tokenizer() if ahead is not None else None
     if source.has_images:
         preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
                                      workers=workers, executor=executor,
                                      nvjpeg_decoders=nvjpeg_decoders(decode_threads),
                                      exact_share=exact_share)
     if source.has_captions:
-        base = get_tokenizer(loaded.spec.name)
+        base = base if base is not None else get_tokenizer(loaded.spec.name)
         context = loaded.context_length
         tokenizer = lambda texts: base(texts, context_length=context)  # noqa: E731
     return preparer, tokenizer
@@ -144,8 +147,8 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
 def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
                 normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread",
                 cuda_graphs: bool = True, decode_threads: Optional[int] = None,
-                exact_share: float = 0.0) -> Any:
-    """The pipeline that runs the job: clip_flash's, or the stock baseline."""
+                exact_share: float = 0.0, ahead: Optional[InputsAhead] = None) -> Any:
+    """The pipeline that runs the job: clip_flash's, or the stock baseline. ``ahead``: see :func:`build_inputs`."""
     if pipeline == "stock":
         from .stock import StockPipeline
 
@@ -153,10 +156,18 @@ def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str
                              out_dtype=OUTPUT_DTYPES[out_dtype], workers=workers)
     decode_threads = decode_threads or DEFAULT_DECODE_THREADS
     preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor, decode_threads,
-                                       exact_share)
+                                       exact_share, ahead)
     return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset",
                              cuda_graphs=cuda_graphs, decode_threads=decode_threads)
+
+
+def inputs_ahead(model_name: str, source: Any, pipeline: str) -> Optional[InputsAhead]:
+    """A started :class:`~clip_flash.jobs.inputs_ahead.InputsAhead` for clip_flash's inputs (None for the stock
+    baseline, which makes OpenCLIP's own)."""
+    if pipeline != "clip_flash":
+        return None
+    return InputsAhead(model_name, source.has_images, source.has_captions).start()
 
 
 def _caption_file(input: Union[str, Path]) -> bool:
@@ -274,6 +285,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             decoders_ahead = None
             reservation = reserve_pinned_blocks(device, job.source.has_images, pipeline, decode, batch_size,
                                                 exact_share, executor, partial(first_images, job.todo))
+            ahead = inputs_ahead(job.spec.name, job.source, pipeline)
             if device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and decode == "gpu":
                 from .gpu_decoders_ahead import GpuDecodersWarmUp
 
@@ -286,7 +298,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
-                                 workers, executor, cuda_graphs, decode_threads, exact_share)
+                                 workers, executor, cuda_graphs, decode_threads, exact_share, ahead)
             if hasattr(runner, "warm_up"):
                 # The decoder's start; the device half runs at the run's start, beside its first reads.
                 warm_up_seconds = runner.warm_up(device=False)

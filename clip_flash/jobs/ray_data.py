@@ -56,6 +56,7 @@ from .job import (
     build_inputs,
     default_batch_size,
     finish_job,
+    inputs_ahead,
     load_job_model,
     make_runner,
     plan_job,
@@ -130,6 +131,7 @@ class ShardEmbedder:
         reservation = reserve_pinned_blocks(self.device, source.has_images, "clip_flash", job["decode"],
                                             job["batch_size"], job.get("exact_share", 0.0), job["executor"],
                                             lambda count: job["first_images"][:count])
+        ahead = inputs_ahead(self.job.spec.name, source, "clip_flash")  # the inputs' checks and tokenizer, beside
         import open_clip  # noqa: F401 - what the load imports, timed apart from building the model
 
         self.marks["libraries_at"] = time.time()
@@ -138,7 +140,8 @@ class ShardEmbedder:
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                   job["normalize"], job["out_dtype"], workers, job["executor"],
-                                  job["cuda_graphs"], job.get("decode_threads"), job.get("exact_share", 0.0))
+                                  job["cuda_graphs"], job.get("decode_threads"), job.get("exact_share", 0.0),
+                                  ahead)
         self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
         if reservation is not None:
             reservation.join()
@@ -338,11 +341,13 @@ class ClipEmbedder:
         self.device = _actor_device(device)
         precision = precision or ("fp16" if self.device.type == "cuda" else "fp32")
         self.job = SimpleNamespace(spec=parse_model_spec(model), precision=precision, patch=patch)
+        source = SimpleNamespace(has_images=image_column is not None, has_captions=text_column is not None)
+        ahead = inputs_ahead(self.job.spec.name, source, "clip_flash")
         self.loaded = load_job_model(self.job, self.device)
         self.image_column, self.text_column = image_column, text_column
         self.normalize, self.out_dtype = normalize, OUTPUT_DTYPES[out_dtype]
-        source = SimpleNamespace(has_images=image_column is not None, has_captions=text_column is not None)
-        self.preparer, self.tokenizer = build_inputs(self.loaded, source, self.device, decode, workers, executor)
+        self.preparer, self.tokenizer = build_inputs(self.loaded, source, self.device, decode, workers, executor,
+                                                     ahead=ahead)
 
     @staticmethod
     def _image_input(value: Any) -> Any:
