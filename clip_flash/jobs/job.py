@@ -419,6 +419,7 @@ def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: 
         gpu_peak_mib=gpu_peak, steady_items_per_s=steady_rate(stats.marks), shard_marks=stats.marks,
         setup_seconds=setup_seconds, model_load_seconds=model_load_seconds,
         warm_up_seconds=(warm_up_seconds or 0.0) + stats.warm_up_seconds if warm_up_seconds is not None else None,
+        warm_up_steps={step: round(seconds, 4) for step, seconds in stats.warm_up_steps.items()},
         first_batch_seconds=stats.first_batch_seconds,
         main_thread_seconds=dict(stats.main_thread_seconds), pinned_blocks_created=stats.pinned_blocks_created,
         pinned_block_seconds=stats.pinned_block_seconds, pinned_block_bytes=stats.pinned_block_bytes,

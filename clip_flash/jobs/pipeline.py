@@ -423,7 +423,7 @@ class EmbeddingPipeline:
 
         try:
             if not self._device_warm:  # the reader and the decoders are at work on the first batches meanwhile
-                stats.warm_up_seconds = warm_up_device(self)
+                stats.warm_up_seconds = warm_up_device(self, steps=stats.warm_up_steps)
                 self._device_warm = True
                 lap("warming up the device")
             while True:

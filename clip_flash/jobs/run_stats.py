@@ -24,6 +24,7 @@ class PipelineStats:
     # Where the main thread's time went: what it waited on says which stage bounds the run.
     main_thread_seconds: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_THREAD_STEPS, 0.0))
     warm_up_seconds: float = 0.0  # the device half of the warm-up, when it ran at the start of this run
+    warm_up_steps: Dict[str, float] = field(default_factory=dict)  # its steps' ends, seconds into it
     # Page-locked host blocks torch's allocator had to create during the run, and the seconds CUDA took to make
     # them: a cold allocator shows here (a block is made once per power-of-two size and batch in flight).
     pinned_blocks_created: int = 0

@@ -83,10 +83,11 @@ def start_decoder(pipeline: Any) -> float:
     return time.perf_counter() - started
 
 
-def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
+def warm_up_device(pipeline: Any, decode_threads: int = 1, steps: Optional[Dict[str, float]] = None) -> float:
     """The device half on ``pipeline`` (an :class:`~clip_flash.jobs.pipeline.EmbeddingPipeline`) on CUDA: the
     synthetic images decoded by ``decode_threads`` threads at once and prepared, and, in a thread beside them,
-    the image encoder on one row of zeros and the text encoder; returns the seconds spent (0 off CUDA).
+    the image encoder on one row of zeros and the text encoder; returns the seconds spent (0 off CUDA) and puts
+    each step's end (seconds into the warm-up) in ``steps``, where given.
 
     The two halves share nothing but the device: the preparation's first kernels and the encoders' (their
     modules' loads, cuBLAS's first handle) each take a few hundred ms on an H100 host, and while the main thread
@@ -94,7 +95,7 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1) -> float:
     if not pipeline.cuda:
         return 0.0
     started = time.perf_counter()
-    steps: Dict[str, float] = {}
+    steps = {} if steps is None else steps
     device = pipeline.device
     row_shape = _image_row_shape(pipeline.image_preparer)
     failure: List[BaseException] = []

@@ -227,7 +227,9 @@ def test_the_encoders_warm_up_beside_the_synthetic_images_and_their_errors_reach
 
     loaded.model.encode_image, loaded.model.encode_text = noting("image", encode_image), noting("text", encode_text)
     try:
-        assert warm_up.warm_up_device(pipeline) > 0
+        steps = {}
+        assert warm_up.warm_up_device(pipeline, steps=steps) > 0
+        assert set(steps) == {"synthetic images decoded and prepared", "image encoder on one row", "text encoder"}
         assert sorted(calls) == [("image", "clip_flash-warm-up-encoders", True),
                                  ("text", "clip_flash-warm-up-encoders", True)]
 
