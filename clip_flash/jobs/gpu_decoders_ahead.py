@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import List
 
 import torch
+
+from .beside_load import BesideModelLoad
 
 logger = logging.getLogger(__name__)
 
@@ -26,51 +27,45 @@ _SPEC_ARGUMENTS = ((224, 224), "shortest", "bicubic", (0.48145466, 0.4578275, 0.
 _CHROMA = "libjpeg"  # ImagePreprocessor's default gpu_chroma: its refinement kernels are loaded too
 
 
-class GpuDecodersWarmUp:
+class GpuDecodersWarmUp(BesideModelLoad):
     """In a background thread: ``decoders`` hardware decodes at once of a synthetic 640x480 JPEG (each makes the
     decoder state a decoding thread of the run uses) and, beside them, torchvision's nvJPEG decode of a
     progressive one. ``start()`` it before the model load; ``join()`` before the run. A failure is logged, not
     raised: without it the run's warm-up makes the same calls."""
 
+    thread_name = "clip_flash-gpu-decoders-ahead"
+
     def __init__(self, device: torch.device, decoders: int) -> None:
+        super().__init__()
         self.device = torch.device(device)
         self.decoders = max(1, decoders)
-        self.seconds = 0.0
         self.hardware_decoded = False
-        self._thread = threading.Thread(target=self._warm_up, daemon=True, name="clip_flash-gpu-decoders-ahead")
 
-    def start(self) -> "GpuDecodersWarmUp":
-        self._thread.start()
-        return self
+    def _work(self) -> None:
+        from .warm_up import synthetic_images
 
-    def join(self) -> None:
-        self._thread.join()
+        baseline, progressive = synthetic_images()[:2]
+        torchvision_decode = threading.Thread(target=self._torchvision, args=(progressive,), daemon=True,
+                                              name="clip_flash-torchvision-nvjpeg-ahead")
+        torchvision_decode.start()
+        together = threading.Barrier(self.decoders)
+        results: List[bool] = []
+        threads = [threading.Thread(target=self._hardware, args=(baseline, together, results), daemon=True,
+                                    name=f"clip_flash-nvjpeg-ahead_{number}")
+                   for number in range(self.decoders)]
+        for thread in threads:
+            thread.start()
+        for thread in threads + [torchvision_decode]:
+            thread.join()
+        self.hardware_decoded = bool(results) and all(results)
 
-    def _warm_up(self) -> None:
-        started = time.perf_counter()
-        try:
-            from .warm_up import synthetic_images
+    def _failed(self, error: Exception) -> None:
+        # an optimisation: without it the run's warm-up makes these calls
+        logger.warning("nvJPEG's first calls were not made ahead: %s", error)
 
-            baseline, progressive = synthetic_images()[:2]
-            torchvision_decode = threading.Thread(target=self._torchvision, args=(progressive,), daemon=True,
-                                                  name="clip_flash-torchvision-nvjpeg-ahead")
-            torchvision_decode.start()
-            together = threading.Barrier(self.decoders)
-            results: List[bool] = []
-            threads = [threading.Thread(target=self._hardware, args=(baseline, together, results), daemon=True,
-                                        name=f"clip_flash-nvjpeg-ahead_{number}")
-                       for number in range(self.decoders)]
-            for thread in threads:
-                thread.start()
-            for thread in threads + [torchvision_decode]:
-                thread.join()
-            self.hardware_decoded = bool(results) and all(results)
-        except Exception as error:  # noqa: BLE001 - an optimisation: without it the run's warm-up makes these calls
-            logger.warning("nvJPEG's first calls were not made ahead: %s", error)
-        finally:
-            self.seconds = time.perf_counter() - started
-            logger.info("nvJPEG's decoders made ready in %.2f s, beside the model load (hardware decoder: %s)",
-                        self.seconds, "yes" if self.hardware_decoded else "not here")
+    def _finished(self) -> None:
+        logger.info("nvJPEG's decoders made ready in %.2f s, beside the model load (hardware decoder: %s)",
+                    self.seconds, "yes" if self.hardware_decoded else "not here")
 
     def _hardware(self, encoded: bytes, together: threading.Barrier, results: List[bool]) -> None:
         try:

@@ -10,30 +10,24 @@ and raises what fails then.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import Any, Optional
+
+from .beside_load import BesideModelLoad
 
 logger = logging.getLogger(__name__)
 
 
-class InputsAhead:
+class InputsAhead(BesideModelLoad):
     """Started before the model load; :meth:`tokenizer` (or :meth:`join`) before the inputs are built."""
 
+    thread_name = "clip_flash-inputs-ahead"
+
     def __init__(self, model_name: str, images: bool, captions: bool) -> None:
+        super().__init__()
         self.model_name = model_name
         self.images = images
         self.captions = captions
-        self.seconds = 0.0
         self._tokenizer: Optional[Any] = None
-        self._thread = threading.Thread(target=self._make, daemon=True, name="clip_flash-inputs-ahead")
-
-    def start(self) -> "InputsAhead":
-        self._thread.start()
-        return self
-
-    def join(self) -> None:
-        self._thread.join()
 
     def tokenizer(self) -> Optional[Any]:
         """The model's tokenizer (``clip_flash.get_tokenizer``), made ahead; None where captions were not asked for
@@ -41,20 +35,19 @@ class InputsAhead:
         self.join()
         return self._tokenizer
 
-    def _make(self) -> None:
-        started = time.perf_counter()
-        try:
-            if self.images:
-                from clip_flash.inputs.image import preprocessor  # noqa: F401 - the image path's modules
-                from clip_flash.inputs.image.decoder_check import decoder_agreement
-                from clip_flash.inputs.image.image_resize import pillow_mismatch
+    def _work(self) -> None:
+        if self.images:
+            from clip_flash.inputs.image import preprocessor  # noqa: F401 - the image path's modules
+            from clip_flash.inputs.image.decoder_check import decoder_agreement
+            from clip_flash.inputs.image.image_resize import pillow_mismatch
 
-                decoder_agreement()
-                pillow_mismatch()
-            if self.captions:
-                from clip_flash.inputs.text.tokenizer import get_tokenizer
+            decoder_agreement()
+            pillow_mismatch()
+        if self.captions:
+            from clip_flash.inputs.text.tokenizer import get_tokenizer
 
-                self._tokenizer = get_tokenizer(self.model_name)
-        except Exception as error:  # noqa: BLE001 - made again after the load, where a failure is raised
-            logger.debug("inputs made ahead of the model failed (%s); they are made after the load", error)
-        self.seconds = time.perf_counter() - started
+            self._tokenizer = get_tokenizer(self.model_name)
+
+    def _failed(self, error: Exception) -> None:
+        # made again after the load, where the same failure is raised
+        logger.debug("inputs made ahead of the model failed (%s); they are made after the load", error)

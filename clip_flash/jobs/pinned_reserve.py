@@ -22,11 +22,11 @@ power-of-two size from 256 bytes to 32 MiB is made too (``count`` of each up to 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
+
+from .beside_load import BesideModelLoad
 
 logger = logging.getLogger(__name__)
 
@@ -79,48 +79,42 @@ def first_images(shards: Sequence[Any], count: int) -> List[Any]:
     return images
 
 
-class PinnedReservation:
+class PinnedReservation(BesideModelLoad):
     """Makes ``count`` page-locked blocks for batches of ``batch_size``, and the ladder of smaller sizes, in a
     background thread, then frees them into torch's cache. ``start()`` it before the model load; ``join()``
     before the run (its blocks must not be made beside the run's first batches: that is the stall it removes).
     ``first_images``: a callable giving the job's first images (paths or bytes; called in the thread), which size
     the blocks."""
 
+    thread_name = "clip_flash-pinned-reserve"
+
     def __init__(self, batch_size: int, count: int,
                  first_images: Optional[Callable[[], Sequence[Any]]] = None) -> None:
+        super().__init__()
         self.batch_size = batch_size
         self.count = count
         self.first_images = first_images
         self.block_bytes: Optional[int] = None
         self.blocks_made = 0
-        self.seconds = 0.0
-        self._thread = threading.Thread(target=self._reserve, daemon=True, name="clip_flash-pinned-reserve")
 
-    def start(self) -> "PinnedReservation":
-        self._thread.start()
-        return self
+    def _work(self) -> None:
+        size = coefficient_block_bytes(self.batch_size, self.first_images() if self.first_images else ())
+        if size is None:
+            return
+        self.block_bytes = size
+        blocks: List[torch.Tensor] = []
+        for _ in range(self.count):
+            blocks.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
+        for rung in ladder_sizes(self.count):
+            blocks.append(torch.empty(rung, dtype=torch.uint8, pin_memory=True))
+        self.blocks_made = len(blocks)
+        del blocks  # into the allocator's cache: no copy was queued from them, so they are free at once
 
-    def join(self) -> None:
-        self._thread.join()
+    def _failed(self, error: Exception) -> None:
+        # an optimisation: without it the run makes its own blocks
+        logger.warning("page-locked blocks for the image batches were not made ahead: %s", error)
 
-    def _reserve(self) -> None:
-        started = time.perf_counter()
-        try:
-            size = coefficient_block_bytes(self.batch_size, self.first_images() if self.first_images else ())
-            if size is None:
-                return
-            self.block_bytes = size
-            blocks: List[torch.Tensor] = []
-            for _ in range(self.count):
-                blocks.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
-            for rung in ladder_sizes(self.count):
-                blocks.append(torch.empty(rung, dtype=torch.uint8, pin_memory=True))
-            self.blocks_made = len(blocks)
-            del blocks  # into the allocator's cache: no copy was queued from them, so they are free at once
-        except Exception as error:  # noqa: BLE001 - an optimisation: without it the run makes its own blocks
-            logger.warning("page-locked blocks for the image batches were not made ahead: %s", error)
-        finally:
-            self.seconds = time.perf_counter() - started
-            if self.blocks_made:
-                logger.info("made %d page-locked blocks for batches of %d images in %.2f s, beside the model load",
-                            self.blocks_made, self.batch_size, self.seconds)
+    def _finished(self) -> None:
+        if self.blocks_made:
+            logger.info("made %d page-locked blocks for batches of %d images in %.2f s, beside the model load",
+                        self.blocks_made, self.batch_size, self.seconds)

@@ -1,0 +1,45 @@
+"""Work a job does in a thread of its own while its model loads: none of it needs the model, so it overlaps the
+load instead of following it (the page-locked blocks of the first batches, nvJPEG's first calls, the inputs'
+checks and tokenizer)."""
+from __future__ import annotations
+
+import threading
+import time
+
+
+class BesideModelLoad:
+    """``start()`` before the model load, ``join()`` before what needs the work. A subclass does the work in
+    ``_work``; an exception there goes to ``_failed`` (logged there, never raised: the job does the same work
+    later without it); ``_finished`` runs after it either way, with ``seconds`` set to how long it took."""
+
+    thread_name = "clip_flash-beside-load"
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True, name=self.thread_name)
+
+    def start(self) -> "BesideModelLoad":
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._work()
+        except Exception as error:  # noqa: BLE001 - an optimisation: the job does this work later without it
+            self._failed(error)
+        finally:
+            self.seconds = time.perf_counter() - started
+            self._finished()
+
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    def _failed(self, error: Exception) -> None:
+        raise NotImplementedError
+
+    def _finished(self) -> None:
+        """After the work, done or failed (a log line, say)."""
