@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TypeVar
+
+_Work = TypeVar("_Work", bound="BesideModelLoad")
 
 
 class BesideModelLoad:
@@ -18,7 +21,7 @@ class BesideModelLoad:
         self.seconds = 0.0
         self._thread = threading.Thread(target=self._run, daemon=True, name=self.thread_name)
 
-    def start(self) -> "BesideModelLoad":
+    def start(self: _Work) -> _Work:
         self._thread.start()
         return self
 
