@@ -35,6 +35,7 @@ import torch  # noqa: E402
 import clip_flash  # noqa: E402
 from benchmarks.harness.results import environment_record, markdown_table  # noqa: E402
 from clip_flash.environment import usable_cores  # noqa: E402
+from clip_flash.jobs.record import describe_actor  # noqa: E402
 
 COLUMNS = ("run", "GPUs", "items", "failures", "model loaded after (s)", "items/s (from the model loaded)",
            "items/s (after the first shard)", "items/s (with setup)", "seconds (with setup)",
@@ -129,12 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "x one GPU (from the model loaded)": f"{after_load / (base['after_load_items_per_s'] or 1):.2f}",
             "x one GPU (with setup)": f"{with_setup / (base['items'] / base['total_seconds']):.2f}",
         })
-    actor_lines = [f"- {run['run']}: actor {actor['actor']}'s process started {actor['spawned']:.2f} s after the "
-                   f"call, imported torch and clip_flash at {actor['imported']:.2f} s, entered its constructor at "
-                   f"{actor['started']:.2f} s, imported OpenCLIP at {actor['libraries']:.2f} s, model loaded at "
-                   f"{actor['loaded']:.2f} s, warmed up at {actor['ready']:.2f} s, was handed its first shard at "
-                   f"{actor['first_shard']:.2f} s, committed its last at {actor['last_shard_done']:.2f} s; "
-                   f"{actor['shards']} shards"
+    actor_lines = [f"- {run['run']}: actor {describe_actor(actor)}"
                    for run in runs for actor in run["summary"].get("actor_timeline") or []]
     record = {**environment_record(device, command), "cpu_cores": usable_cores(), "gpus": gpus,
               "ray": ray.__version__, "runs": runs, "rows": rows, "same_rows": identical}

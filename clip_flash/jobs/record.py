@@ -123,11 +123,7 @@ class JobSummary:
             lines.append("  device warm-up: " + ", ".join(f"{step} by {seconds:.2f} s"
                                                           for step, seconds in self.warm_up_steps.items()))
         for actor in self.actor_timeline:
-            lines.append(f"  actor {actor['actor']}: process started {actor['spawned']:.2f} s after the call, "
-                         f"imported torch {actor['imported']:.2f} s, "
-                         f"OpenCLIP {actor['libraries']:.2f} s, model loaded {actor['loaded']:.2f} s, "
-                         f"ready {actor['ready']:.2f} s, first shard handed {actor['first_shard']:.2f} s, "
-                         f"last shard committed {actor['last_shard_done']:.2f} s; {actor['shards']} shards")
+            lines.append(f"  actor {describe_actor(actor)}")
         if any(self.main_thread_seconds.values()):
             lines.append("  main thread: " + ", ".join(f"{step} {seconds:.2f} s"
                                                        for step, seconds in self.main_thread_seconds.items()))
@@ -153,6 +149,15 @@ def gpu_peak_mib(device: torch.device) -> Optional[float]:
     if device.type != "cuda":
         return None
     return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def describe_actor(actor: Dict[str, Any]) -> str:
+    """One line of a Ray actor's timeline (an entry of ``JobSummary.actor_timeline``)."""
+    return (f"{actor['actor']}: process started {actor['spawned']:.2f} s after the call, imported torch and "
+            f"clip_flash at {actor['imported']:.2f} s, entered its constructor at {actor['started']:.2f} s, "
+            f"imported OpenCLIP at {actor['libraries']:.2f} s, model loaded at {actor['loaded']:.2f} s, ready at "
+            f"{actor['ready']:.2f} s, first shard handed at {actor['first_shard']:.2f} s, last shard committed at "
+            f"{actor['last_shard_done']:.2f} s; {actor['shards']} shards")
 
 
 def run_record(summary: JobSummary, settings: Dict[str, Any], device: torch.device, command: str,
