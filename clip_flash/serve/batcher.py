@@ -146,23 +146,39 @@ class TowerBatcher:
                 return batch
             # everything taken had been abandoned: wait for the next batch
 
+    def _drop_abandoned_head_locked(self) -> bool:
+        """Drop the inputs at the queue's head that their requests gave up (client gone, deadline answered; counted
+        there), so that the batch's window opens at its first input still queued: an abandoned one would close a
+        later request's batch early. Whether an input is left."""
+        while self.runs and self.runs[0].state != QUEUED:
+            self.waiting -= len(self.runs.popleft().indices)
+        return bool(self.runs)
+
     def _take_locked(self) -> Optional[Tuple[List[QueuedInputs], int, float]]:
         """(batch, how many inputs were dropped, when) once a batch closes; None when stopping with nothing left."""
         with self.lock:
-            while not self.runs and not self.stopping:
-                self.ready.wait()
-            if not self.runs:
-                return None
-            # The device is as far behind as allowed: what arrives meanwhile joins this batch.
-            while self.max_in_flight and self.in_flight >= self.max_in_flight and not self.stopping:
-                self.ready.wait()
-            closes = self.runs[0].enqueued + self.max_wait
-            while self.waiting < self.max_batch and not self.stopping and (
-                    self.in_flight or not self.close_when_idle):
-                remaining = closes - time.monotonic()
-                if remaining <= 0:
+            while True:
+                while not self.runs and not self.stopping:
+                    self.ready.wait()
+                if not self.runs:
+                    return None
+                # The device is as far behind as allowed: what arrives meanwhile joins this batch.
+                while self.max_in_flight and self.in_flight >= self.max_in_flight and not self.stopping:
+                    self.ready.wait()
+                if not self._drop_abandoned_head_locked():
+                    continue
+                closes = self.runs[0].enqueued + self.max_wait
+                while self.waiting < self.max_batch and not self.stopping and (
+                        self.in_flight or not self.close_when_idle):
+                    remaining = closes - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self.ready.wait(remaining)
+                    if not self._drop_abandoned_head_locked():
+                        break
+                    closes = self.runs[0].enqueued + self.max_wait
+                if self.runs:
                     break
-                self.ready.wait(remaining)
             now = time.monotonic()
             batch: List[QueuedInputs] = []
             size = dropped = left = 0
