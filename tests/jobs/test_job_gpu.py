@@ -179,7 +179,7 @@ def test_a_gpu_decode_job_makes_nvjpeg_ready_while_its_model_loads(tmp_path, mon
     assert ready["hardware_decoder"] == nvjpeg_packed.hardware_decoder_usable()
     if torch.cuda.get_device_capability() in ((8, 0), (9, 0)):  # a hardware JPEG decoder: the route must run
         assert ready["hardware_decoder"]
-    monkeypatch.setattr(GpuDecodersWarmUp, "_warm_up", lambda self: None)
+    monkeypatch.setattr(GpuDecodersWarmUp, "_work", lambda self: None)
     clip_flash.embed(tmp_path / "photos", tmp_path / "in_run", GPU_MODEL, device="cuda", decode="gpu",
                      progress=False)
     np.testing.assert_array_equal(read_output(tmp_path / "ahead")["img_emb"],
