@@ -58,7 +58,7 @@ def main() -> int:
     timed(job_module, "load_job_model", "model load")
     timed(job_module, "make_runner", "pipeline built")
     timed(pipeline_module, "warm_up_device", "device warm-up (all of it)")
-    timed(warm_up, "_warm_up_images", "device warm-up: synthetic images decoded and prepared")
+    timed(warm_up, "prepare_synthetic_images", "device warm-up: synthetic images decoded and prepared")
     timed(warm_up, "_warm_up_encoders", "device warm-up: the encoders' first calls, beside the images")
     encode_image = pipeline_module.EmbeddingPipeline._encode_image
     full = [0]

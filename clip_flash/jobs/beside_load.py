@@ -1,6 +1,6 @@
 """Work a job does in a thread of its own while its model loads: none of it needs the model, so it overlaps the
 load instead of following it (the page-locked blocks of the first batches, nvJPEG's first calls, the inputs'
-checks and tokenizer)."""
+checks and tokenizer, the device's first uses on stand-ins)."""
 from __future__ import annotations
 
 import threading

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .device_ahead import DeviceFirstUses
 from .inputs_ahead import InputsAhead
 from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
 from .pinned_reserve import PinnedReservation, first_images
@@ -170,6 +171,18 @@ def inputs_ahead(model_name: str, source: Any, pipeline: str) -> Optional[Inputs
     return InputsAhead(model_name, source.has_images, source.has_captions).start()
 
 
+def device_first_uses(job: Any, source: Any, device: torch.device, pipeline: str, decode: str, batch_size: int,
+                      decode_threads: Optional[int], ahead: Optional[InputsAhead]) -> Optional[DeviceFirstUses]:
+    """A started :class:`~clip_flash.jobs.device_ahead.DeviceFirstUses` for clip_flash's image runs on CUDA (None
+    otherwise): the encoder's kernels at the run's batch and, with ``decode="cpu"``, the image path's, made on
+    stand-ins while the model loads (``decode="gpu"`` makes nvJPEG's in :mod:`.gpu_decoders_ahead`). ``join()`` it
+    before the run. ``job``: its ``spec``, ``precision`` and ``patch``."""
+    if not (device.type == "cuda" and source.has_images and pipeline == "clip_flash"):
+        return None
+    return DeviceFirstUses(job.spec.name, device, job.precision, batch_size, job.patch, image_path=decode == "cpu",
+                           decode_threads=decode_threads or DEFAULT_DECODE_THREADS, inputs=ahead).start()
+
+
 def _caption_file(input: Union[str, Path]) -> bool:
     """Whether the input names a caption file (a text-only job: no images to decode)."""
     return Path(str(input)).suffix.lower() in CAPTION_FILE_SUFFIXES
@@ -281,11 +294,13 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         setup_seconds = warm_up_seconds = model_load_seconds = None
         reserved = None  # page-locked blocks made while the model loaded (None: not asked for)
         decoders_made_ready = None  # nvJPEG's first calls made while the model loaded (None: not asked for)
+        first_uses_made = None  # the device's first uses made on stand-ins while the model loaded (None: not asked for)
         if job.todo:  # nothing left to embed: no model to load
             decoders_ahead = None
             reservation = reserve_pinned_blocks(device, job.source.has_images, pipeline, decode, batch_size,
                                                 exact_share, executor, partial(first_images, job.todo))
             ahead = inputs_ahead(job.spec.name, job.source, pipeline)
+            first_uses = device_first_uses(job, job.source, device, pipeline, decode, batch_size, decode_threads, ahead)
             if device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and decode == "gpu":
                 from .gpu_decoders_ahead import GpuDecodersWarmUp
 
@@ -295,6 +310,10 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             loaded = load_job_model(job, device)
             model_load_seconds = time.perf_counter() - setup_started
             job.output.record_settings(job.settings)
+            if first_uses is not None:
+                first_uses.join()  # its stand-ins' memory is free before the run's peak is measured
+                first_uses_made = {"seconds": round(first_uses.seconds, 3),
+                                   "steps": {step: round(seconds, 3) for step, seconds in first_uses.steps.items()}}
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
@@ -331,6 +350,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 options["pinned_blocks_made_before_the_run"] = reserved
             if decoders_made_ready is not None:
                 options["nvjpeg_made_ready_before_the_run"] = decoders_made_ready
+            if first_uses_made is not None:
+                options["device_first_uses_made_before_the_run"] = first_uses_made
         return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
                           command=command, options=options, environment_device=device, setup_seconds=setup_seconds,
                           warm_up_seconds=warm_up_seconds, model_load_seconds=model_load_seconds)
@@ -420,6 +441,7 @@ def finish_job(job: PlannedJob, stats: PipelineStats, *, device: str, pipeline: 
         setup_seconds=setup_seconds, model_load_seconds=model_load_seconds,
         warm_up_seconds=(warm_up_seconds or 0.0) + stats.warm_up_seconds if warm_up_seconds is not None else None,
         warm_up_steps={step: round(seconds, 4) for step, seconds in stats.warm_up_steps.items()},
+        beside_load_steps=dict(options.get("device_first_uses_made_before_the_run", {}).get("steps", {})),
         first_batch_seconds=stats.first_batch_seconds,
         main_thread_seconds=dict(stats.main_thread_seconds), pinned_blocks_created=stats.pinned_blocks_created,
         pinned_block_seconds=stats.pinned_block_seconds, pinned_block_bytes=stats.pinned_block_bytes,

@@ -55,6 +55,7 @@ from .job import (
     OUTPUT_DTYPES,
     build_inputs,
     default_batch_size,
+    device_first_uses,
     finish_job,
     inputs_ahead,
     load_job_model,
@@ -132,11 +133,15 @@ class ShardEmbedder:
                                             job["batch_size"], job.get("exact_share", 0.0), job["executor"],
                                             lambda count: job["first_images"][:count])
         ahead = inputs_ahead(self.job.spec.name, source, "clip_flash")  # the inputs' checks and tokenizer, beside
+        first_uses = device_first_uses(self.job, source, self.device, "clip_flash", job["decode"], job["batch_size"],
+                                       job.get("decode_threads"), ahead)
         import open_clip  # noqa: F401 - what the load imports, timed apart from building the model
 
         self.marks["libraries_at"] = time.time()
         loaded = load_job_model(self.job, self.device)
         self.marks["loaded_at"] = time.time()
+        if first_uses is not None:
+            first_uses.join()
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                   job["normalize"], job["out_dtype"], workers, job["executor"],

@@ -46,6 +46,8 @@ class JobSummary:
     warm_up_seconds: Optional[float] = None     # the pipeline's warm-up: the decoder's start (in setup_seconds)
     #                                             and the device half at the run's start (in seconds)
     warm_up_steps: Dict[str, float] = field(default_factory=dict)  # the device half's steps: each one's end, seconds
+    # the device's first uses made on stand-ins while the model loaded (jobs.device_ahead): each step's end, seconds
+    beside_load_steps: Dict[str, float] = field(default_factory=dict)
     first_batch_seconds: Optional[float] = None  # the pipeline's start to its first batch's embeddings
     record_path: Optional[str] = None
     main_thread_seconds: Dict[str, float] = field(default_factory=dict)  # what the device stage waited on
@@ -119,6 +121,9 @@ class JobSummary:
                          + (f"; {self.after_load_items_per_s:,.1f} items/s from the model loaded"
                             if self.after_load_items_per_s is not None else "")
                          + f"; {self.job_items_per_s:,.1f} items/s counting all of it")
+        if self.beside_load_steps:
+            lines.append("  beside the model load: " + ", ".join(f"{step} by {seconds:.2f} s"
+                                                                 for step, seconds in self.beside_load_steps.items()))
         if self.warm_up_steps:
             lines.append("  device warm-up: " + ", ".join(f"{step} by {seconds:.2f} s"
                                                           for step, seconds in self.warm_up_steps.items()))

@@ -11,7 +11,9 @@ it is done on a few synthetic images and a row of zeros, in two halves:
   in a job, at the start of the run, on the main thread while the run's own threads already read and decode the
   first batches (the page-locked blocks those batches need are made meanwhile), so the GPU's warm-up and the
   first reads overlap instead of adding up; a Ray actor does it with its model load, before it takes shards.
-  Either way it is inside the accounts: the job's rate "after the model load" counts it.
+  Either way it is inside the accounts: the job's rate "after the model load" counts it. Most of what it would
+  pay (kernels and libraries, loaded once a process) is made while the model loads, on stand-ins
+  (:mod:`.device_ahead`), so it finds them done.
 
 Whether full image batches replay a CUDA graph is decided in the run, on its own batches
 (:func:`eager_batch_deciding_graphs`): the first full batch runs eager (it pays its kernels' first loads), the
@@ -105,7 +107,7 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1, steps: Optional[Dict[
     try:
         with torch.inference_mode():
             if pipeline.image_preparer is not None:
-                pixels = _warm_up_images(pipeline, decode_threads)
+                pixels = prepare_synthetic_images(pipeline.image_preparer, pipeline.copy_stream, decode_threads)
                 steps["synthetic images decoded and prepared"] = time.perf_counter() - started
                 if pixels is not None and row_shape is None:  # a preparer that does not say its rows' shape
                     _encode_images(pipeline, torch.zeros((1, *pixels.shape[1:]), dtype=pixels.dtype,
@@ -188,27 +190,27 @@ def eager_batch_deciding_graphs(pipeline: Any, pixels: torch.Tensor,
     return features
 
 
-def _warm_up_images(pipeline: Any, threads: int) -> "torch.Tensor | None":
-    """The synthetic images decoded by ``threads`` threads at once (each gets the per-thread state it would make
-    on its first batch), then prepared on the copy stream, as a batch is; the prepared rows (None if the preparer
-    returned none)."""
+def prepare_synthetic_images(preparer: Any, stream: torch.cuda.Stream, threads: int) -> "torch.Tensor | None":
+    """The synthetic images decoded by ``preparer`` from ``threads`` threads at once (each gets the per-thread
+    state it would make on its first batch), then prepared on ``stream``, as a batch is; the prepared rows (None
+    if the preparer returned none)."""
     images = synthetic_images()
     threads = max(1, threads)
     together = threading.Barrier(threads)
 
     def decode(_: int) -> Any:
         together.wait(timeout=60)
-        return pipeline.image_preparer.decode(images)
+        return preparer.decode(images)
 
     with ThreadPoolExecutor(threads, thread_name_prefix="clip_flash-warm-up") as pool:
         decoded = list(pool.map(decode, range(threads)))
     pixels = None
-    with torch.cuda.stream(pipeline.copy_stream):
+    with torch.cuda.stream(stream):
         for batch in decoded:
-            prepared = pipeline.image_preparer.prepare(batch)
+            prepared = preparer.prepare(batch)
             if prepared.failures:
                 logger.debug("warm-up images the preparer refused: %s", prepared.failures)
             if len(prepared.indices):
                 pixels = prepared.pixels
-    pipeline.copy_stream.synchronize()
+    stream.synchronize()
     return pixels

@@ -186,6 +186,25 @@ def test_a_gpu_decode_job_makes_nvjpeg_ready_while_its_model_loads(tmp_path, mon
                                   read_output(tmp_path / "in_run")["img_emb"])
 
 
+def test_the_device_first_uses_are_made_while_the_model_loads_and_change_no_row(tmp_path, monkeypatch):
+    """The encoder's kernels (a one-block stand-in of the model's tower, at the run's batch) and the image path's
+    (a stand-in preparer) are made beside the model load, as the run's record says; the rows equal those of a run
+    that makes them itself."""
+    from clip_flash.jobs.device_ahead import DeviceFirstUses
+
+    write_photos(tmp_path / "photos", count=20)
+    options = dict(device="cuda", normalize=False, out_dtype="float32", batch_size=8, progress=False)
+    summary = clip_flash.embed(tmp_path / "photos", tmp_path / "ahead", GPU_MODEL, **options)
+    made = json.loads(open(summary.record_path).read())["options"]["device_first_uses_made_before_the_run"]
+    assert set(made["steps"]) == {"vision tower of one block", "image path on synthetic images"}
+    assert made["seconds"] > 0
+    monkeypatch.setattr(DeviceFirstUses, "_work", lambda self: None)
+    clip_flash.embed(tmp_path / "photos", tmp_path / "in_run", GPU_MODEL, **options)
+    ahead, in_run = read_output(tmp_path / "ahead"), read_output(tmp_path / "in_run")
+    np.testing.assert_array_equal(ahead["img_emb"], in_run["img_emb"])
+    np.testing.assert_array_equal(ahead["text_emb"], in_run["text_emb"])
+
+
 def test_gpu_caption_job_equals_unpipelined_text_encoding(tmp_path):
     from clip_flash.models.model_spec import load_model, parse_model_spec
     from benchmarks.harness.workloads import caption_prompts
