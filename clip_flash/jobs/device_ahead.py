@@ -26,6 +26,10 @@ from .beside_load import BesideModelLoad
 
 logger = logging.getLogger(__name__)
 
+# The steps, as DeviceFirstUses.steps names them; the run's warm-up skips its own step for each one made.
+VISION_TOWER_STEP = "vision tower of one block"
+IMAGE_PATH_STEP = "image path on synthetic images"
+
 
 class DeviceFirstUses(BesideModelLoad):
     """In a background thread on ``device`` (CUDA): the model's vision tower with one block, patched where the
@@ -56,12 +60,12 @@ class DeviceFirstUses(BesideModelLoad):
         with torch.cuda.device(self.device):
             if config is not None:
                 self._vision_tower(*config)
-                self.steps["vision tower of one block"] = time.perf_counter() - started
+                self.steps[VISION_TOWER_STEP] = time.perf_counter() - started
             if self.image_path:
                 if self.inputs is not None:
                     self.inputs.join()  # its image checks are the preparer's: made once, not twice at once
                 self._image_path(config[1]["image_size"] if config is not None else 224)
-                self.steps["image path on synthetic images"] = time.perf_counter() - started
+                self.steps[IMAGE_PATH_STEP] = time.perf_counter() - started
 
     def _vision_tower(self, embed_dim: int, vision: Dict[str, Any], quick_gelu: bool) -> None:
         tower = stand_in_vision_tower(embed_dim, vision, quick_gelu, self.precision, self.device, self.patch)

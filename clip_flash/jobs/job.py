@@ -318,6 +318,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 torch.cuda.reset_peak_memory_stats(device)
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
                                  workers, executor, cuda_graphs, decode_threads, exact_share, ahead)
+            if first_uses is not None and hasattr(runner, "made_beside_load"):
+                runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
             if hasattr(runner, "warm_up"):
                 # The decoder's start; the device half runs at the run's start, beside its first reads.
                 warm_up_seconds = runner.warm_up(device=False)

@@ -26,7 +26,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -162,6 +162,8 @@ class EmbeddingPipeline:
         self._full_image_batches = 0
         self._items_left: Optional[int] = None  # the run's inputs not yet launched, where its shards' sizes are known
         self._device_warm = not self.cuda
+        # Warm-up steps whose first uses were made while the model loaded (jobs.device_ahead): not made again.
+        self.made_beside_load: FrozenSet[str] = frozenset()
 
     def start(self) -> None:
         """Start the image preparer's decoder in the background: call it as early as the preparer exists, so

@@ -147,6 +147,8 @@ class ShardEmbedder:
                                   job["normalize"], job["out_dtype"], workers, job["executor"],
                                   job["cuda_graphs"], job.get("decode_threads"), job.get("exact_share", 0.0),
                                   ahead)
+        if first_uses is not None:
+            self.runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
         self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
         if reservation is not None:
             reservation.join()

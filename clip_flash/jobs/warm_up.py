@@ -93,23 +93,30 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1, steps: Optional[Dict[
 
     The two halves share nothing but the device: the preparation's first kernels and the encoders' (their
     modules' loads, cuBLAS's first handle) each take a few hundred ms on an H100 host, and while the main thread
-    waits for them the decoders' queue fills and they stop; side by side they cost the longer of the two."""
+    waits for them the decoders' queue fills and they stop; side by side they cost the longer of the two.
+
+    A step whose first uses were made on stand-ins while the model loaded (named in the pipeline's
+    ``made_beside_load``: :mod:`.device_ahead`) is not made again."""
     if not pipeline.cuda:
         return 0.0
+    from .device_ahead import IMAGE_PATH_STEP, VISION_TOWER_STEP
+
+    made = getattr(pipeline, "made_beside_load", frozenset())
     started = time.perf_counter()
     steps = {} if steps is None else steps
     device = pipeline.device
-    row_shape = _image_row_shape(pipeline.image_preparer)
+    row_shape = _image_row_shape(pipeline.image_preparer) if VISION_TOWER_STEP not in made else None
     failure: List[BaseException] = []
     encoders = threading.Thread(target=_warm_up_encoders, args=(pipeline, row_shape, steps, started, failure),
                                 name="clip_flash-warm-up-encoders", daemon=True)
     encoders.start()
     try:
         with torch.inference_mode():
-            if pipeline.image_preparer is not None:
+            if pipeline.image_preparer is not None and IMAGE_PATH_STEP not in made:
                 pixels = prepare_synthetic_images(pipeline.image_preparer, pipeline.copy_stream, decode_threads)
                 steps["synthetic images decoded and prepared"] = time.perf_counter() - started
-                if pixels is not None and row_shape is None:  # a preparer that does not say its rows' shape
+                if pixels is not None and row_shape is None and VISION_TOWER_STEP not in made:
+                    # a preparer that does not say its rows' shape
                     _encode_images(pipeline, torch.zeros((1, *pixels.shape[1:]), dtype=pixels.dtype,
                                                          device=device))
                     steps["image encoder on one row, after them"] = time.perf_counter() - started

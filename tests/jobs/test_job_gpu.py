@@ -188,8 +188,8 @@ def test_a_gpu_decode_job_makes_nvjpeg_ready_while_its_model_loads(tmp_path, mon
 
 def test_the_device_first_uses_are_made_while_the_model_loads_and_change_no_row(tmp_path, monkeypatch):
     """The encoder's kernels (a one-block stand-in of the model's tower, at the run's batch) and the image path's
-    (a stand-in preparer) are made beside the model load, as the run's record says; the rows equal those of a run
-    that makes them itself."""
+    (a stand-in preparer) are made beside the model load, as the run's record says, and the run's warm-up skips
+    them; the rows equal those of a run that makes them itself."""
     from clip_flash.jobs.device_ahead import DeviceFirstUses
 
     write_photos(tmp_path / "photos", count=20)
@@ -198,8 +198,11 @@ def test_the_device_first_uses_are_made_while_the_model_loads_and_change_no_row(
     made = json.loads(open(summary.record_path).read())["options"]["device_first_uses_made_before_the_run"]
     assert set(made["steps"]) == {"vision tower of one block", "image path on synthetic images"}
     assert made["seconds"] > 0
+    assert set(summary.warm_up_steps) == {"text encoder"}  # the run's warm-up does not make them again
     monkeypatch.setattr(DeviceFirstUses, "_work", lambda self: None)
-    clip_flash.embed(tmp_path / "photos", tmp_path / "in_run", GPU_MODEL, **options)
+    in_run = clip_flash.embed(tmp_path / "photos", tmp_path / "in_run", GPU_MODEL, **options)
+    assert set(in_run.warm_up_steps) == {"synthetic images decoded and prepared", "image encoder on one row",
+                                         "text encoder"}
     ahead, in_run = read_output(tmp_path / "ahead"), read_output(tmp_path / "in_run")
     np.testing.assert_array_equal(ahead["img_emb"], in_run["img_emb"])
     np.testing.assert_array_equal(ahead["text_emb"], in_run["text_emb"])
