@@ -13,7 +13,10 @@ _Work = TypeVar("_Work", bound="BesideModelLoad")
 class BesideModelLoad:
     """``start()`` before the model load, ``join()`` before what needs the work. A subclass does the work in
     ``_work``; an exception there goes to ``_failed`` (logged there, never raised: the job does the same work
-    later without it); ``_finished`` runs after it either way, with ``seconds`` set to how long it took."""
+    later without it); ``_finished`` runs after it either way, with ``seconds`` set to how long it took.
+
+    The work must draw nothing from torch's random number generator: the load beside it seeds it and draws a
+    random-init model's weights from it, so a draw here would change those weights."""
 
     thread_name = "clip_flash-beside-load"
 

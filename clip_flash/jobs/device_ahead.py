@@ -12,7 +12,8 @@ None of it needs the model's weights: it is kernels and libraries, loaded once a
 :class:`DeviceFirstUses` makes those calls while the model loads, on stand-ins of the same shapes: a vision tower
 of the model's own configuration with one block (random weights, in the job's precision, patched as the model
 is), run on a full batch and on one row, and a preparer of the model's input size on the warm-up's synthetic
-images. The run's warm-up then finds them done. Only the kernels are shared with the run, never a value.
+images. The run's warm-up then finds them done. Only the kernels are shared with the run, never a value, and the
+stand-ins draw nothing from torch's random number generator (the load's random-init weights come from it).
 """
 from __future__ import annotations
 
@@ -113,14 +114,20 @@ def vision_config(model_name: str) -> "tuple | None":
 
 def stand_in_vision_tower(embed_dim: int, vision: Dict[str, Any], quick_gelu: bool, precision: str,
                           device: torch.device, patch: bool) -> torch.nn.Module:
-    """OpenCLIP's vision tower of ``vision`` (see :func:`vision_config`) with one block, built and cast as OpenCLIP
-    builds the model in ``precision`` on ``device``, patched where ``patch``: the model's kernels at its shapes,
-    on random weights, in eval mode."""
-    from open_clip.factory import _set_model_device_and_precision
-    from open_clip.model import _build_vision_tower, get_cast_dtype
+    """OpenCLIP's vision tower of ``vision`` (see :func:`vision_config`) with one block, in ``precision`` on
+    ``device`` as OpenCLIP casts the model, patched where ``patch``: the model's kernels at its shapes, in eval
+    mode. Its weights are zeros: it is built on the meta device, so it draws nothing from torch's random number
+    generator, which the model load beside it seeds and draws its random-init weights from."""
+    from open_clip.model import _build_vision_tower, convert_weights_to_lp, get_cast_dtype
 
-    tower = _build_vision_tower(embed_dim, dict(vision, layers=1), quick_gelu, get_cast_dtype(precision))
-    _set_model_device_and_precision(tower, torch.device(device), precision)
+    with torch.device("meta"):
+        tower = _build_vision_tower(embed_dim, dict(vision, layers=1), quick_gelu, get_cast_dtype(precision))
+    tower = tower.to_empty(device=torch.device(device))
+    if precision in ("fp16", "bf16"):  # OpenCLIP's mixed precision: its low-precision weights, fp32 elsewhere
+        convert_weights_to_lp(tower, dtype=_input_dtype(precision))
+    with torch.no_grad():
+        for tensor in list(tower.parameters()) + list(tower.buffers()):
+            tensor.zero_()
     tower.eval()
     if patch:
         import clip_flash

@@ -30,12 +30,18 @@ def test_the_vision_configuration_is_openclips_own_for_built_in_models_only(monk
 
 def test_the_stand_in_is_the_models_tower_with_one_block_patched_as_the_job_patches():
     embed_dim, vision, quick_gelu = vision_config("ViT-B-32")
+    torch.manual_seed(0)
+    generator_state = torch.get_rng_state()
     tower = stand_in_vision_tower(embed_dim, vision, quick_gelu, "fp32", torch.device("cpu"), patch=True)
+    # The model load beside it seeds the generator and draws the random-init weights from it: nothing taken here.
+    assert torch.equal(torch.get_rng_state(), generator_state)
     assert len(tower.transformer.resblocks) == 1 and tower.transformer.width == 768
     assert clip_flash.is_patched(tower) and not tower.training
     with torch.inference_mode():
         assert tower(torch.zeros(2, 3, 224, 224)).shape == (2, 512)
     assert not clip_flash.is_patched(stand_in_vision_tower(embed_dim, vision, quick_gelu, "fp32", "cpu", patch=False))
+    half = stand_in_vision_tower(embed_dim, vision, quick_gelu, "fp16", "cpu", patch=False)  # as OpenCLIP casts
+    assert half.conv1.weight.dtype == torch.float16 and half.ln_pre.weight.dtype == torch.float32
 
 
 @pytest.mark.parametrize("device, pipeline, has_images", [("cpu", "clip_flash", True), ("cuda", "stock", True),
