@@ -10,7 +10,7 @@ of 256 0.19-0.20 s against 0.09 s for the next.
 
 None of it needs the model's weights: it is kernels and libraries, loaded once a process. So
 :class:`DeviceFirstUses` makes those calls while the model loads, on stand-ins of the same shapes: a vision tower
-of the model's own configuration with one block (random weights, in the job's precision, patched as the model
+of the model's own configuration with one block (zero weights, in the job's precision, patched as the model
 is), run on a full batch and on one row, and a preparer of the model's input size on the warm-up's synthetic
 images. The run's warm-up then finds them done. Only the kernels are shared with the run, never a value, and the
 stand-ins draw nothing from torch's random number generator (the load's random-init weights come from it).
