@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Where a fresh process's embedding job spends its start, step by step, on the main thread: the model load, the
-pipeline's construction, the device warm-up (its synthetic decode, the encoders' first calls beside it), and the
-first full image batches' launches, the third of which captures the image graph when one is kept.
+"""Where a fresh process's embedding job spends its start, step by step: the model load and the stand-ins beside it,
+the pipeline's construction, the device warm-up (its synthetic decode, the encoders' first calls beside it), and the
+first full image batches' launches (with the device memory segments each made), the third of which captures the
+image graph when one is kept.
 
     python benchmarks/probe_job_start.py --photos DIR --json OUT.json --markdown OUT.md [--model ViT-B-32]
         [--repeat 20] [--capture always|default]
@@ -27,7 +28,7 @@ import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
 from benchmarks.harness.results import markdown_table, write_microbenchmark  # noqa: E402
-from clip_flash.jobs import job as job_module, pipeline as pipeline_module, warm_up  # noqa: E402
+from clip_flash.jobs import device_ahead, job as job_module, pipeline as pipeline_module, warm_up  # noqa: E402
 
 
 def main() -> int:
@@ -58,24 +59,31 @@ def main() -> int:
     timed(job_module, "load_job_model", "model load")
     timed(job_module, "make_runner", "pipeline built")
     timed(pipeline_module, "warm_up_device", "device warm-up (all of it)")
-    timed(warm_up, "prepare_synthetic_images", "device warm-up: synthetic images decoded and prepared")
+    timed(device_ahead.DeviceFirstUses, "_vision_tower", "beside the load: the stand-in tower, full batch and one row")
+    timed(warm_up, "prepare_synthetic_images", "synthetic images decoded and prepared (beside the load, or in the "
+          "device warm-up)")
     timed(warm_up, "_warm_up_encoders", "device warm-up: the encoders' first calls, beside the images")
     encode_image = pipeline_module.EmbeddingPipeline._encode_image
     full = [0]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def segments_made() -> int:
+        """cudaMalloc calls torch's allocator has made so far (a first batch that finds no cached block makes some)."""
+        return torch.cuda.memory_stats().get("segment.all.allocated", 0) if torch.cuda.is_available() else 0
 
     def encode(self, pixels):
         if pixels.shape[0] != self.batch_size or full[0] >= 4:
             return encode_image(self, pixels)
         full[0] += 1
         sync()
+        segments = segments_made()
         begun = time.perf_counter()
         result = encode_image(self, pixels)
         launched = time.perf_counter()
         sync()
         rows.append({"step": f"full batch {full[0]} launched (graph kept: {self.image_graphs is not None})",
                      "from_ms": 1e3 * (begun - started), "ms": 1e3 * (launched - begun),
-                     "done_ms": 1e3 * (time.perf_counter() - begun)})
+                     "done_ms": 1e3 * (time.perf_counter() - begun), "segments": segments_made() - segments})
         return result
     pipeline_module.EmbeddingPipeline._encode_image = encode
     out = Path(tempfile.mkdtemp(prefix="probe_job_start_"))
@@ -84,9 +92,11 @@ def main() -> int:
     finally:
         shutil.rmtree(out, ignore_errors=True)
     rows.append({"step": "run (from the pipeline's start)", "from_ms": None, "ms": 1e3 * summary.seconds})
-    table = markdown_table(("step", "from the start (ms)", "main thread (ms)", "device done (ms)"),
+    table = markdown_table(("step", "from the start (ms)", "its thread (ms)", "device done (ms)",
+                            "device memory segments made"),
                            [(row["step"], "-" if row["from_ms"] is None else f"{row['from_ms']:,.0f}",
-                             f"{row['ms']:,.1f}", f"{row['done_ms']:,.1f}" if "done_ms" in row else "-")
+                             f"{row['ms']:,.1f}", f"{row['done_ms']:,.1f}" if "done_ms" in row else "-",
+                             str(row["segments"]) if "segments" in row else "-")
                             for row in rows])
     print(table)
     title = (f"The start of a fresh process's job, {args.model} exact, {summary.rows:,} photo files, image graph "
