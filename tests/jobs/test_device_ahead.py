@@ -63,3 +63,40 @@ def test_a_failure_is_logged_not_raised(monkeypatch, caplog):
         first_uses.join()
     assert first_uses.steps == {} and first_uses.seconds > 0
     assert "not made beside the model load: no configuration here" in caplog.text
+
+
+def test_a_random_init_models_weights_are_the_same_with_stand_ins_built_beside_its_load():
+    """The model load seeds torch's generator and draws a random-init model's weights from it (as
+    ``model_spec.load_model`` does, which the jobs' tests replace with a cache); stand-ins built in another thread
+    all the while leave those weights as a load alone makes them."""
+    import threading
+
+    from .job_helpers import MODEL
+
+    def random_init_load():
+        torch.manual_seed(0)
+        return open_clip.create_model(MODEL).state_dict()
+
+    alone = random_init_load()
+    embed_dim, vision, quick_gelu = vision_config("ViT-B-32")
+    building, loaded = threading.Event(), threading.Event()
+    built_during_the_load = []
+
+    def build_beside():
+        while not loaded.is_set():
+            stand_in_vision_tower(embed_dim, vision, quick_gelu, "fp32", "cpu", patch=False)
+            if building.is_set():
+                built_during_the_load.append(1)
+            building.set()
+
+    builder = threading.Thread(target=build_beside, daemon=True)
+    builder.start()
+    try:
+        assert building.wait(timeout=60)
+        beside = random_init_load()
+    finally:
+        loaded.set()
+        builder.join()
+    assert built_during_the_load, "no stand-in was built during the load"
+    for name, tensor in alone.items():
+        assert torch.equal(tensor, beside[name]), name
