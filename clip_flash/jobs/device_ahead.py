@@ -6,7 +6,8 @@ meets for the first time loads the kernel chosen for it. The run's device warm-u
 first of these on one row after the model has loaded, and the first full batch pays for its shapes; measured on
 an H100 host in fresh processes, the image path's first synthetic batch took 0.13-0.15 s (a second preparer's
 0.013-0.017 s), the encoder's first row 0.14-0.22 s (0.06 s after a few library calls) and ViT-L-14's first batch
-of 256 0.19-0.20 s against 0.09 s for the next.
+of 256 0.19-0.20 s against 0.09 s for the next
+(``benchmarks/results/h100/device_first_uses_400c074/first_uses_probe/``).
 
 None of it needs the model's weights: it is kernels and libraries, loaded once a process. So
 :class:`DeviceFirstUses` makes those calls while the model loads, on stand-ins of the same shapes: a vision tower
