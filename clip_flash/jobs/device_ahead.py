@@ -15,19 +15,12 @@ of the model's own configuration with one block (zero weights, in the job's prec
 is), run on a full batch and on one row, and a preparer of the model's input size on the warm-up's synthetic
 images. The run's warm-up then finds them done. Only the kernels are shared with the run, never a value, and the
 stand-ins draw nothing from torch's random number generator (the load's random-init weights come from it).
-
-The stand-in's full batch also makes the device memory a full batch's activations take (one block's are what
-each block of the model takes in turn). Freed as it is, the model's weights, moved to the device later in the load,
-would be cut from it, and the run's first batch would make its own again: measured on an H100 host, ViT-L-14's
-first full batch made 6 segments and took 100 ms to launch and 173 ms on the device against 11-15 ms and 89-91 ms
-for the next ones (``benchmarks/results/h100/first_batch_memory_ec32344/``). So the stand-in holds the segments
-its batches made until :meth:`DeviceFirstUses.join`, after the load: the run's first batch finds them free.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -62,14 +55,6 @@ class DeviceFirstUses(BesideModelLoad):
         self.decode_threads = max(1, decode_threads)
         self.inputs = inputs
         self.steps: Dict[str, float] = {}
-        self.held_bytes = 0  # device memory the stand-in's batches made, held for the run's first batch
-        self._held: List[torch.Tensor] = []
-
-    def join(self) -> None:
-        """Wait for the work, then free the device memory held for the run's first batch (call it after the model
-        load, when no weight can take that memory any more)."""
-        super().join()
-        self._held = []
 
     def _work(self) -> None:
         started = time.perf_counter()
@@ -87,16 +72,10 @@ class DeviceFirstUses(BesideModelLoad):
     def _vision_tower(self, embed_dim: int, vision: Dict[str, Any], quick_gelu: bool) -> None:
         tower = stand_in_vision_tower(embed_dim, vision, quick_gelu, self.precision, self.device, self.patch)
         size = _pair(vision["image_size"])
-        before = segment_addresses(torch.cuda.memory_snapshot(), self.device)
         with torch.inference_mode():
             for rows in (self.batch_size, 1):  # the run's full batches' shapes, and the warm-up's one row
                 tower(torch.zeros((rows, 3, *size), dtype=_input_dtype(self.precision), device=self.device))
         torch.cuda.current_stream(self.device).synchronize()
-        del tower
-        sizes = free_segments_made(torch.cuda.memory_snapshot(), self.device, before)
-        # largest first: each request takes the smallest free block that fits, so every segment is taken whole
-        self._held = [torch.empty(size, dtype=torch.uint8, device=self.device) for size in sizes]
-        self.held_bytes = sum(sizes)
 
     def _image_path(self, image_size: Any) -> None:
         import open_clip
@@ -114,31 +93,8 @@ class DeviceFirstUses(BesideModelLoad):
         logger.warning("the device's first uses were not made beside the model load: %s", error)
 
     def _finished(self) -> None:
-        logger.info("the device's first uses made in %.2f s beside the model load (%s); %.0f MiB of device memory "
-                    "held for the run's first batch", self.seconds,
-                    ", ".join(f"{step} by {seconds:.2f} s" for step, seconds in self.steps.items()) or "none",
-                    self.held_bytes / 2**20)
-
-
-def segment_addresses(snapshot: List[Dict[str, Any]], device: torch.device) -> Set[int]:
-    """The addresses of ``device``'s segments in ``snapshot`` (``torch.cuda.memory_snapshot()``)."""
-    index = _device_index(device)
-    return {segment["address"] for segment in snapshot if segment["device"] == index}
-
-
-def free_segments_made(snapshot: List[Dict[str, Any]], device: torch.device, before: Set[int]) -> List[int]:
-    """The sizes, largest first, of ``device``'s large-pool segments in ``snapshot`` that are not among
-    ``before`` and hold no live tensor: what the work since ``before`` made and freed. A segment another thread
-    made meanwhile and still uses (a weight of the model loading) is not one of them."""
-    index = _device_index(device)
-    return sorted((segment["total_size"] for segment in snapshot
-                   if segment["device"] == index and segment["address"] not in before
-                   and segment.get("segment_type") == "large" and segment["active_size"] == 0), reverse=True)
-
-
-def _device_index(device: torch.device) -> int:
-    device = torch.device(device)
-    return device.index if device.index is not None else torch.cuda.current_device()
+        logger.info("the device's first uses made in %.2f s beside the model load (%s)", self.seconds,
+                    ", ".join(f"{step} by {seconds:.2f} s" for step, seconds in self.steps.items()) or "none")
 
 
 def vision_config(model_name: str) -> "tuple | None":

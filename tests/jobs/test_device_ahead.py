@@ -100,20 +100,3 @@ def test_a_random_init_models_weights_are_the_same_with_stand_ins_built_beside_i
     assert built_during_the_load, "no stand-in was built during the load"
     for name, tensor in alone.items():
         assert torch.equal(tensor, beside[name]), name
-
-
-def test_the_memory_held_for_the_first_batch_is_what_the_stand_in_made_and_freed():
-    from clip_flash.jobs.device_ahead import free_segments_made, segment_addresses
-
-    def segment(address, size, active, device=0, pool="large"):
-        return {"device": device, "address": address, "total_size": size, "active_size": active,
-                "segment_type": pool}
-
-    before = [segment(0, 20 << 20, 4 << 20), segment(1 << 40, 2 << 20, 0, pool="small")]
-    assert segment_addresses(before, torch.device("cuda", 0)) == {0, 1 << 40}
-    after = before + [segment(100 << 30, 40 << 20, 0), segment(200 << 30, 540 << 20, 0),  # made and freed
-                      segment(300 << 30, 20 << 20, 8 << 20),  # a weight loaded meanwhile: in use
-                      segment(400 << 30, 2 << 20, 0, pool="small"),  # small tensors' pool: not the activations'
-                      segment(500 << 30, 60 << 20, 0, device=1)]  # another device's
-    assert free_segments_made(after, torch.device("cuda", 0), segment_addresses(before, torch.device("cuda", 0))) \
-        == [540 << 20, 40 << 20]
