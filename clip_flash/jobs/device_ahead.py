@@ -15,15 +15,6 @@ of the model's own configuration with one block (zero weights, in the job's prec
 is), run on a full batch and on one row, and a preparer of the model's input size on the warm-up's synthetic
 images. The run's warm-up then finds them done. Only the kernels are shared with the run, never a value, and the
 stand-ins draw nothing from torch's random number generator (the load's random-init weights come from it).
-
-Some of what the encoder's first calls make is kept per thread: PyTorch caches cuDNN's attention plans per thread,
-one for each shape. Measured on an H100 host (``benchmarks/results/h100/first_uses_per_thread_c9dadb4/``),
-ViT-L-14's one-block stand-in at batch 256 run first on one thread took 1.3 s, then 2 ms there, but 136 ms on the
-first call from the main thread and 82 ms from a third thread: cuDNN's attention alone, 83 ms on the first call
-of a thread after another thread had made its plan. So the stand-in tower runs on the thread that will launch the
-run's batches (:meth:`DeviceFirstUses.make_encoder_first_uses`, while the model loads on a thread of its own: see
-:func:`~.beside_load.load_beside`); the image path's first uses, which the run's own threads meet, are made on
-this object's thread.
 """
 from __future__ import annotations
 
@@ -43,14 +34,12 @@ IMAGE_PATH_STEP = "image path on synthetic images"
 
 
 class DeviceFirstUses(BesideModelLoad):
-    """The device's first uses of an image run on ``device`` (CUDA), on stand-ins. :meth:`make_encoder_first_uses`
-    runs the model's vision tower with one block, patched where the job patches, on ``batch_size`` rows and on
-    one, on the calling thread: call it on the thread that will launch the run's batches, while the model loads.
-    ``start()`` makes, on a thread of its own (``image_path``), a preparer of the model's input size prepare the
-    synthetic images, decoded by ``decode_threads`` threads at once, once ``inputs`` (the
-    :class:`~clip_flash.jobs.inputs_ahead.InputsAhead` making the image checks) is done; ``join()`` it before the
-    run. ``steps``: each step's end, seconds from ``start()``. A failure is logged, not raised: without it the
-    run's warm-up and first batch make the same calls."""
+    """In a background thread on ``device`` (CUDA): the model's vision tower with one block, patched where the
+    job patches, on ``batch_size`` rows and on one; then (``image_path``) a preparer of the model's input size on
+    the synthetic images, decoded by ``decode_threads`` threads at once, once ``inputs`` (the
+    :class:`~clip_flash.jobs.inputs_ahead.InputsAhead` making the image checks) is done. ``start()`` it before
+    the model load, ``join()`` before the run. ``steps``: each step's end, seconds from the start. A failure is
+    logged, not raised: without it the run's warm-up and first batch make the same calls."""
 
     thread_name = "clip_flash-device-first-uses"
 
@@ -66,41 +55,19 @@ class DeviceFirstUses(BesideModelLoad):
         self.decode_threads = max(1, decode_threads)
         self.inputs = inputs
         self.steps: Dict[str, float] = {}
-        self._started = time.perf_counter()
-
-    def start(self) -> "DeviceFirstUses":
-        self._started = time.perf_counter()
-        return super().start()
-
-    def make_encoder_first_uses(self) -> None:
-        """The stand-in tower on the calling thread (the run's launching thread), on the run's full batch and on
-        one row; a failure is logged, not raised."""
-        try:
-            config = vision_config(self.model_name)
-            if config is not None:
-                with torch.cuda.device(self.device):
-                    self._vision_tower(*config)
-                self.steps[VISION_TOWER_STEP] = time.perf_counter() - self._started
-        except Exception as error:  # noqa: BLE001 - an optimisation: the run's warm-up makes these calls without it
-            self._failed(error)
-
-    def join(self) -> None:
-        """Wait for the image path's first uses; log what was made. ``seconds``: from ``start()`` to the last
-        step's end."""
-        super().join()
-        self.seconds = max([self.seconds, *self.steps.values()])
-        logger.info("the device's first uses made beside the model load (%s)",
-                    ", ".join(f"{step} by {seconds:.2f} s" for step, seconds in self.steps.items()) or "none")
 
     def _work(self) -> None:
-        if not self.image_path:
-            return
+        started = time.perf_counter()
         config = vision_config(self.model_name)
         with torch.cuda.device(self.device):
-            if self.inputs is not None:
-                self.inputs.join()  # its image checks are the preparer's: made once, not twice at once
-            self._image_path(config[1]["image_size"] if config is not None else 224)
-            self.steps[IMAGE_PATH_STEP] = time.perf_counter() - self._started
+            if config is not None:
+                self._vision_tower(*config)
+                self.steps[VISION_TOWER_STEP] = time.perf_counter() - started
+            if self.image_path:
+                if self.inputs is not None:
+                    self.inputs.join()  # its image checks are the preparer's: made once, not twice at once
+                self._image_path(config[1]["image_size"] if config is not None else 224)
+                self.steps[IMAGE_PATH_STEP] = time.perf_counter() - started
 
     def _vision_tower(self, embed_dim: int, vision: Dict[str, Any], quick_gelu: bool) -> None:
         tower = stand_in_vision_tower(embed_dim, vision, quick_gelu, self.precision, self.device, self.patch)
@@ -125,6 +92,9 @@ class DeviceFirstUses(BesideModelLoad):
         # an optimisation: without it the run's warm-up and first batch make these calls
         logger.warning("the device's first uses were not made beside the model load: %s", error)
 
+    def _finished(self) -> None:
+        logger.info("the device's first uses made in %.2f s beside the model load (%s)", self.seconds,
+                    ", ".join(f"{step} by {seconds:.2f} s" for step, seconds in self.steps.items()) or "none")
 
 
 def vision_config(model_name: str) -> "tuple | None":

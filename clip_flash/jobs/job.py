@@ -24,7 +24,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .beside_load import load_beside
 from .device_ahead import DeviceFirstUses
 from .inputs_ahead import InputsAhead
 from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
@@ -308,11 +307,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 # nvJPEG's first calls (its library, the hardware decoder's states, torchvision's decoder), while the
                 # model loads: one per decoding thread, as build_inputs sizes the preparer's.
                 decoders_ahead = GpuDecodersWarmUp(device, nvjpeg_decoders(decode_threads)).start()
-            # The model loads on a thread of its own while this thread, which launches the run's batches, makes
-            # the encoder's first uses on a stand-in (some of them are kept per thread).
-            loaded, load_ended = load_beside(partial(load_job_model, job, device),
-                                             first_uses.make_encoder_first_uses if first_uses is not None else None)
-            model_load_seconds = load_ended - setup_started
+            loaded = load_job_model(job, device)
+            model_load_seconds = time.perf_counter() - setup_started
             job.output.record_settings(job.settings)
             if first_uses is not None:
                 first_uses.join()  # its stand-ins' memory is free before the run's peak is measured

@@ -65,7 +65,6 @@ from .job import (
 )
 from .pinned_reserve import first_images
 from .pipeline import finish_features
-from .launch_thread import LaunchThread
 from .shard_stream import ShardStream
 from .run_stats import PipelineStats
 from .record import JobSummary
@@ -139,14 +138,9 @@ class ShardEmbedder:
         import open_clip  # noqa: F401 - what the load imports, timed apart from building the model
 
         self.marks["libraries_at"] = time.time()
-        # Every device call of the actor's runs is made on one thread, which makes the encoder's first uses on a
-        # stand-in while the model loads (some of them are kept per thread; see clip_flash.jobs.launch_thread).
-        self.launch_thread = LaunchThread("clip_flash-actor-launch")
-        made = self.launch_thread.submit(first_uses.make_encoder_first_uses) if first_uses is not None else None
         loaded = load_job_model(self.job, self.device)
         self.marks["loaded_at"] = time.time()
         if first_uses is not None:
-            made.result()
             first_uses.join()
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
@@ -155,13 +149,12 @@ class ShardEmbedder:
                                   ahead)
         if first_uses is not None:
             self.runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
-        # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
-        self.launch_thread.submit(self.runner.warm_up).result()
+        self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
         if reservation is not None:
             reservation.join()
         self.output = OutputFolder(job["out"], job["shard_count"])
         # Ray Data runs two calls at once on this actor (see _run_on_actors): both shards feed one pipeline run.
-        self.stream = ShardStream(self.runner, self.output.write, self.launch_thread)
+        self.stream = ShardStream(self.runner, self.output.write)
         self.marks["ready_at"] = time.time()
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
