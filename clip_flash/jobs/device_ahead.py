@@ -15,6 +15,11 @@ of the model's own configuration with one block (zero weights, in the job's prec
 is), run on a full batch and on one row, and a preparer of the model's input size on the warm-up's synthetic
 images. The run's warm-up then finds them done. Only the kernels are shared with the run, never a value, and the
 stand-ins draw nothing from torch's random number generator (the load's random-init weights come from it).
+
+What stays with a thread is not shared: PyTorch keeps cuDNN's attention plans per thread, so the run's first full
+batch of ViT-L-14 still builds its own (75-80 ms on an H100's device). Making the stand-in's on the launching
+thread, with the model loading on another, made that batch faster and the run slower, measured
+(``benchmarks/results/h100/first_batch_start_c9dadb4/``).
 """
 from __future__ import annotations
 
