@@ -16,10 +16,11 @@ is), run on a full batch and on one row, and a preparer of the model's input siz
 images. The run's warm-up then finds them done. Only the kernels are shared with the run, never a value, and the
 stand-ins draw nothing from torch's random number generator (the load's random-init weights come from it).
 
-What stays with a thread is not shared: PyTorch keeps cuDNN's attention plans per thread, so the run's first full
-batch of ViT-L-14 still builds its own (75-80 ms on an H100's device). Making the stand-in's on the launching
-thread, with the model loading on another, made that batch faster and the run slower, measured
-(``benchmarks/results/h100/first_batch_start_c9dadb4/``).
+What stays with a thread is not shared: PyTorch keeps cuDNN's attention plans per thread, one per shape, and the
+stand-in's are made on a thread of its own; the run's first full batch of ViT-L-14 then built its own, 75-80 ms on
+an H100's device (``benchmarks/results/h100/first_batch_start_c9dadb4/``). So the stand-in is kept until the run's
+warm-up, which runs it once more at the run's batch on the thread that launches the batches
+(:meth:`DeviceFirstUses.repeat_on_this_thread`), while the run's decoders make the first batch's inputs.
 """
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ class DeviceFirstUses(BesideModelLoad):
         self.decode_threads = max(1, decode_threads)
         self.inputs = inputs
         self.steps: Dict[str, float] = {}
+        self._tower: Optional[torch.nn.Module] = None  # kept for repeat_on_this_thread
+        self._full_batch: "tuple | None" = None
 
     def _work(self) -> None:
         started = time.perf_counter()
@@ -81,6 +84,20 @@ class DeviceFirstUses(BesideModelLoad):
             for rows in (self.batch_size, 1):  # the run's full batches' shapes, and the warm-up's one row
                 tower(torch.zeros((rows, 3, *size), dtype=_input_dtype(self.precision), device=self.device))
         torch.cuda.current_stream(self.device).synchronize()
+        self._tower, self._full_batch = tower, (self.batch_size, 3, *size)
+
+    def repeat_on_this_thread(self) -> bool:
+        """The stand-in tower once more at the run's full batch, on the calling thread (the one launching the run's
+        batches: what the first uses keep per thread, it makes there), then dropped; False when there is none
+        (not made, or already repeated)."""
+        tower, shape = self._tower, self._full_batch
+        self._tower = self._full_batch = None
+        if tower is None or shape is None:
+            return False
+        with torch.cuda.device(self.device), torch.inference_mode():
+            tower(torch.zeros(shape, dtype=_input_dtype(self.precision), device=self.device))
+            torch.cuda.current_stream(self.device).synchronize()
+        return True
 
     def _image_path(self, image_size: Any) -> None:
         import open_clip

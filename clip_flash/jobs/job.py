@@ -320,6 +320,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                                  workers, executor, cuda_graphs, decode_threads, exact_share, ahead)
             if first_uses is not None and hasattr(runner, "made_beside_load"):
                 runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
+                # what the stand-in made on its own thread, made again on this one, which launches the batches
+                runner.launching_thread_first_uses = first_uses.repeat_on_this_thread
             if hasattr(runner, "warm_up"):
                 # The decoder's start; the device half runs at the run's start, beside its first reads.
                 warm_up_seconds = runner.warm_up(device=False)
