@@ -20,7 +20,9 @@ What stays with a thread is not shared: PyTorch keeps cuDNN's attention plans pe
 stand-in's are made on a thread of its own; the run's first full batch of ViT-L-14 then built its own, 75-80 ms on
 an H100's device (``benchmarks/results/h100/first_batch_start_c9dadb4/``). So the stand-in is kept until the run's
 warm-up, which runs it once more at the run's batch on the thread that launches the batches
-(:meth:`DeviceFirstUses.repeat_on_this_thread`), while the run's decoders make the first batch's inputs.
+(:meth:`DeviceFirstUses.repeat_on_this_thread`), while the run's decoders make the first batch's inputs: in fresh
+processes on an H100 host, ViT-L-14's job ran 2,488-2,519 img/s from the model loaded against 2,423-2,476 without
+it (``first_batch_start_c9dadb4/cold_process_b38efcf/``).
 """
 from __future__ import annotations
 
