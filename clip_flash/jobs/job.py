@@ -311,7 +311,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             model_load_seconds = time.perf_counter() - setup_started
             job.output.record_settings(job.settings)
             if first_uses is not None:
-                first_uses.join()  # its stand-ins' memory is free before the run's peak is measured
+                first_uses.join()  # before the run's peak is measured (the stand-in tower it keeps is one block)
                 first_uses_made = {"seconds": round(first_uses.seconds, 3),
                                    "steps": {step: round(seconds, 3) for step, seconds in first_uses.steps.items()}}
             if device.type == "cuda":
