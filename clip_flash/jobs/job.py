@@ -296,6 +296,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         decoders_made_ready = None  # nvJPEG's first calls made while the model loaded (None: not asked for)
         first_uses_made = None  # the device's first uses made on stand-ins while the model loaded (None: not asked for)
         if job.todo:  # nothing left to embed: no model to load
+            from clip_flash.models import import_model_library
+
+            import_model_library()  # before the threads beside the load, which import parts of it
             decoders_ahead = None
             reservation = reserve_pinned_blocks(device, job.source.has_images, pipeline, decode, batch_size,
                                                 exact_share, executor, partial(first_images, job.todo))

@@ -63,6 +63,7 @@ from .job import (
     plan_job,
     reserve_pinned_blocks,
 )
+from ..models import import_model_library
 from .pinned_reserve import first_images
 from .pipeline import finish_features
 from .shard_stream import ShardStream
@@ -128,6 +129,8 @@ class ShardEmbedder:
         self.device = _actor_device(job["device"])
         self.job = SimpleNamespace(spec=job["spec"], precision=job["precision"], patch=job["patch"])
         source = SimpleNamespace(**job["source"])
+        import_model_library()  # what the load imports, before the threads beside it that import parts of it
+        self.marks["libraries_at"] = time.time()
         # The first batch's page-locked blocks, made while the model loads (as the one-device job does).
         reservation = reserve_pinned_blocks(self.device, source.has_images, "clip_flash", job["decode"],
                                             job["batch_size"], job.get("exact_share", 0.0), job["executor"],
@@ -135,9 +138,6 @@ class ShardEmbedder:
         ahead = inputs_ahead(self.job.spec.name, source, "clip_flash")  # the inputs' checks and tokenizer, beside
         first_uses = device_first_uses(self.job, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                        job.get("decode_threads"), ahead)
-        import open_clip  # noqa: F401 - what the load imports, timed apart from building the model
-
-        self.marks["libraries_at"] = time.time()
         loaded = load_job_model(self.job, self.device)
         self.marks["loaded_at"] = time.time()
         if first_uses is not None:
@@ -349,6 +349,7 @@ class ClipEmbedder:
         precision = precision or ("fp16" if self.device.type == "cuda" else "fp32")
         self.job = SimpleNamespace(spec=parse_model_spec(model), precision=precision, patch=patch)
         source = SimpleNamespace(has_images=image_column is not None, has_captions=text_column is not None)
+        import_model_library()  # before the thread beside the load, which imports parts of it
         ahead = inputs_ahead(self.job.spec.name, source, "clip_flash")
         self.loaded = load_job_model(self.job, self.device)
         self.image_column, self.text_column = image_column, text_column

@@ -223,6 +223,15 @@ def _check_spec(spec: ModelSpec) -> None:
         )
 
 
+def import_model_library() -> None:
+    """Import OpenCLIP, and torchvision with it, on the calling thread. Call it before starting threads that import
+    either: torchvision's subpackages import each other, so two threads entering it at once by different modules
+    (OpenCLIP's ``from torchvision.ops import ...`` on one, ``import torchvision`` on another) can find a module
+    half made and fail (``ImportError: cannot import name 'StochasticDepth' from partially initialized module
+    'torchvision.ops'``). Free where they are imported already, as in a script that imports OpenCLIP at the top."""
+    import open_clip  # noqa: F401 - imports torchvision whole
+
+
 def load_model(spec: ModelSpec, device: torch.device, precision: str, seed: int = 0) -> LoadedModel:
     """Build ``spec`` on ``device`` in ``precision`` through OpenCLIP, in eval mode.
 
