@@ -63,9 +63,6 @@ def main() -> int:
     timed(warm_up, "prepare_synthetic_images", "synthetic images decoded and prepared (beside the load, or in the "
           "device warm-up)")
     timed(warm_up, "_warm_up_encoders", "device warm-up: the encoders' first calls, beside the images")
-    if hasattr(device_ahead.DeviceFirstUses, "repeat_on_this_thread"):
-        timed(device_ahead.DeviceFirstUses, "repeat_on_this_thread",
-              "device warm-up: the stand-in tower on the launching thread")
     encode_image = pipeline_module.EmbeddingPipeline._encode_image
     full = [0]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

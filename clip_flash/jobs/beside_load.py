@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TypeVar
+from concurrent.futures import Future
+from typing import Callable, Optional, Tuple, TypeVar
 
 _Work = TypeVar("_Work", bound="BesideModelLoad")
+_Loaded = TypeVar("_Loaded")
 
 
 class BesideModelLoad:
@@ -49,3 +51,26 @@ class BesideModelLoad:
 
     def _finished(self) -> None:
         """After the work, done or failed (a log line, say)."""
+
+
+def load_beside(load: Callable[[], _Loaded], work_here: Optional[Callable[[], None]]) -> Tuple[_Loaded, float]:
+    """``load()`` on a thread of its own while ``work_here()`` runs on the calling thread: work whose effect stays
+    with the thread that made it (the device's first uses, which the thread launching the run's batches must make
+    itself; see :mod:`.device_ahead`). Returns what ``load`` returned (raises what it raised) and when it finished
+    (``time.perf_counter()``): the run may start later, once ``work_here`` is done too. Without ``work_here``,
+    ``load()`` on this thread."""
+    if work_here is None:
+        loaded = load()
+        return loaded, time.perf_counter()
+    result: "Future[Tuple[_Loaded, float]]" = Future()
+
+    def run() -> None:
+        try:
+            loaded = load()
+            result.set_result((loaded, time.perf_counter()))
+        except BaseException as error:  # noqa: BLE001 - raised by load_beside in the caller's thread
+            result.set_exception(error)
+
+    threading.Thread(target=run, daemon=True, name="clip_flash-model-load").start()
+    work_here()
+    return result.result()

@@ -16,13 +16,15 @@ is), run on a full batch and on one row, and a preparer of the model's input siz
 images. The run's warm-up then finds them done. Only the kernels are shared with the run, never a value, and the
 stand-ins draw nothing from torch's random number generator (the load's random-init weights come from it).
 
-What stays with a thread is not shared: PyTorch keeps cuDNN's attention plans per thread, one per shape, and the
-stand-in's are made on a thread of its own; the run's first full batch of ViT-L-14 then built its own, 75-80 ms on
-an H100's device (``benchmarks/results/h100/first_batch_start_c9dadb4/``). So the stand-in is kept until the run's
-warm-up, which runs it once more at the run's batch on the thread that launches the batches
-(:meth:`DeviceFirstUses.repeat_on_this_thread`), while the run's decoders make the first batch's inputs: in fresh
-processes on an H100 host, ViT-L-14's job ran 2,488-2,519 img/s from the model loaded against 2,423-2,476 without
-it (``first_batch_start_c9dadb4/cold_process_b38efcf/``).
+Some of what the encoder's first calls make is kept per thread: PyTorch caches cuDNN's attention plans per thread,
+one for each shape. Measured on an H100 host
+(``benchmarks/results/h100/first_batch_start_c9dadb4/first_uses_per_thread/``), ViT-L-14's one-block stand-in at
+batch 256 run first on one thread took 1.3 s, then 2 ms there, but 136 ms on the first call from the main thread and
+82 ms from a third thread: cuDNN's attention alone, 83 ms on the first call of a thread after another thread had
+made its plan. So the stand-in tower runs on the thread that will launch the run's batches
+(:meth:`DeviceFirstUses.make_encoder_first_uses`, while the model loads on a thread of its own: see
+:func:`~.beside_load.load_beside`); the image path's first uses, which the run's own threads meet, are made on this
+object's thread.
 """
 from __future__ import annotations
 
@@ -42,12 +44,14 @@ IMAGE_PATH_STEP = "image path on synthetic images"
 
 
 class DeviceFirstUses(BesideModelLoad):
-    """In a background thread on ``device`` (CUDA): the model's vision tower with one block, patched where the
-    job patches, on ``batch_size`` rows and on one; then (``image_path``) a preparer of the model's input size on
-    the synthetic images, decoded by ``decode_threads`` threads at once, once ``inputs`` (the
-    :class:`~clip_flash.jobs.inputs_ahead.InputsAhead` making the image checks) is done. ``start()`` it before
-    the model load, ``join()`` before the run. ``steps``: each step's end, seconds from the start. A failure is
-    logged, not raised: without it the run's warm-up and first batch make the same calls."""
+    """The device's first uses of an image run on ``device`` (CUDA), on stand-ins. :meth:`make_encoder_first_uses`
+    runs the model's vision tower with one block, patched where the job patches, on ``batch_size`` rows and on
+    one, on the calling thread: call it on the thread that will launch the run's batches, while the model loads.
+    ``start()`` makes, on a thread of its own (``image_path``), a preparer of the model's input size prepare the
+    synthetic images, decoded by ``decode_threads`` threads at once, once ``inputs`` (the
+    :class:`~clip_flash.jobs.inputs_ahead.InputsAhead` making the image checks) is done; ``join()`` it before the
+    run. ``steps``: each step's end, seconds from ``start()``. A failure is logged, not raised: without it the
+    run's warm-up and first batch make the same calls."""
 
     thread_name = "clip_flash-device-first-uses"
 
@@ -63,21 +67,41 @@ class DeviceFirstUses(BesideModelLoad):
         self.decode_threads = max(1, decode_threads)
         self.inputs = inputs
         self.steps: Dict[str, float] = {}
-        self._tower: Optional[torch.nn.Module] = None  # kept for repeat_on_this_thread
-        self._full_batch: "tuple | None" = None
+        self._started = time.perf_counter()
+
+    def start(self) -> "DeviceFirstUses":
+        self._started = time.perf_counter()
+        return super().start()
+
+    def make_encoder_first_uses(self) -> None:
+        """The stand-in tower on the calling thread (the run's launching thread), on the run's full batch and on
+        one row; a failure is logged, not raised."""
+        try:
+            config = vision_config(self.model_name)
+            if config is not None:
+                with torch.cuda.device(self.device):
+                    self._vision_tower(*config)
+                self.steps[VISION_TOWER_STEP] = time.perf_counter() - self._started
+        except Exception as error:  # noqa: BLE001 - an optimisation: the run's warm-up makes these calls without it
+            self._failed(error)
+
+    def join(self) -> None:
+        """Wait for the image path's first uses; log what was made. ``seconds``: from ``start()`` to the last
+        step's end."""
+        super().join()
+        self.seconds = max([self.seconds, *self.steps.values()])
+        logger.info("the device's first uses made beside the model load (%s)",
+                    ", ".join(f"{step} by {seconds:.2f} s" for step, seconds in self.steps.items()) or "none")
 
     def _work(self) -> None:
-        started = time.perf_counter()
+        if not self.image_path:
+            return
         config = vision_config(self.model_name)
         with torch.cuda.device(self.device):
-            if config is not None:
-                self._vision_tower(*config)
-                self.steps[VISION_TOWER_STEP] = time.perf_counter() - started
-            if self.image_path:
-                if self.inputs is not None:
-                    self.inputs.join()  # its image checks are the preparer's: made once, not twice at once
-                self._image_path(config[1]["image_size"] if config is not None else 224)
-                self.steps[IMAGE_PATH_STEP] = time.perf_counter() - started
+            if self.inputs is not None:
+                self.inputs.join()  # its image checks are the preparer's: made once, not twice at once
+            self._image_path(config[1]["image_size"] if config is not None else 224)
+            self.steps[IMAGE_PATH_STEP] = time.perf_counter() - self._started
 
     def _vision_tower(self, embed_dim: int, vision: Dict[str, Any], quick_gelu: bool) -> None:
         tower = stand_in_vision_tower(embed_dim, vision, quick_gelu, self.precision, self.device, self.patch)
@@ -86,20 +110,6 @@ class DeviceFirstUses(BesideModelLoad):
             for rows in (self.batch_size, 1):  # the run's full batches' shapes, and the warm-up's one row
                 tower(torch.zeros((rows, 3, *size), dtype=_input_dtype(self.precision), device=self.device))
         torch.cuda.current_stream(self.device).synchronize()
-        self._tower, self._full_batch = tower, (self.batch_size, 3, *size)
-
-    def repeat_on_this_thread(self) -> bool:
-        """The stand-in tower once more at the run's full batch, on the calling thread (the one launching the run's
-        batches: what the first uses keep per thread, it makes there), then dropped; False when there is none
-        (not made, or already repeated)."""
-        tower, shape = self._tower, self._full_batch
-        self._tower = self._full_batch = None
-        if tower is None or shape is None:
-            return False
-        with torch.cuda.device(self.device), torch.inference_mode():
-            tower(torch.zeros(shape, dtype=_input_dtype(self.precision), device=self.device))
-            torch.cuda.current_stream(self.device).synchronize()
-        return True
 
     def _image_path(self, image_size: Any) -> None:
         import open_clip
@@ -116,9 +126,6 @@ class DeviceFirstUses(BesideModelLoad):
         # an optimisation: without it the run's warm-up and first batch make these calls
         logger.warning("the device's first uses were not made beside the model load: %s", error)
 
-    def _finished(self) -> None:
-        logger.info("the device's first uses made in %.2f s beside the model load (%s)", self.seconds,
-                    ", ".join(f"{step} by {seconds:.2f} s" for step, seconds in self.steps.items()) or "none")
 
 
 def vision_config(model_name: str) -> "tuple | None":

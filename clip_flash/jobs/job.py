@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .beside_load import load_beside
 from .device_ahead import DeviceFirstUses
 from .inputs_ahead import InputsAhead
 from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
@@ -310,11 +311,14 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 # nvJPEG's first calls (its library, the hardware decoder's states, torchvision's decoder), while the
                 # model loads: one per decoding thread, as build_inputs sizes the preparer's.
                 decoders_ahead = GpuDecodersWarmUp(device, nvjpeg_decoders(decode_threads)).start()
-            loaded = load_job_model(job, device)
-            model_load_seconds = time.perf_counter() - setup_started
+            # The model loads on a thread of its own while this thread, which launches the run's batches, makes
+            # the encoder's first uses on a stand-in (some of them are kept per thread).
+            loaded, load_ended = load_beside(partial(load_job_model, job, device),
+                                             first_uses.make_encoder_first_uses if first_uses is not None else None)
+            model_load_seconds = load_ended - setup_started
             job.output.record_settings(job.settings)
             if first_uses is not None:
-                first_uses.join()  # before the run's peak is measured (the stand-in tower it keeps is one block)
+                first_uses.join()  # its stand-ins' memory is free before the run's peak is measured
                 first_uses_made = {"seconds": round(first_uses.seconds, 3),
                                    "steps": {step: round(seconds, 3) for step, seconds in first_uses.steps.items()}}
             if device.type == "cuda":
@@ -323,8 +327,6 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                                  workers, executor, cuda_graphs, decode_threads, exact_share, ahead)
             if first_uses is not None and hasattr(runner, "made_beside_load"):
                 runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
-                # what the stand-in made on its own thread, made again on this one, which launches the batches
-                runner.launching_thread_first_uses = first_uses.repeat_on_this_thread
             if hasattr(runner, "warm_up"):
                 # The decoder's start; the device half runs at the run's start, beside its first reads.
                 warm_up_seconds = runner.warm_up(device=False)

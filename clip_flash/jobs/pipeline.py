@@ -164,9 +164,6 @@ class EmbeddingPipeline:
         self._device_warm = not self.cuda
         # Warm-up steps whose first uses were made while the model loaded (jobs.device_ahead): not made again.
         self.made_beside_load: FrozenSet[str] = frozenset()
-        # Made by the run's warm-up on the thread launching its batches: what the first uses keep per thread
-        # (jobs.device_ahead.DeviceFirstUses.repeat_on_this_thread); dropped after the warm-up either way.
-        self.launching_thread_first_uses: Optional[Callable[[], bool]] = None
 
     def start(self) -> None:
         """Start the image preparer's decoder in the background: call it as early as the preparer exists, so
@@ -428,7 +425,7 @@ class EmbeddingPipeline:
 
         try:
             if not self._device_warm:  # the reader and the decoders are at work on the first batches meanwhile
-                stats.warm_up_seconds = warm_up_device(self, steps=stats.warm_up_steps, launching_thread=True)
+                stats.warm_up_seconds = warm_up_device(self, steps=stats.warm_up_steps)
                 self._device_warm = True
                 lap("warming up the device")
             while True:

@@ -66,6 +66,7 @@ from .job import (
 from ..models import import_model_library
 from .pinned_reserve import first_images
 from .pipeline import finish_features
+from .launch_thread import LaunchThread
 from .shard_stream import ShardStream
 from .run_stats import PipelineStats
 from .record import JobSummary
@@ -138,9 +139,14 @@ class ShardEmbedder:
         ahead = inputs_ahead(self.job.spec.name, source, "clip_flash")  # the inputs' checks and tokenizer, beside
         first_uses = device_first_uses(self.job, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                        job.get("decode_threads"), ahead)
+        # Every device call of the actor's runs is made on one thread, which makes the encoder's first uses on a
+        # stand-in while the model loads (some of them are kept per thread; see clip_flash.jobs.launch_thread).
+        self.launch_thread = LaunchThread("clip_flash-actor-launch")
+        made = self.launch_thread.submit(first_uses.make_encoder_first_uses) if first_uses is not None else None
         loaded = load_job_model(self.job, self.device)
         self.marks["loaded_at"] = time.time()
         if first_uses is not None:
+            made.result()
             first_uses.join()
         workers = job["workers"] or _decode_threads_per_gpu()
         self.runner = make_runner(loaded, source, self.device, "clip_flash", job["decode"], job["batch_size"],
@@ -149,12 +155,13 @@ class ShardEmbedder:
                                   ahead)
         if first_uses is not None:
             self.runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
-        self.runner.warm_up()  # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
+        # with the model load, before the actor takes shards (see clip_flash.jobs.warm_up)
+        self.launch_thread.submit(self.runner.warm_up).result()
         if reservation is not None:
             reservation.join()
         self.output = OutputFolder(job["out"], job["shard_count"])
         # Ray Data runs two calls at once on this actor (see _run_on_actors): both shards feed one pipeline run.
-        self.stream = ShardStream(self.runner, self.output.write)
+        self.stream = ShardStream(self.runner, self.output.write, self.launch_thread)
         self.marks["ready_at"] = time.time()
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:

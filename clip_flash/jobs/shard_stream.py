@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
+from .launch_thread import LaunchThread
 from .sources import Shard
 from .writer import ShardResult
 
@@ -35,14 +36,14 @@ class ShardReport:
 
 
 class _Run:
-    """One pipeline run: its feed of shards, the shards waiting for their commit, and its thread."""
+    """One pipeline run: its feed of shards, the shards waiting for their commit, and when it finished."""
 
     def __init__(self) -> None:
         self.feed: "queue.Queue[Any]" = queue.Queue()
         self.lock = threading.Lock()  # guards ``waiting`` and ``failed``
         self.waiting: Dict[int, Tuple[Future, float]] = {}
         self.failed = False
-        self.thread: Optional[threading.Thread] = None
+        self.finished: Optional[Future] = None  # done when the launch thread is done with the run
 
     def shards(self) -> Iterator[Optional[Shard]]:
         """The shards as they are handed in; None whenever none is waiting (the run then finishes what it holds)."""
@@ -77,12 +78,16 @@ class ShardStream:
     committed. ``runner`` is an :class:`~.pipeline.EmbeddingPipeline`, ``commit`` writes a finished shard.
 
     A failure inside the run (a writer or device error) fails every shard it holds; the next :meth:`embed` starts
-    a new run, as the next call of a one-shard-per-run actor would.
+    a new run, as the next call of a one-shard-per-run actor would. The runs are made one after another on
+    ``launch_thread`` (a :class:`~.launch_thread.LaunchThread`: the one that made the device's first uses; by
+    default one of the stream's own).
     """
 
-    def __init__(self, runner: Any, commit: Callable[[ShardResult], None]) -> None:
+    def __init__(self, runner: Any, commit: Callable[[ShardResult], None],
+                 launch_thread: Optional[LaunchThread] = None) -> None:
         self.runner = runner
         self.commit = commit
+        self.launch_thread = launch_thread or LaunchThread("clip_flash-shard-stream")
         self._lock = threading.Lock()  # one run at a time
         self._run: Optional[_Run] = None
 
@@ -103,9 +108,9 @@ class ShardStream:
         """End the run once the shards handed in are committed."""
         with self._lock:
             run, self._run = self._run, None
-        if run is not None and run.thread is not None:
+        if run is not None and run.finished is not None:
             run.feed.put(_CLOSE)
-            run.thread.join()
+            run.finished.result()
 
     def _running(self) -> _Run:
         """The open run, or a new one once the last has failed (the failed one's thread has finished first, so two
@@ -113,11 +118,10 @@ class ShardStream:
         run = self._run
         if run is not None and not run.failed:
             return run
-        if run is not None and run.thread is not None:
-            run.thread.join()
+        if run is not None and run.finished is not None:
+            run.finished.result()
         run = self._run = _Run()
-        run.thread = threading.Thread(target=self._serve, args=(run,), daemon=True, name="clip_flash-shard-stream")
-        run.thread.start()
+        run.finished = self.launch_thread.submit(self._serve, run)
         return run
 
     def _serve(self, run: _Run) -> None:

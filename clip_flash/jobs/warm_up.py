@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -50,7 +50,6 @@ GRAPH_PROBE_BATCH = 2  # the full batch timed: the first pays its kernels' first
 # higher with the graph (results/h100/job_start_53a21f4/): it pays after some 40-60 batches, so a run with fewer
 # full batches left than this does not capture.
 GRAPH_MIN_BATCHES_LEFT = 32
-LAUNCHING_THREAD_STEP = "stand-in tower on the launching thread"
 
 
 def synthetic_images() -> List[bytes]:
@@ -86,8 +85,7 @@ def start_decoder(pipeline: Any) -> float:
     return time.perf_counter() - started
 
 
-def warm_up_device(pipeline: Any, decode_threads: int = 1, steps: Optional[Dict[str, float]] = None,
-                   launching_thread: bool = False) -> float:
+def warm_up_device(pipeline: Any, decode_threads: int = 1, steps: Optional[Dict[str, float]] = None) -> float:
     """The device half on ``pipeline`` (an :class:`~clip_flash.jobs.pipeline.EmbeddingPipeline`) on CUDA: the
     synthetic images decoded by ``decode_threads`` threads at once and prepared, and, in a thread beside them,
     the image encoder on one row of zeros and the text encoder; returns the seconds spent (0 off CUDA) and puts
@@ -98,9 +96,7 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1, steps: Optional[Dict[
     waits for them the decoders' queue fills and they stop; side by side they cost the longer of the two.
 
     A step whose first uses were made on stand-ins while the model loaded (named in the pipeline's
-    ``made_beside_load``: :mod:`.device_ahead`) is not made again. ``launching_thread``: this is the thread that
-    will launch the run's batches, where the pipeline's ``launching_thread_first_uses`` (what the first uses keep
-    per thread) is made, beside the images; elsewhere it is only dropped."""
+    ``made_beside_load``: :mod:`.device_ahead`) is not made again."""
     if not pipeline.cuda:
         return 0.0
     from .device_ahead import IMAGE_PATH_STEP, VISION_TOWER_STEP
@@ -114,10 +110,7 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1, steps: Optional[Dict[
     encoders = threading.Thread(target=_warm_up_encoders, args=(pipeline, row_shape, steps, started, failure),
                                 name="clip_flash-warm-up-encoders", daemon=True)
     encoders.start()
-    per_thread, pipeline.launching_thread_first_uses = getattr(pipeline, "launching_thread_first_uses", None), None
     try:
-        if launching_thread and per_thread is not None:
-            _first_uses_on_this_thread(per_thread, steps, started)
         with torch.inference_mode():
             if pipeline.image_preparer is not None and IMAGE_PATH_STEP not in made:
                 pixels = prepare_synthetic_images(pipeline.image_preparer, pipeline.copy_stream, decode_threads)
@@ -136,14 +129,6 @@ def warm_up_device(pipeline: Any, decode_threads: int = 1, steps: Optional[Dict[
     logger.info("device warmed up in %.2f s (%s)", seconds,
                 ", ".join(f"{step} by {step_seconds:.2f} s" for step, step_seconds in steps.items()))
     return seconds
-
-
-def _first_uses_on_this_thread(make: Callable[[], bool], steps: Dict[str, float], started: float) -> None:
-    try:
-        if make():
-            steps[LAUNCHING_THREAD_STEP] = time.perf_counter() - started
-    except Exception as error:  # noqa: BLE001 - an optimisation: the first batch makes the same calls without it
-        logger.warning("the stand-in tower did not run on the launching thread: %s", error)
 
 
 def _image_row_shape(preparer: Any) -> "tuple | None":

@@ -60,8 +60,9 @@ def test_a_failure_is_logged_not_raised(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="clip_flash.jobs.device_ahead"):
         first_uses = DeviceFirstUses("ViT-B-32", torch.device("cpu"), "fp32", 8, True, image_path=False,
                                      decode_threads=2).start()
+        first_uses.make_encoder_first_uses()
         first_uses.join()
-    assert first_uses.steps == {} and first_uses.seconds > 0
+    assert first_uses.steps == {}
     assert "not made beside the model load: no configuration here" in caplog.text
 
 

@@ -195,46 +195,29 @@ def test_the_device_first_uses_are_made_while_the_model_loads_and_change_no_row(
 
     write_photos(tmp_path / "photos", count=20)
     options = dict(device="cuda", normalize=False, out_dtype="float32", batch_size=8, progress=False)
-    repeated_on = []
-    repeat = DeviceFirstUses.repeat_on_this_thread
+    towers_on = []
+    vision_tower = DeviceFirstUses._vision_tower
 
-    def recording_repeat(self):
-        repeated_on.append(threading.get_ident())
-        return repeat(self)
+    def recording_tower(self, *args):
+        towers_on.append(threading.get_ident())
+        return vision_tower(self, *args)
 
-    monkeypatch.setattr(DeviceFirstUses, "repeat_on_this_thread", recording_repeat)
+    monkeypatch.setattr(DeviceFirstUses, "_vision_tower", recording_tower)
     summary = clip_flash.embed(tmp_path / "photos", tmp_path / "ahead", GPU_MODEL, **options)
+    # on the thread that launches the run's batches (the caller's): cuDNN keeps its attention plans per thread
+    assert towers_on == [threading.get_ident()]
     made = json.loads(open(summary.record_path).read())["options"]["device_first_uses_made_before_the_run"]
     assert set(made["steps"]) == {"vision tower of one block", "image path on synthetic images"}
     assert made["seconds"] > 0
-    # the run's warm-up does not make them again, but runs the stand-in once on the thread launching the batches
-    # (the caller's): what the first uses keep per thread is made there
-    assert set(summary.warm_up_steps) == {"text encoder", "stand-in tower on the launching thread"}
-    assert repeated_on == [threading.get_ident()]
+    assert set(summary.warm_up_steps) == {"text encoder"}  # the run's warm-up does not make them again
     monkeypatch.setattr(DeviceFirstUses, "_work", lambda self: None)
+    monkeypatch.setattr(DeviceFirstUses, "make_encoder_first_uses", lambda self: None)
     in_run = clip_flash.embed(tmp_path / "photos", tmp_path / "in_run", GPU_MODEL, **options)
     assert set(in_run.warm_up_steps) == {"synthetic images decoded and prepared", "image encoder on one row",
                                          "text encoder"}
     ahead, in_run = read_output(tmp_path / "ahead"), read_output(tmp_path / "in_run")
     np.testing.assert_array_equal(ahead["img_emb"], in_run["img_emb"])
     np.testing.assert_array_equal(ahead["text_emb"], in_run["text_emb"])
-
-
-def test_a_stand_in_failing_on_the_launching_thread_is_logged_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
-    import logging
-
-    from clip_flash.jobs.device_ahead import DeviceFirstUses
-
-    def broken(self):
-        raise RuntimeError("no stand-in here")
-
-    monkeypatch.setattr(DeviceFirstUses, "repeat_on_this_thread", broken)
-    write_photos(tmp_path / "photos", count=10)
-    with caplog.at_level(logging.WARNING, logger="clip_flash.jobs.warm_up"):
-        summary = clip_flash.embed(tmp_path / "photos", tmp_path / "out", GPU_MODEL, device="cuda", batch_size=4,
-                                   progress=False)
-    assert summary.rows == 10 and "stand-in tower on the launching thread" not in summary.warm_up_steps
-    assert "did not run on the launching thread: no stand-in here" in caplog.text
 
 
 def test_gpu_caption_job_equals_unpipelined_text_encoding(tmp_path):

@@ -11,6 +11,7 @@ import torch
 
 import clip_flash
 from clip_flash.jobs.job import load_job_model, make_runner, plan_job
+from clip_flash.jobs.launch_thread import LaunchThread
 from clip_flash.jobs.shard_stream import ShardStream
 from .job_helpers import MODEL, read_output, write_photos
 
@@ -80,7 +81,16 @@ def test_a_failed_commit_fails_its_shard_and_the_next_shard_runs_anew(tmp_path, 
             raise OSError("disk full")
         written.append(result.index)
 
-    stream = ShardStream(runner, commit)
+    launch = LaunchThread()
+    launched_on = []
+    run = runner.run
+
+    def recording_run(*args, **kwargs):
+        launched_on.append(threading.get_ident())
+        return run(*args, **kwargs)
+
+    runner.run = recording_run
+    stream = ShardStream(runner, commit, launch)
     first = stream.embed(job.todo[0])
     assert (first.rows, first.failures) == (1, 1)
     with pytest.raises(OSError, match="disk full"):
@@ -89,3 +99,5 @@ def test_a_failed_commit_fails_its_shard_and_the_next_shard_runs_anew(tmp_path, 
     stream.close()
     job.output.close()
     assert written == [0, 2]
+    # both runs made their device calls on the launch thread handed in (the one that made the first uses)
+    assert launched_on == [launch.submit(threading.get_ident).result()] * 2
