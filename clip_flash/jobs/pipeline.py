@@ -5,6 +5,7 @@ Four stages, each in its own thread, joined by bounded queues so memory stays bo
     reader thread   walks the shards, cuts them into batches, hands each batch to the decoders
     decoder threads the CPU half of image preparation (``ImagePreprocessor.decode``: file reads and
                     JPEG decoding in threads that release the GIL) and tokenization
+                    (these two are the run's :class:`~.batch_feed.BatchFeed`, which may start before the run)
     main thread     the device half (``ImagePreprocessor.prepare``: copy + resize kernel) on a side
                     CUDA stream, both encoders on the compute stream, normalisation, and an
                     asynchronous copy of the embeddings into pinned host memory
@@ -23,7 +24,6 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
@@ -32,35 +32,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batches import ItemBatch, LazyColumn, RowIds, shard_batches
+from .batch_feed import DONE, FLUSH, Batch, BatchFeed, ShardEnd, ShardStart, decode_batch
+from .batches import ItemBatch, LazyColumn, RowIds
 from .run_stats import PipelineStats, pinned_allocator_counters
 from .sources import Shard
 from .warm_up import GRAPH_PROBE_BATCH, eager_batch_deciding_graphs, start_decoder, warm_up_device
 from .writer import ShardResult
 
 logger = logging.getLogger(__name__)
-
-_DONE = object()
-_FLUSH = object()  # the shard stream has nothing for now: finish what is in flight (see ``EmbeddingPipeline.run``)
-
-
-@dataclass
-class _Batch:
-    shard: Shard
-    items: ItemBatch                  # the inputs that go to the preparers (no known errors)
-    decoded: "Future"                 # -> (decoded images or None, tokens or None)
-
-
-@dataclass
-class _ShardStart:
-    shard: Shard
-
-
-@dataclass
-class _ShardEnd:
-    shard: Shard
-    failures: List[Tuple[str, str]]   # items known bad before decoding (missing caption, bad tar...)
-
 
 @dataclass
 class _Accumulator:
@@ -183,44 +162,6 @@ class EmbeddingPipeline:
             self._device_warm = True
         return seconds
 
-    # ----- reader and decoders (CPU threads) ------------------------------------------------------
-    def _decode(self, items: ItemBatch) -> Tuple[Any, Optional[torch.Tensor]]:
-        decoded = self.image_preparer.decode(items.images) if self.image_preparer else None
-        tokens = None
-        if self.tokenizer is not None:
-            tokens = self.tokenizer(items.captions)
-            if self.cuda:
-                tokens = tokens.pin_memory()
-        return decoded, tokens
-
-    def _read(self, shards: Iterable[Shard], work: "queue.Queue", pool: ThreadPoolExecutor,
-              stop: threading.Event) -> None:
-        def put(entry: Any) -> None:
-            while not stop.is_set():
-                try:
-                    work.put(entry, timeout=0.2)
-                    return
-                except queue.Full:
-                    continue
-
-        try:
-            for shard in shards:
-                if shard is None:
-                    put(_FLUSH)
-                    continue
-                put(_ShardStart(shard))
-                known_failures: List[Tuple[str, str]] = []
-                for batch, failures in shard_batches(shard, self.batch_size):
-                    if stop.is_set():
-                        return
-                    known_failures.extend(failures)
-                    if batch is not None:
-                        put(_Batch(shard, batch, pool.submit(self._decode, batch)))
-                put(_ShardEnd(shard, known_failures))
-            put(_DONE)
-        except BaseException as error:  # noqa: BLE001 - handed to the main thread, which re-raises it
-            put(error)
-
     # ----- device stage (main thread) -------------------------------------------------------------
     def _finish(self, features: torch.Tensor) -> torch.Tensor:
         return finish_features(features, self.normalize, self.out_dtype)
@@ -232,7 +173,16 @@ class EmbeddingPipeline:
         host.copy_(features, non_blocking=True)
         return host
 
-    def _launch(self, batch: _Batch) -> _Launched:
+    def decode(self, items: ItemBatch) -> Tuple[Any, Optional[torch.Tensor]]:
+        """A batch's CPU half (thread-safe): what a :class:`~.batch_feed.BatchFeed` of this pipeline decodes."""
+        return decode_batch(self.image_preparer, self.tokenizer, self.cuda, items)
+
+    def feed(self, shards: Iterable[Optional[Shard]]) -> BatchFeed:
+        """A feed of ``shards`` for :meth:`run`, not started: start it before the run to have its first batches
+        decoded before the run begins."""
+        return BatchFeed(shards, self.batch_size, self.decode, self.decode_threads, self.prefetch_batches)
+
+    def _launch(self, batch: Batch) -> _Launched:
         if self._items_left is not None:
             self._items_left -= len(batch.items)
         decoded, tokens = batch.decoded.result()
@@ -353,28 +303,29 @@ class EmbeddingPipeline:
 
     # ----- the whole run --------------------------------------------------------------------------
     def run(self, shards: Iterable[Shard], commit: Callable[[ShardResult], None],
-            progress: Any = None, more_runs_follow: bool = False) -> PipelineStats:
+            progress: Any = None, more_runs_follow: bool = False, feed: Optional[BatchFeed] = None) -> PipelineStats:
         """Embed every shard and ``commit`` each finished one (from a writer thread, in shard order).
         ``shards`` may be a stream fed while the run goes on (a Ray actor's, :class:`~.shard_stream.ShardStream`):
         a None between shards says nothing more is there for now, so the batches in flight are finished and
         their shard handed over instead of waiting for the next shard's batches to push them out.
         ``more_runs_follow``: this pipeline will run more shards after these (a Ray actor's), so this run's size
-        does not bound how many batches an image graph would serve."""
+        does not bound how many batches an image graph would serve. ``feed``: a feed of these ``shards`` decoding
+        with this pipeline's :meth:`decode`, started earlier (:meth:`feed`; a job starts one while its model loads);
+        the run closes it."""
         stats = PipelineStats()
         sizes = [shard.size for shard in shards] if isinstance(shards, (list, tuple)) else [None]
         known = not more_runs_follow and all(size is not None for size in sizes)
         self._items_left = sum(sizes) if known else None
         pinned_before = pinned_allocator_counters()
         started = time.perf_counter()
-        stop = threading.Event()
-        work: "queue.Queue" = queue.Queue(maxsize=self.prefetch_batches)
+        feed = (feed if feed is not None else self.feed(shards)).start()
         finished: "queue.Queue" = queue.Queue(maxsize=2)
         writer_error: List[BaseException] = []
 
         def write_loop() -> None:
             while True:
                 result = finished.get()
-                if result is _DONE:
+                if result is DONE:
                     return
                 if writer_error:
                     continue  # drain: the main thread stops at its next hand-over
@@ -383,11 +334,7 @@ class EmbeddingPipeline:
                 except BaseException as error:  # noqa: BLE001 - re-raised in the main thread
                     writer_error.append(error)
 
-        pool = ThreadPoolExecutor(max(1, self.decode_threads), thread_name_prefix="clip_flash-decode")
-        reader = threading.Thread(target=self._read, args=(shards, work, pool, stop), daemon=True,
-                                  name="clip_flash-reader")
         writer = threading.Thread(target=write_loop, daemon=True, name="clip_flash-writer")
-        reader.start()
         writer.start()
         current: Optional[_Accumulator] = None
         in_flight: "deque[_Launched]" = deque()
@@ -430,22 +377,22 @@ class EmbeddingPipeline:
                 lap("warming up the device")
             while True:
                 lap("launching")
-                entry = work.get()
-                if isinstance(entry, _Batch):
+                entry = feed.get()
+                if isinstance(entry, Batch):
                     wait_for([entry.decoded])  # decoding's wait counted as such, not as launching
                 lap("waiting for inputs")
-                if entry is _DONE:
+                if entry is DONE:
                     break
                 if isinstance(entry, BaseException):
                     raise entry
-                if entry is _FLUSH:
+                if entry is FLUSH:
                     while in_flight:
                         collect(in_flight.popleft())
                     hand_over_finished()
                     continue
-                if isinstance(entry, _ShardStart):
+                if isinstance(entry, ShardStart):
                     current = _Accumulator(entry.shard)
-                elif isinstance(entry, _Batch):
+                elif isinstance(entry, Batch):
                     # the next shard's batches launch before the last ones of this shard are collected
                     launched = self._launch(entry)
                     entry = None  # the decoded inputs' block goes back to the allocator now, not at the next take
@@ -455,7 +402,7 @@ class EmbeddingPipeline:
                     while len(in_flight) > self.batches_in_flight:
                         collect(in_flight.popleft())
                     hand_over_finished()
-                elif isinstance(entry, _ShardEnd):
+                elif isinstance(entry, ShardEnd):
                     current.failures.extend(entry.failures)
                     if progress is not None:
                         progress.update(len(entry.failures))
@@ -467,11 +414,9 @@ class EmbeddingPipeline:
             hand_over_finished()
             lap("launching")
         finally:
-            stop.set()
-            finished.put(_DONE)
+            feed.close()
+            finished.put(DONE)
             writer.join()
-            pool.shutdown(wait=True, cancel_futures=True)
-            reader.join(timeout=5)
         if writer_error:
             raise writer_error[0]
         stats.seconds = time.perf_counter() - started
