@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import clip_flash  # noqa: E402
 from benchmarks.harness.results import markdown_table, write_microbenchmark  # noqa: E402
-from clip_flash.jobs import device_ahead, job as job_module, pipeline as pipeline_module, warm_up  # noqa: E402
+from clip_flash.jobs import device_ahead, feed_ahead, job as job_module, pipeline as pipeline_module, warm_up  # noqa: E402,E501
 
 
 def main() -> int:
@@ -45,14 +45,17 @@ def main() -> int:
     started = time.perf_counter()
     rows = []
 
-    def timed(owner, name, label):
+    def timed(owner, name, label, first=None):
         original = getattr(owner, name)
+        calls = [0]
 
         def wrapper(*call_args, **call_kwargs):
+            calls[0] += 1
             begun = time.perf_counter()
             result = original(*call_args, **call_kwargs)
-            rows.append({"step": label, "from_ms": 1e3 * (begun - started),
-                         "ms": 1e3 * (time.perf_counter() - begun)})
+            if first is None or calls[0] <= first:
+                rows.append({"step": label.format(calls[0]), "from_ms": 1e3 * (begun - started),
+                             "ms": 1e3 * (time.perf_counter() - begun)})
             return result
         setattr(owner, name, wrapper)
 
@@ -62,6 +65,9 @@ def main() -> int:
     timed(device_ahead.DeviceFirstUses, "_vision_tower", "beside the load: the stand-in tower, full batch and one row")
     timed(warm_up, "prepare_synthetic_images", "synthetic images decoded and prepared (beside the load, or in the "
           "device warm-up)")
+    # the CPU half of the first batches: in the feed started beside the load, or in the run's own
+    timed(feed_ahead, "decode_batch", "batch {} decoded (beside the load)", first=4)
+    timed(pipeline_module, "decode_batch", "batch {} decoded (in the run)", first=4)
     timed(warm_up, "_warm_up_encoders", "device warm-up: the encoders' first calls, beside the images")
     encode_image = pipeline_module.EmbeddingPipeline._encode_image
     full = [0]

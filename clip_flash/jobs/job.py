@@ -26,8 +26,9 @@ import torch
 
 from .beside_load import load_beside
 from .device_ahead import DeviceFirstUses
+from .feed_ahead import FeedAhead, expected_model
 from .inputs_ahead import InputsAhead
-from .pipeline import DEFAULT_DECODE_THREADS, EmbeddingPipeline, input_blocks_alive
+from .pipeline import DEFAULT_DECODE_THREADS, DEFAULT_PREFETCH_BATCHES, EmbeddingPipeline, input_blocks_alive
 from .pinned_reserve import PinnedReservation, first_images
 from .run_stats import PipelineStats
 from ..environment import usable_cores
@@ -149,16 +150,18 @@ def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str,
 def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
                 normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread",
                 cuda_graphs: bool = True, decode_threads: Optional[int] = None,
-                exact_share: float = 0.0, ahead: Optional[InputsAhead] = None) -> Any:
-    """The pipeline that runs the job: clip_flash's, or the stock baseline. ``ahead``: see :func:`build_inputs`."""
+                exact_share: float = 0.0, ahead: Optional[InputsAhead] = None,
+                inputs: Optional[Tuple[Any, Any]] = None) -> Any:
+    """The pipeline that runs the job: clip_flash's, or the stock baseline. ``ahead``: see :func:`build_inputs`.
+    ``inputs``: (image preparer, tokenizer) made already (by :class:`~.feed_ahead.FeedAhead`)."""
     if pipeline == "stock":
         from .stock import StockPipeline
 
         return StockPipeline(loaded, device, source, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], workers=workers)
     decode_threads = decode_threads or DEFAULT_DECODE_THREADS
-    preparer, tokenizer = build_inputs(loaded, source, device, decode, workers, executor, decode_threads,
-                                       exact_share, ahead)
+    preparer, tokenizer = inputs if inputs is not None else build_inputs(
+        loaded, source, device, decode, workers, executor, decode_threads, exact_share, ahead)
     return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
                              out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset",
                              cuda_graphs=cuda_graphs, decode_threads=decode_threads)
@@ -182,6 +185,23 @@ def device_first_uses(job: Any, source: Any, device: torch.device, pipeline: str
         return None
     return DeviceFirstUses(job.spec.name, device, job.precision, batch_size, job.patch, image_path=decode == "cpu",
                            decode_threads=decode_threads or DEFAULT_DECODE_THREADS, inputs=ahead).start()
+
+
+def feed_ahead(job: Any, device: torch.device, pipeline: str, decode: str, batch_size: int, workers: Optional[int],
+               executor: str, decode_threads: Optional[int], exact_share: float, ahead: Optional[InputsAhead],
+               after: Sequence[Any]) -> Optional[FeedAhead]:
+    """A started :class:`~.feed_ahead.FeedAhead` of the job's shards for clip_flash's pipeline (None for the stock
+    baseline): the run's first batches decoded while the model loads, after the work in ``after``."""
+    if pipeline != "clip_flash":
+        return None
+    from clip_flash.models import PRECISION_DTYPES
+
+    dtype = PRECISION_DTYPES[job.precision]
+    threads = decode_threads or DEFAULT_DECODE_THREADS
+    build = lambda expected: build_inputs(expected_model(expected, job.spec, dtype), job.source, device,  # noqa: E731
+                                          decode, workers, executor, threads, exact_share, ahead)
+    return FeedAhead(job.spec, job.todo, build, batch_size, threads, DEFAULT_PREFETCH_BATCHES,
+                     pin_tokens=device.type == "cuda", after=[work for work in after if work is not None]).start()
 
 
 def _caption_file(input: Union[str, Path]) -> bool:
@@ -296,6 +316,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         reserved = None  # page-locked blocks made while the model loaded (None: not asked for)
         decoders_made_ready = None  # nvJPEG's first calls made while the model loaded (None: not asked for)
         first_uses_made = None  # the device's first uses made on stand-ins while the model loaded (None: not asked for)
+        batches_ahead = taken = None  # the run's first batches decoded while the model loaded, and the run's feed
         if job.todo:  # nothing left to embed: no model to load
             from clip_flash.models import import_model_library
 
@@ -311,6 +332,9 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 # nvJPEG's first calls (its library, the hardware decoder's states, torchvision's decoder), while the
                 # model loads: one per decoding thread, as build_inputs sizes the preparer's.
                 decoders_ahead = GpuDecodersWarmUp(device, nvjpeg_decoders(decode_threads)).start()
+            # the run's first batches, decoded once the blocks and decoders they use are made
+            batches_ahead = feed_ahead(job, device, pipeline, decode, batch_size, workers, executor, decode_threads,
+                                       exact_share, ahead, after=(reservation, decoders_ahead))
             # The model loads on a thread of its own while this thread, which launches the run's batches, makes
             # the encoder's first uses on a stand-in (some of them are kept per thread).
             loaded, load_ended = load_beside(partial(load_job_model, job, device),
@@ -323,8 +347,11 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                                    "steps": {step: round(seconds, 3) for step, seconds in first_uses.steps.items()}}
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
+            taken = batches_ahead.take(loaded) if batches_ahead is not None else None
             runner = make_runner(loaded, job.source, device, pipeline, decode, batch_size, normalize, out_dtype,
-                                 workers, executor, cuda_graphs, decode_threads, exact_share, ahead)
+                                 workers, executor, cuda_graphs, decode_threads, exact_share, ahead,
+                                 inputs=taken[:2] if taken is not None else None)
+            run_options = {"feed": taken[2]} if taken is not None else {}
             if first_uses is not None and hasattr(runner, "made_beside_load"):
                 runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
             if hasattr(runner, "warm_up"):
@@ -345,7 +372,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             total = sum(known) if all(size is not None for size in known) else None
             try:
                 with _progress(total, progress) as bar:
-                    stats = runner.run(job.todo, job.output.write, bar)
+                    stats = runner.run(job.todo, job.output.write, bar, **run_options)
             finally:
                 runner.close()
         options = {"batch_size": batch_size, "workers": workers, "executor": executor, "device": str(device)}
@@ -361,10 +388,16 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                 options["nvjpeg_made_ready_before_the_run"] = decoders_made_ready
             if first_uses_made is not None:
                 options["device_first_uses_made_before_the_run"] = first_uses_made
+            if batches_ahead is not None:
+                options["first_batches_decoded_beside_the_load"] = taken is not None
         return finish_job(job, stats, device=str(device), pipeline=pipeline, gpu_peak=gpu_peak_mib(device),
                           command=command, options=options, environment_device=device, setup_seconds=setup_seconds,
                           warm_up_seconds=warm_up_seconds, model_load_seconds=model_load_seconds)
     finally:
+        if batches_ahead is not None:
+            batches_ahead.close()  # the load failed, or the model's inputs were not the expected ones
+        if taken is not None:
+            taken[2].close()  # the run closes its feed; this one, if the run never began
         job.output.close()
 
 

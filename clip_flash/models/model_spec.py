@@ -14,7 +14,7 @@ import difflib
 import logging
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Optional, Tuple
 
 import torch
@@ -221,6 +221,38 @@ def _check_spec(spec: ModelSpec) -> None:
             f"error: checkpoint file not found: {spec.weights}\n"
             f"  Pass an existing .pt/.bin/.safetensors file, a pretrained tag, or --model {spec.name} for random init."
         )
+
+
+@dataclass(frozen=True)
+class ExpectedInputs:
+    """What a model's inputs will be prepared with, known before the model is built: OpenCLIP's eval image
+    transform and the text tower's context length."""
+
+    preprocess: Callable
+    context_length: int
+
+
+def inputs_before_load(spec: ModelSpec) -> Optional[ExpectedInputs]:
+    """The eval transform and context length OpenCLIP gives ``spec``'s model, read from the configurations
+    ``open_clip.create_model_and_transforms`` reads (the built-in model's and its pretrained tag's) without building
+    the model; None where the model itself says (a hub or local-dir model, an unknown name or tag). Until the model
+    has loaded it is an expectation: compare it with the loaded model's before relying on it."""
+    import open_clip
+    from open_clip.transform import PreprocessCfg, image_transform_v2, merge_preprocess_dict
+
+    if spec.name not in open_clip.list_models():
+        return None
+    config = open_clip.get_model_config(spec.name) or {}
+    preprocess_cfg = asdict(PreprocessCfg())
+    if spec.kind == "tag":
+        tag_cfg = open_clip.get_pretrained_cfg(spec.name, spec.weights)
+        if not tag_cfg:
+            return None
+        preprocess_cfg = merge_preprocess_dict(preprocess_cfg, tag_cfg)
+    # OpenCLIP sets the size from the built vision tower, whose image_size comes from this configuration
+    preprocess_cfg["size"] = (config.get("vision_cfg") or {}).get("image_size", 224)
+    context_length = (config.get("text_cfg") or {}).get("context_length", 77)
+    return ExpectedInputs(image_transform_v2(PreprocessCfg(**preprocess_cfg), is_train=False), int(context_length))
 
 
 def import_model_library() -> None:

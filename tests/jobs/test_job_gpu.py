@@ -73,7 +73,9 @@ def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cud
     # model at batch 8 spends most of it launching, so the graph is kept), the third captures the graph and it
     # and the fourth go through it; the rest run eager. Rows equal either way.
     assert replayed == ([8] * 2 if cuda_graphs else [])
-    assert json.loads(open(summary.record_path).read())["options"]["image_cuda_graphs"] is cuda_graphs
+    recorded = json.loads(open(summary.record_path).read())["options"]
+    assert recorded["image_cuda_graphs"] is cuda_graphs
+    assert recorded["first_batches_decoded_beside_the_load"]  # the rows below are those of the feed made ahead
     output = read_output(tmp_path / "out")
     # Batches (0, 8) (8, 16) (16, 20) | (20, 28) (28, 36) (36, 40) | (40, 45): the full ones at 3 and 4 replayed.
     images, texts = _reference_rows([str(path) for path in ordered], captions, _batches(45, 20, 8),
@@ -175,7 +177,9 @@ def test_a_gpu_decode_job_makes_nvjpeg_ready_while_its_model_loads(tmp_path, mon
     _smooth_jpegs(tmp_path / "photos")
     summary = clip_flash.embed(tmp_path / "photos", tmp_path / "ahead", GPU_MODEL, device="cuda", decode="gpu",
                                progress=False)
-    ready = json.loads(open(summary.record_path).read())["options"]["nvjpeg_made_ready_before_the_run"]
+    recorded = json.loads(open(summary.record_path).read())["options"]
+    ready = recorded["nvjpeg_made_ready_before_the_run"]
+    assert recorded["first_batches_decoded_beside_the_load"]  # after nvJPEG's first calls, before the run
     assert ready["seconds"] > 0
     assert ready["hardware_decoder"] == nvjpeg_packed.hardware_decoder_usable()
     if torch.cuda.get_device_capability() in ((8, 0), (9, 0)):  # a hardware JPEG decoder: the route must run
