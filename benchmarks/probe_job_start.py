@@ -51,10 +51,11 @@ def main() -> int:
 
         def wrapper(*call_args, **call_kwargs):
             calls[0] += 1
+            call = calls[0]  # (calls from several threads at once: this one's number, not the latest)
             begun = time.perf_counter()
             result = original(*call_args, **call_kwargs)
-            if first is None or calls[0] <= first:
-                rows.append({"step": label.format(calls[0]), "from_ms": 1e3 * (begun - started),
+            if first is None or call <= first:
+                rows.append({"step": label.format(call), "from_ms": 1e3 * (begun - started),
                              "ms": 1e3 * (time.perf_counter() - begun)})
             return result
         setattr(owner, name, wrapper)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .beside_load import load_beside
-from .device_ahead import DeviceFirstUses
+from .device_ahead import IMAGE_PATH_STEP, DeviceFirstUses
 from .feed_ahead import FeedAhead, expected_model
 from .inputs_ahead import InputsAhead
 from .pipeline import DEFAULT_DECODE_THREADS, DEFAULT_PREFETCH_BATCHES, EmbeddingPipeline, input_blocks_alive
@@ -354,6 +354,10 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             run_options = {"feed": taken[2]} if taken is not None else {}
             if first_uses is not None and hasattr(runner, "made_beside_load"):
                 runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
+            if taken is not None and hasattr(runner, "made_beside_load"):
+                # The run's own preparer decoded its first batches on its own decoding threads (decode="gpu": after
+                # nvJPEG's first calls): the warm-up's synthetic images would make those first uses again.
+                runner.made_beside_load = frozenset(runner.made_beside_load | {IMAGE_PATH_STEP})
             if hasattr(runner, "warm_up"):
                 # The decoder's start; the device half runs at the run's start, beside its first reads.
                 warm_up_seconds = runner.warm_up(device=False)

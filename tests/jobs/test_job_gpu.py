@@ -180,6 +180,7 @@ def test_a_gpu_decode_job_makes_nvjpeg_ready_while_its_model_loads(tmp_path, mon
     recorded = json.loads(open(summary.record_path).read())["options"]
     ready = recorded["nvjpeg_made_ready_before_the_run"]
     assert recorded["first_batches_decoded_beside_the_load"]  # after nvJPEG's first calls, before the run
+    assert "synthetic images decoded and prepared" not in summary.warm_up_steps  # the run's decoders made them
     assert ready["seconds"] > 0
     assert ready["hardware_decoder"] == nvjpeg_packed.hardware_decoder_usable()
     if torch.cuda.get_device_capability() in ((8, 0), (9, 0)):  # a hardware JPEG decoder: the route must run
