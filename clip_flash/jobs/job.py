@@ -320,10 +320,12 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         if job.todo:  # nothing left to embed: no model to load
             from clip_flash.models import import_model_library
 
-            import_model_library()  # before the threads beside the load, which import parts of it
             decoders_ahead = None
+            # (imports neither OpenCLIP nor torchvision: started first, its device and page-locked memory beside the
+            # import below where a script has not imported OpenCLIP yet)
             reservation = reserve_pinned_blocks(device, job.source.has_images, pipeline, decode, batch_size,
                                                 exact_share, executor, partial(first_images, job.todo))
+            import_model_library()  # before the other threads beside the load, which import parts of it
             ahead = inputs_ahead(job.spec.name, job.source, pipeline)
             first_uses = device_first_uses(job, job.source, device, pipeline, decode, batch_size, decode_threads, ahead)
             if device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and decode == "gpu":

@@ -130,12 +130,13 @@ class ShardEmbedder:
         self.device = _actor_device(job["device"])
         self.job = SimpleNamespace(spec=job["spec"], precision=job["precision"], patch=job["patch"])
         source = SimpleNamespace(**job["source"])
-        import_model_library()  # what the load imports, before the threads beside it that import parts of it
-        self.marks["libraries_at"] = time.time()
-        # The first batch's page-locked blocks, made while the model loads (as the one-device job does).
+        # The first batch's page-locked blocks, made while the model loads (as the one-device job does); this thread
+        # imports neither OpenCLIP nor torchvision, so it starts before the import below, beside it.
         reservation = reserve_pinned_blocks(self.device, source.has_images, "clip_flash", job["decode"],
                                             job["batch_size"], job.get("exact_share", 0.0), job["executor"],
                                             lambda count: job["first_images"][:count])
+        import_model_library()  # what the load imports, before the threads beside it that import parts of it
+        self.marks["libraries_at"] = time.time()
         ahead = inputs_ahead(self.job.spec.name, source, "clip_flash")  # the inputs' checks and tokenizer, beside
         first_uses = device_first_uses(self.job, source, self.device, "clip_flash", job["decode"], job["batch_size"],
                                        job.get("decode_threads"), ahead)

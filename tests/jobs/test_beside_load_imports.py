@@ -1,7 +1,8 @@
 """The job's threads beside the model load start only once OpenCLIP (and torchvision with it) is imported whole:
 a thread entering torchvision by another module while the load imports it can find a module half made
 (``ImportError ... partially initialized module 'torchvision.ops'``). Run in a fresh interpreter, as a script that
-does not import OpenCLIP itself meets it."""
+does not import OpenCLIP itself meets it. (The page-locked blocks' thread, which imports neither, may start first:
+on CUDA only.)"""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from clip_flash.jobs.pinned_reserve import PinnedReservation
 from .job_helpers import MODEL, write_photos
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,4 +45,18 @@ def test_threads_beside_the_load_start_after_the_model_library_is_imported(tmp_p
     assert result["rows"] == 2
     assert result["starts"], "no thread was started beside the load (the probe measures nothing)"
     for start in result["starts"]:
-        assert start["open_clip"] and start["torchvision.ops"], start
+        if start["thread"] != PinnedReservation.thread_name:  # imports neither (it may start before the import)
+            assert start["open_clip"] and start["torchvision.ops"], start
+
+
+def test_the_page_locked_blocks_thread_imports_neither():
+    """What PinnedReservation imports (it starts before OpenCLIP is imported): torchvision stays unimported."""
+    probe = ("import sys\n"
+             "import clip_flash.jobs.pinned_reserve\n"
+             "from clip_flash.inputs.image import jpeg_dct, native_decode\n"
+             "from clip_flash.jobs import warm_up\n"
+             "print(sorted(name for name in sys.modules if name.split('.')[0] in ('torchvision', 'open_clip')))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
