@@ -122,3 +122,35 @@ def test_a_failed_load_stops_the_feed(tmp_path, monkeypatch):
     while _feed_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _feed_threads()
+
+
+def test_the_feed_draws_nothing_from_torchs_random_numbers(tmp_path):
+    """It runs while a random-init model draws its weights from torch's generator: a draw would change them."""
+    import torch
+
+    from clip_flash.jobs.batch_feed import DONE, Batch
+
+    write_photos(tmp_path / "photos", count=6, captions=True)
+    job = job_module.plan_job(tmp_path / "photos", tmp_path / "out", MODEL, device_type="cpu", precision=None,
+                              patch=True, pipeline="clip_flash", decode="cpu", shard_size=4, normalize=True,
+                              out_dtype="float16", captions=None, caption_column=None, repeat=1)
+    ahead = None
+    try:
+        before = torch.get_rng_state()
+        ahead = job_module.feed_ahead(job, torch.device("cpu"), "clip_flash", "cpu", 2, None, "auto", None, 0.0,
+                                      None, after=())
+        ahead.join()
+        decoded = 0
+        while True:
+            entry = ahead.feed.get()
+            if entry is DONE:
+                break
+            if isinstance(entry, Batch):
+                images, tokens = entry.decoded.result()
+                decoded += len(entry.items)
+        assert decoded == 6 and tokens is not None
+        assert torch.equal(before, torch.get_rng_state())
+    finally:
+        if ahead is not None:
+            ahead.close()
+        job.output.close()
