@@ -31,7 +31,7 @@ class FeedAhead(BesideModelLoad):
     """Builds the run's inputs from the model's expected ones and starts its feed of ``shards``, after the work in
     ``after`` (page-locked blocks, nvJPEG's first calls, the inputs' checks: what the feed's decoding uses) is
     done. ``build(expected)``: the preparer and tokenizer for a model with those inputs (the job's
-    :func:`~.job.build_inputs`); ``batch_size``, ``decode_threads``, ``prefetch_batches`` and ``pin_tokens`` as the
+    :func:`~.runner.build_inputs`); ``batch_size``, ``decode_threads``, ``prefetch_batches`` and ``pin_tokens`` as the
     run's pipeline has them. ``start()`` it before the model load; :meth:`take` after it."""
 
     thread_name = "clip_flash-feed-ahead"
@@ -110,6 +110,6 @@ def same_inputs(expected: Any, loaded: Any) -> bool:
 
 
 def expected_model(expected: Any, spec: Any, dtype: torch.dtype) -> SimpleNamespace:
-    """What :func:`~.job.build_inputs` reads of a loaded model, from the expected inputs."""
+    """What :func:`~.runner.build_inputs` reads of a loaded model, from the expected inputs."""
     return SimpleNamespace(preprocess=expected.preprocess, context_length=expected.context_length, spec=spec,
                            dtype=dtype)

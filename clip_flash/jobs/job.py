@@ -19,21 +19,19 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
-import numpy as np
 import torch
 
 from .beside_load import load_beside
-from .device_ahead import IMAGE_PATH_STEP, DeviceFirstUses
-from .feed_ahead import FeedAhead, expected_model
-from .inputs_ahead import InputsAhead
-from .pipeline import DEFAULT_DECODE_THREADS, DEFAULT_PREFETCH_BATCHES, EmbeddingPipeline, input_blocks_alive
-from .pinned_reserve import PinnedReservation, first_images
+from .beside_load_work import device_first_uses, feed_ahead, gpu_decoders_ahead, inputs_ahead, reserve_pinned_blocks
+from .device_ahead import IMAGE_PATH_STEP
+from .pinned_reserve import first_images
 from .run_stats import PipelineStats
 from ..environment import usable_cores
 from .record import JobSummary, gpu_peak_mib, record_name, run_record, steady_rate
-from .sources import CAPTION_FILE_SUFFIXES, Shard, Source, open_source
+from .runner import OUTPUT_DTYPES, decoding_workers, make_runner
+from .sources import Shard, Source, open_source
 from .weights_identity import checkpoint_sha256
 from .writer import OutputFolder
 
@@ -57,7 +55,6 @@ def default_batch_size(has_images: bool, device_type: str) -> int:
     return CPU_IMAGE_BATCH if has_images else CPU_TEXT_BATCH
 
 
-OUTPUT_DTYPES = {"float16": np.float16, "float32": np.float32}
 PIPELINES = ("clip_flash", "stock")
 EXECUTORS = ("auto", "native", "thread")  # ImagePreprocessor's
 DECODES = ("cpu", "gpu")
@@ -114,135 +111,6 @@ def _progress(total: Optional[int], enabled: bool):
     # miniters=1: any batch may redraw the bar (tqdm otherwise adapts how many items it waits for between redraws)
     return tqdm(total=total, unit="item", dynamic_ncols=True, file=sys.stderr, miniters=1,
                 disable=not enabled, desc="embedding", smoothing=0.1)
-
-
-def nvjpeg_decoders(decode_threads: Optional[int]) -> int:
-    """The hardware decoder states a decode="gpu" job uses: one per decoding thread, up to nvJPEG's 8."""
-    from clip_flash.inputs.image.preprocessor import MAX_NVJPEG_DECODERS
-
-    return max(1, min(MAX_NVJPEG_DECODERS, decode_threads or DEFAULT_DECODE_THREADS))
-
-
-def build_inputs(loaded: Any, source: Source, device: torch.device, decode: str, workers: Optional[int],
-                 executor: str = "thread", decode_threads: int = DEFAULT_DECODE_THREADS,
-                 exact_share: float = 0.0, ahead: Optional[InputsAhead] = None) -> Tuple[Any, Any]:
-    """clip_flash's image preparer and tokenizer for this model (None for what the source lacks). With
-    ``decode="gpu"``, one nvJPEG hardware decoder per decoding thread (up to nvJPEG's 8), so that no batch waits
-    for another's decoder, and ``exact_share`` of each batch decoded exactly beside it. ``ahead``: what was made
-    while the model loaded (joined here; the tokenizer taken from it where it was made)."""
-    from clip_flash.inputs.image.preprocessor import ImagePreprocessor
-    from clip_flash.inputs.text.tokenizer import get_tokenizer
-
-    preparer = tokenizer = None
-    base = ahead.tokenizer() if ahead is not None else None
-    if source.has_images:
-        preparer = ImagePreprocessor(loaded.preprocess, device=device, dtype=loaded.dtype, decode=decode,
-                                     workers=workers, executor=executor,
-                                     nvjpeg_decoders=nvjpeg_decoders(decode_threads),
-                                     exact_share=exact_share)
-    if source.has_captions:
-        base = base if base is not None else get_tokenizer(loaded.spec.name)
-        context = loaded.context_length
-        tokenizer = lambda texts: base(texts, context_length=context)  # noqa: E731
-    return preparer, tokenizer
-
-
-def make_runner(loaded: Any, source: Source, device: torch.device, pipeline: str, decode: str, batch_size: int,
-                normalize: bool, out_dtype: str, workers: Optional[int], executor: str = "thread",
-                cuda_graphs: bool = True, decode_threads: Optional[int] = None,
-                exact_share: float = 0.0, ahead: Optional[InputsAhead] = None,
-                inputs: Optional[Tuple[Any, Any]] = None) -> Any:
-    """The pipeline that runs the job: clip_flash's, or the stock baseline. ``ahead``: see :func:`build_inputs`.
-    ``inputs``: (image preparer, tokenizer) made already (by :class:`~.feed_ahead.FeedAhead`)."""
-    if pipeline == "stock":
-        from .stock import StockPipeline
-
-        return StockPipeline(loaded, device, source, batch_size=batch_size, normalize=normalize,
-                             out_dtype=OUTPUT_DTYPES[out_dtype], workers=workers)
-    decode_threads = decode_threads or DEFAULT_DECODE_THREADS
-    preparer, tokenizer = inputs if inputs is not None else build_inputs(
-        loaded, source, device, decode, workers, executor, decode_threads, exact_share, ahead)
-    return EmbeddingPipeline(loaded.model, device, preparer, tokenizer, batch_size=batch_size, normalize=normalize,
-                             out_dtype=OUTPUT_DTYPES[out_dtype], wds_key_column=source.kind == "webdataset",
-                             cuda_graphs=cuda_graphs, decode_threads=decode_threads)
-
-
-def inputs_ahead(model_name: str, source: Any, pipeline: str) -> Optional[InputsAhead]:
-    """A started :class:`~clip_flash.jobs.inputs_ahead.InputsAhead` for clip_flash's inputs (None for the stock
-    baseline, which makes OpenCLIP's own)."""
-    if pipeline != "clip_flash":
-        return None
-    return InputsAhead(model_name, source.has_images, source.has_captions).start()
-
-
-def device_first_uses(job: Any, source: Any, device: torch.device, pipeline: str, decode: str, batch_size: int,
-                      decode_threads: Optional[int], ahead: Optional[InputsAhead]) -> Optional[DeviceFirstUses]:
-    """A started :class:`~clip_flash.jobs.device_ahead.DeviceFirstUses` for clip_flash's image runs on CUDA (None
-    otherwise): the encoder's kernels at the run's batch and, with ``decode="cpu"``, the image path's, made on
-    stand-ins while the model loads (``decode="gpu"`` makes nvJPEG's in :mod:`.gpu_decoders_ahead`). ``join()`` it
-    before the run. ``job``: its ``spec``, ``precision`` and ``patch``."""
-    if not (device.type == "cuda" and source.has_images and pipeline == "clip_flash"):
-        return None
-    return DeviceFirstUses(job.spec.name, device, job.precision, batch_size, job.patch, image_path=decode == "cpu",
-                           decode_threads=decode_threads or DEFAULT_DECODE_THREADS, inputs=ahead).start()
-
-
-def feed_ahead(job: Any, device: torch.device, pipeline: str, decode: str, batch_size: int, workers: Optional[int],
-               executor: str, decode_threads: Optional[int], exact_share: float, ahead: Optional[InputsAhead],
-               after: Sequence[Any]) -> Optional[FeedAhead]:
-    """A started :class:`~.feed_ahead.FeedAhead` of the job's shards for clip_flash's pipeline (None for the stock
-    baseline): the run's first batches decoded while the model loads, after the work in ``after``."""
-    if pipeline != "clip_flash":
-        return None
-    from clip_flash.models import PRECISION_DTYPES
-
-    dtype = PRECISION_DTYPES[job.precision]
-    threads = decode_threads or DEFAULT_DECODE_THREADS
-    build = lambda expected: build_inputs(expected_model(expected, job.spec, dtype), job.source, device,  # noqa: E731
-                                          decode, workers, executor, threads, exact_share, ahead)
-    return FeedAhead(job.spec, job.todo, build, batch_size, threads, DEFAULT_PREFETCH_BATCHES,
-                     pin_tokens=device.type == "cuda", after=[work for work in after if work is not None]).start()
-
-
-def _caption_file(input: Union[str, Path]) -> bool:
-    """Whether the input names a caption file (a text-only job: no images to decode)."""
-    return Path(str(input)).suffix.lower() in CAPTION_FILE_SUFFIXES
-
-
-def reserve_pinned_blocks(device: torch.device, has_images: bool, pipeline: str, decode: str, batch_size: int,
-                          exact_share: float, executor: str,
-                          first_images: Callable[[int], Sequence[Any]]) -> Optional[PinnedReservation]:
-    """A started :class:`~clip_flash.jobs.pinned_reserve.PinnedReservation` for a run whose batches put JPEG
-    coefficients in page-locked blocks (None otherwise): blocks for the batches alive at once (queued, launching,
-    uploading), the size the exact route's share of the run's first batch asks for (``first_images(count)``: its
-    first images, paths or bytes; called in the reservation's thread), made while the model loads. ``join()`` it
-    before the run."""
-    exact_images = exact_images_per_batch(decode, batch_size, exact_share)
-    if not (device.type == "cuda" and has_images and pipeline == "clip_flash" and exact_images
-            and executor != "thread"):
-        return None
-    return PinnedReservation(exact_images, input_blocks_alive(),
-                             first_images=partial(first_images, exact_images)).start()
-
-
-def exact_images_per_batch(decode: str, batch_size: int, exact_share: float) -> int:
-    """How many of a full batch's images take the exact route (each batch's coefficients go into one page-locked
-    block sized by them): all with decode="cpu"; with "gpu", the exact share's."""
-    from clip_flash.inputs.image.exact_share import exact_positions
-
-    return batch_size if decode == "cpu" else len(exact_positions(batch_size, exact_share))
-
-
-def decoding_workers(runner: Any) -> Dict[str, Any]:
-    """How the run's images were decoded: the executor asked for, the workers, and whether natively."""
-    preparer = getattr(runner, "image_preparer", None)
-    if preparer is None or not hasattr(preparer, "executor"):
-        return {}
-    described = {"decode_executor": preparer.executor, "decode_workers": preparer.workers,
-                 "decode_native": preparer.native}
-    if getattr(preparer, "decoder", None) == "gpu":
-        described["decode_exact_share"] = preparer.exact_share
-    return described
 
 
 def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32", *,
@@ -320,7 +188,6 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
         if job.todo:  # nothing left to embed: no model to load
             from clip_flash.models import import_model_library
 
-            decoders_ahead = None
             # (imports neither OpenCLIP nor torchvision: started first, its device and page-locked memory beside the
             # import below where a script has not imported OpenCLIP yet)
             reservation = reserve_pinned_blocks(device, job.source.has_images, pipeline, decode, batch_size,
@@ -328,12 +195,7 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
             import_model_library()  # before the other threads beside the load, which import parts of it
             ahead = inputs_ahead(job.spec.name, job.source, pipeline)
             first_uses = device_first_uses(job, job.source, device, pipeline, decode, batch_size, decode_threads, ahead)
-            if device.type == "cuda" and job.source.has_images and pipeline == "clip_flash" and decode == "gpu":
-                from .gpu_decoders_ahead import GpuDecodersWarmUp
-
-                # nvJPEG's first calls (its library, the hardware decoder's states, torchvision's decoder), while the
-                # model loads: one per decoding thread, as build_inputs sizes the preparer's.
-                decoders_ahead = GpuDecodersWarmUp(device, nvjpeg_decoders(decode_threads)).start()
+            decoders_ahead = gpu_decoders_ahead(device, job.source, pipeline, decode, decode_threads)
             # the run's first batches, decoded once the blocks and decoders they use are made
             batches_ahead = feed_ahead(job, device, pipeline, decode, batch_size, workers, executor, decode_threads,
                                        exact_share, ahead, after=(reservation, decoders_ahead))

@@ -50,19 +50,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .job import (
-    DEFAULT_SHARD_SIZE,
-    OUTPUT_DTYPES,
-    build_inputs,
-    default_batch_size,
-    device_first_uses,
-    finish_job,
-    inputs_ahead,
-    load_job_model,
-    make_runner,
-    plan_job,
-    reserve_pinned_blocks,
-)
+from .beside_load_work import device_first_uses, inputs_ahead, reserve_pinned_blocks
+from .job import DEFAULT_SHARD_SIZE, default_batch_size, finish_job, load_job_model, plan_job
+from .runner import OUTPUT_DTYPES, build_inputs, make_runner
 from ..models import import_model_library
 from .pinned_reserve import first_images
 from .pipeline import finish_features

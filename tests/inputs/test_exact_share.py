@@ -49,7 +49,7 @@ def test_the_preprocessor_keeps_its_share(vit_b32_preprocess):
 
 def test_the_job_reserves_page_locked_blocks_for_the_exact_images_of_a_batch():
     """The job's page-locked blocks made ahead are sized by the images that take the exact route in a batch."""
-    from clip_flash.jobs.job import exact_images_per_batch
+    from clip_flash.jobs.beside_load_work import exact_images_per_batch
 
     assert exact_images_per_batch("cpu", 256, 0.0) == 256
     assert exact_images_per_batch("gpu", 256, 0.0) == 0

@@ -13,7 +13,7 @@ import torch
 import clip_flash
 from clip_flash.jobs import device_ahead
 from clip_flash.jobs.device_ahead import DeviceFirstUses, stand_in_vision_tower, vision_config
-from clip_flash.jobs.job import device_first_uses
+from clip_flash.jobs.beside_load_work import device_first_uses
 
 
 def test_the_vision_configuration_is_openclips_own_for_built_in_models_only(monkeypatch):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import clip_flash
-from clip_flash.jobs import feed_ahead as feed_ahead_module, job as job_module
+from clip_flash.jobs import beside_load_work, feed_ahead as feed_ahead_module, job as job_module
 from clip_flash.jobs.feed_ahead import same_inputs
 from clip_flash.models import ExpectedInputs, ModelLoadError, inputs_before_load, parse_model_spec
 from .job_helpers import MODEL, read_output, write_photos
@@ -137,8 +137,8 @@ def test_the_feed_draws_nothing_from_torchs_random_numbers(tmp_path):
     ahead = None
     try:
         before = torch.get_rng_state()
-        ahead = job_module.feed_ahead(job, torch.device("cpu"), "clip_flash", "cpu", 2, None, "auto", None, 0.0,
-                                      None, after=())
+        ahead = beside_load_work.feed_ahead(job, torch.device("cpu"), "clip_flash", "cpu", 2, None, "auto", None, 0.0,
+                                            None, after=())
         ahead.join()
         decoded = 0
         while True:

@@ -7,7 +7,7 @@ import logging
 import torch
 
 from clip_flash.jobs.gpu_decoders_ahead import GpuDecodersWarmUp
-from clip_flash.jobs.job import nvjpeg_decoders
+from clip_flash.jobs.runner import nvjpeg_decoders
 from clip_flash.jobs.pipeline import DEFAULT_DECODE_THREADS
 
 

@@ -10,7 +10,7 @@ from clip_flash.inputs.image.decoder_check import decoder_agreement
 from clip_flash.inputs.image.image_resize import pillow_mismatch
 from clip_flash.inputs.text import tokenizer as tokenizer_module
 from clip_flash.jobs.inputs_ahead import InputsAhead
-from clip_flash.jobs.job import build_inputs
+from clip_flash.jobs.runner import build_inputs
 from .job_helpers import MODEL
 
 

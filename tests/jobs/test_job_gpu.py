@@ -248,7 +248,7 @@ def test_the_encoders_warm_up_beside_the_synthetic_images_and_their_errors_reach
     synthetic images; an encoder's failure there is raised by the warm-up, not lost with its thread."""
     import threading
 
-    from clip_flash.jobs.job import make_runner
+    from clip_flash.jobs.runner import make_runner
     from clip_flash.jobs.items import Source
     from clip_flash.models.model_spec import load_model, parse_model_spec
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import clip_flash
-from clip_flash.jobs.job import load_job_model, make_runner, plan_job
+from clip_flash.jobs.job import load_job_model, plan_job
+from clip_flash.jobs.runner import make_runner
 from clip_flash.jobs.launch_thread import LaunchThread
 from clip_flash.jobs.shard_stream import ShardStream
 from .job_helpers import MODEL, read_output, write_photos
