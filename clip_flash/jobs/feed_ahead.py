@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,8 +36,9 @@ class FeedAhead(BesideModelLoad):
 
     thread_name = "clip_flash-feed-ahead"
 
-    def __init__(self, spec: Any, shards: Sequence[Any], build: Any, batch_size: int, decode_threads: int,
-                 prefetch_batches: int, pin_tokens: bool, after: Sequence[BesideModelLoad] = ()) -> None:
+    def __init__(self, spec: Any, shards: Sequence[Any], build: Callable[[Any], Tuple[Any, Any]], batch_size: int,
+                 decode_threads: int, prefetch_batches: int, pin_tokens: bool,
+                 after: Sequence[BesideModelLoad] = ()) -> None:
         super().__init__()
         self.spec = spec
         self.shards = shards
