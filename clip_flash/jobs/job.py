@@ -216,12 +216,12 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
                                  workers, executor, cuda_graphs, decode_threads, exact_share, ahead,
                                  inputs=taken[:2] if taken is not None else None)
             run_options = {"feed": taken[2]} if taken is not None else {}
-            if first_uses is not None and hasattr(runner, "made_beside_load"):
-                runner.made_beside_load = frozenset(first_uses.steps)  # the warm-up does not make them again
-            if taken is not None and hasattr(runner, "made_beside_load"):
-                # The run's own preparer decoded its first batches on its own decoding threads (decode="gpu": after
-                # nvJPEG's first calls): the warm-up's synthetic images would make those first uses again.
-                runner.made_beside_load = frozenset(runner.made_beside_load | {IMAGE_PATH_STEP})
+            # The warm-up does not make again what was made beside the load: the stand-ins' steps, and, where the run's
+            # own preparer decoded its first batches on its own decoding threads (decode="gpu": after nvJPEG's first
+            # calls), the synthetic images' step.
+            made = set(first_uses.steps if first_uses is not None else ()) | ({IMAGE_PATH_STEP} if taken else set())
+            if made and hasattr(runner, "made_beside_load"):
+                runner.made_beside_load = frozenset(made)
             if hasattr(runner, "warm_up"):
                 # The decoder's start; the device half runs at the run's start, beside its first reads.
                 warm_up_seconds = runner.warm_up(device=False)
