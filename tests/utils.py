@@ -1,12 +1,24 @@
 """Helpers shared by the tests (import them as ``from tests.utils import ...``): token batches that probe edges,
-image sizes, and error measures."""
+image sizes, error measures, and a child process's environment."""
 from __future__ import annotations
 
-from typing import Tuple
+import os
+from pathlib import Path
+from typing import Dict, Tuple
 
 import torch
 
 SOT, EOT = 49406, 49407
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child_env(**extra: str) -> Dict[str, str]:
+    """This process's environment for a child Python with the repository first on its path, keeping the path
+    it already had (where the project's dependencies may live, as on a machine with packages beside the system's)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def image_size(model: torch.nn.Module) -> int:

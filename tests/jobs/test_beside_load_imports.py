@@ -6,15 +6,14 @@ on CUDA only.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from clip_flash.jobs.pinned_reserve import PinnedReservation
+from tests.utils import child_env
 from .job_helpers import MODEL, write_photos
 
-REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, sys
@@ -37,7 +36,7 @@ print(json.dumps({"rows": summary.rows, "starts": seen}))
 
 def test_threads_beside_the_load_start_after_the_model_library_is_imported(tmp_path: Path):
     write_photos(tmp_path / "photos", count=2, captions=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "photos"), str(tmp_path / "out"), MODEL],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -56,7 +55,7 @@ def test_the_page_locked_blocks_thread_imports_neither():
              "from clip_flash.inputs.image import jpeg_dct, native_decode\n"
              "from clip_flash.jobs import warm_up\n"
              "print(sorted(name for name in sys.modules if name.split('.')[0] in ('torchvision', 'open_clip')))\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -20,6 +20,7 @@ import clip_flash
 from clip_flash.jobs import OutputError, SettingsMismatchError
 from clip_flash.jobs.writer import InputChangedError
 from clip_flash.jobs import writer as writer_module
+from tests.utils import child_env
 from .job_helpers import MODEL, read_output, write_photos
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,7 +89,7 @@ def test_killed_subprocess_at_random_points_resumes_exactly_once(tmp_path):
     command = [sys.executable, str(REPO / "scripts" / "embed.py"), "--model", MODEL, "--device", "cpu",
                "--input", str(tmp_path / "photos"), "--out", str(out), "--shard-size", "1", "--batch-size", "1",
                "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     seed = int(os.environ.get("CLIP_FLASH_TEST_SEED") or random.randrange(1 << 30))  # kill points differ per run
     rng = random.Random(seed)
     again = f"(rerun these kill points with CLIP_FLASH_TEST_SEED={seed})"

@@ -16,6 +16,7 @@ import pytest
 from clip_flash.jobs.cli import STOPPED_MESSAGE
 from clip_flash.inputs.image.native_decode import NativeBatchDecoder
 from clip_flash.jobs.job import EXECUTORS
+from tests.utils import child_env
 from .job_helpers import MODEL, write_photos
 from .test_job_resume import assert_exactly_once, done_shards
 
@@ -66,7 +67,7 @@ def start_job(tmp_path: Path, executor: str, count: int = 8) -> subprocess.Popen
     command = [sys.executable, str(REPO / "scripts" / "embed.py"), "--model", MODEL, "--device", "cpu",
                "--input", str(photos), "--out", str(tmp_path / "out"), "--shard-size", "2", "--batch-size", "1",
                "--workers", "2", "--executor", executor, "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     # its own session: what it starts can be found by session id even after it is reparented
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,
