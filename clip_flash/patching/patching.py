@@ -22,7 +22,7 @@ from torch import nn
 
 from ..backends import BackendUnavailableError, get_backend, require_available
 from ..ops import fused_ops
-from . import layer_norms, patch_embedding, poolers, residual_block, text_fast_path
+from . import layer_norms, patch_embedding, poolers, residual_block, text_fast_path, vision_tower
 from .context import PatchOptions, PlanContext, Site, Swap
 from .report import STOCK, PatchReport
 
@@ -86,7 +86,8 @@ _PLANNERS: Dict[type, Tuple[Tuple[int, Planner], ...]] = {
         (0, _stays_stock("self-attention", "CustomResidualAttentionBlock runs OpenCLIP's own SDPA Attention")),),
     AttentionalPooler: ((0, poolers.plan_pooler),),
     AttentionPool2d: ((0, poolers.plan_pooler),),
-    VisionTransformer: ((0, patch_embedding.plan_patch_embedding), (0, layer_norms.plan_vision_norms)),
+    VisionTransformer: ((0, patch_embedding.plan_patch_embedding), (0, layer_norms.plan_vision_norms),
+                        (1, vision_tower.plan_vision_tower)),
     CLIP: ((0, layer_norms.plan_text_norms), (1, text_fast_path.plan_text_tower)),
     TextTransformer: ((0, layer_norms.plan_text_norms), (1, text_fast_path.plan_text_tower)),
     Transformer: ((2, residual_block.plan_block_chain),),

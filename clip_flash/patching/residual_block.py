@@ -174,8 +174,47 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
         Returns the new residual stream and, when ``next_norm`` is given (the next block's ln_1), its
         normalization computed in the same pass as the final residual add.
         """
-        ln_2, mlp, out_proj = self.ln_2, self.mlp, self.attn.out_proj
         attended = self._attend(h, causal, attn_mask, kv, packing)
+        return self._after_attention(x, attended, next_norm)
+
+    def fused_pooled_step(self, x: torch.Tensor, h: torch.Tensor, pooled: torch.Tensor, *, causal: bool,
+                          packing: Optional[Packing] = None) -> torch.Tensor:
+        """The block's output at the pooled token of each row only, given ``x`` and ``h = ln_1(x)``: (B, E).
+
+        For a tower's last block, when only one token per row is read after it. Every token's keys and values
+        are still computed; the query, the attention, the out-projection, ln_2 and the MLP run for the pooled
+        rows alone. ``pooled``: (B,) the position in each row of ``x`` (B, L, E), or with ``packing`` the index
+        of each sequence's last token in ``x`` (T, E), the token it pools.
+        """
+        mha, plan = self.attn, self._clip_flash_plan
+        heads, head_dim = plan.num_heads, plan.head_dim
+        embed = heads * head_dim
+        w_q, w_kv = mha.in_proj_weight.split([embed, 2 * embed])
+        b_q, b_kv = mha.in_proj_bias.split([embed, 2 * embed]) if mha.in_proj_bias is not None else (None, None)
+        rows = pooled.shape[0]
+        if packing is None:
+            batch_rows = torch.arange(rows, device=x.device)
+            x_rows, h_rows = x[batch_rows, pooled], h[batch_rows, pooled]
+            kv = F.linear(h, w_kv, b_kv)  # (B, L, 2E)
+            positions = torch.arange(x.shape[1], device=x.device)
+            keys = positions <= pooled[:, None] if causal else None
+        else:  # gather each sequence's tokens, up to max_seqlen, into a row of its own
+            cu_seqlens, max_seqlen = packing
+            x_rows, h_rows = x[pooled], h[pooled]
+            index = cu_seqlens[:-1, None].long() + torch.arange(max_seqlen, device=x.device)
+            keys = index <= pooled[:, None]
+            kv = F.linear(h, w_kv, b_kv)[torch.minimum(index, pooled[:, None])]  # (B, max_seqlen, 2E)
+        q = F.linear(h_rows, w_q, b_q).view(rows, heads, 1, head_dim)
+        k, v = kv.unflatten(-1, (2, heads, head_dim)).transpose(1, 3).unbind(2)  # (B, H, L, D) each
+        mask = keys[:, None, None, :] if keys is not None else None
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).view(rows, embed)
+        return self._after_attention(x_rows, attended, None)[0]
+
+    def _after_attention(self, x: torch.Tensor, attended: torch.Tensor,
+                         next_norm: Optional[nn.LayerNorm]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The fused rest of the block from the attention's output: out-projection, residual add and ln_2 in one
+        pass, the MLP, the last residual add (with ``next_norm`` in its pass when given)."""
+        ln_2, mlp, out_proj = self.ln_2, self.mlp, self.attn.out_proj
         # Biases stay in the GEMMs, as in stock: cuBLAS adds them in its epilogue, and the rounding matches stock
         # (moving them into our kernels saves no GEMM time).
         x, h = fused_ops.add_layer_norm(
@@ -244,20 +283,35 @@ def run_blocks(
     causal: bool,
     attn_mask: Optional[torch.Tensor] = None,
     packing: Optional[Packing] = None,
+    pooled: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Run patched blocks in order; when all fuse, each block's last residual add also computes the next
-    block's ln_1 in the same pass (one pass over the residual stream per block boundary saved)."""
-    if not all(block.fuses(x) for block in blocks):
+    block's ln_1 in the same pass (one pass over the residual stream per block boundary saved).
+
+    ``pooled`` (B,): only these tokens' outputs are wanted (a row's position in ``x`` (B, L, E), or with
+    ``packing`` a token's index in ``x`` (T, E)); the result is then their rows, (B, E), and the last block
+    computes them alone (``fused_pooled_step``) where the blocks fuse and no mask is passed.
+    """
+    fused = all(block.fuses(x) for block in blocks)
+    if not fused or (pooled is not None and attn_mask is not None):
         for block in blocks:
             x = block.run(x, causal=causal, attn_mask=attn_mask, packing=packing)
-        return x
+        return x if pooled is None else _rows_at(x, pooled, packing)
     first = blocks[0].ln_1
     h = fused_ops.layer_norm(x, first.weight, first.bias, first.eps)
     last = len(blocks) - 1
     for i, block in enumerate(blocks):
+        if i == last and pooled is not None:
+            return block.fused_pooled_step(x, h, pooled, causal=causal, packing=packing)
         next_norm = blocks[i + 1].ln_1 if i < last else None
         x, h = block.fused_step(x, h, next_norm, causal=causal, attn_mask=attn_mask, packing=packing)
     return x
+
+
+def _rows_at(x: torch.Tensor, pooled: torch.Tensor, packing: Optional[Packing]) -> torch.Tensor:
+    if packing is not None:
+        return x[pooled]
+    return x[torch.arange(x.shape[0], device=x.device), pooled]
 
 
 class FlashTransformer(Transformer):

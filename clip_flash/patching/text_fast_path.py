@@ -6,6 +6,8 @@ every other op is per token. So the tower may stop each row at its pooled token.
 - packed: only each row's real tokens, concatenated, with variable-length causal attention over cumulative
   offsets; every other op runs on the packed (tokens, width) matrix;
 - cut: the padded batch truncated after the batch's longest pooled position, with a causal flag.
+Either way the last block computes its query, attention, out-projection and MLP for the pooled token alone
+(every token's keys and values still): nothing reads the others' outputs (``run_blocks(pooled=...)``).
 Both need the pooled positions' maximum (and sum) on the host: one small device-to-host copy per call,
 which waits for everything queued before it. Token ids given on the host (CPU, ideally pinned) to a tower on
 another device avoid that wait: the lengths are read on the host and the ids copied without blocking, so a
@@ -120,8 +122,7 @@ def encode_pooled_text(tower: nn.Module, text: torch.Tensor, plan: TextPlan,
                                     cu_seqlens[1:] - 1, cut_length)
     x = tower.token_embedding(text[:, :cut_length]).to(cast_dtype)
     x = x + tower.positional_embedding[:cut_length].to(cast_dtype)
-    x = run_blocks(transformer.resblocks, x, causal=True)
-    return _project_pooled(tower, x[torch.arange(batch, device=x.device), pool_at])
+    return _project_pooled(tower, run_blocks(transformer.resblocks, x, causal=True, pooled=pool_at))
 
 
 def encode_packed_tokens(tower: nn.Module, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -132,8 +133,8 @@ def encode_packed_tokens(tower: nn.Module, ids: torch.Tensor, positions: torch.T
     cast_dtype = tower.transformer.get_cast_dtype()
     x = tower.token_embedding(ids).to(cast_dtype)
     x = x + tower.positional_embedding[positions].to(cast_dtype)
-    x = run_blocks(tower.transformer.resblocks, x, causal=True, packing=(cu_seqlens, max_seqlen))
-    return _project_pooled(tower, x[last])
+    return _project_pooled(tower, run_blocks(tower.transformer.resblocks, x, causal=True,
+                                             packing=(cu_seqlens, max_seqlen), pooled=last))
 
 
 def _project_pooled(tower: nn.Module, pooled: torch.Tensor) -> torch.Tensor:
@@ -237,7 +238,8 @@ def plan_text_tower(tower: nn.Module, site: Site, context: PlanContext) -> None:
     how = f"packed variable-length attention ({kernels}){where}, else " if packing.pack_devices != frozenset() \
         else ""
     context.report.towers["text"] = (f"skips padding: {how}cut at the batch's longest pooled token "
-                                     f"(exact: causal tower pooled at one token, {pool_type!r})")
+                                     f"(exact: causal tower pooled at one token, {pool_type!r}); "
+                                     "last block at the pooled token alone")
 
 
 def text_tower_plan(model: nn.Module) -> Tuple[Optional[nn.Module], Optional[TextPlan]]:
