@@ -183,8 +183,8 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
 
         For a tower's last block, when only one token per row is read after it. Every token's keys and values
         are still computed; the query, the attention, the out-projection, ln_2 and the MLP run for the pooled
-        rows alone. ``pooled``: (B,) the position in each row of ``x`` (B, L, E), or with ``packing`` the index
-        of each sequence's last token in ``x`` (T, E), the token it pools.
+        rows alone. ``pooled``: (B,) the position in each row of ``x`` (B, L, E), or with ``packing`` the index in
+        ``x`` (T, E) of a sequence's last token (the packing may also hold sequences that no row pools).
         """
         mha, plan = self.attn, self._clip_flash_plan
         heads, head_dim = plan.num_heads, plan.head_dim
@@ -198,12 +198,15 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
             kv = F.linear(h, w_kv, b_kv)  # (B, L, 2E)
             positions = torch.arange(x.shape[1], device=x.device)
             keys = positions <= pooled[:, None] if causal else None
-        else:  # gather each sequence's tokens, up to max_seqlen, into a row of its own
+        else:  # gather each pooled token's sequence, up to max_seqlen tokens, into a row of its own
             cu_seqlens, max_seqlen = packing
             x_rows, h_rows = x[pooled], h[pooled]
-            index = cu_seqlens[:-1, None].long() + torch.arange(max_seqlen, device=x.device)
-            keys = index <= pooled[:, None]
-            kv = F.linear(h, w_kv, b_kv)[torch.minimum(index, pooled[:, None])]  # (B, max_seqlen, 2E)
+            bounds = cu_seqlens.long()
+            sequence = torch.searchsorted(bounds, pooled, right=True) - 1  # (a packing may hold other sequences)
+            last_key = pooled if causal else bounds[sequence + 1] - 1
+            index = bounds[sequence, None] + torch.arange(max_seqlen, device=x.device)
+            keys = index <= last_key[:, None]
+            kv = F.linear(h, w_kv, b_kv)[torch.minimum(index, last_key[:, None])]  # (B, max_seqlen, 2E)
         q = F.linear(h_rows, w_q, b_q).view(rows, heads, 1, head_dim)
         k, v = kv.unflatten(-1, (2, heads, head_dim)).transpose(1, 3).unbind(2)  # (B, H, L, D) each
         mask = keys[:, None, None, :] if keys is not None else None

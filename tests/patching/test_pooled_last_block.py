@@ -32,16 +32,18 @@ def test_pooled_rows_equal_the_whole_blocks_rows_padded(build_model, causal):
     assert relative_error(rows, whole[torch.arange(5), pooled]) < 1e-5
 
 
-def test_pooled_rows_equal_the_whole_blocks_rows_packed(build_model):
+@pytest.mark.parametrize("pooled_rows", [5, 3])  # 3: the packing also holds sequences no row pools, as graphs pad
+def test_pooled_rows_equal_the_whole_blocks_rows_packed(build_model, pooled_rows):
     model = build_model("ViT-B-32")
     width = model.transformer.width
     lengths = torch.tensor([1, 3, 77, 10, 2])
     cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     x = torch.randn(int(lengths.sum()), width, generator=torch.Generator().manual_seed(1))
-    last = cu_seqlens[1:].long() - 1
+    last = cu_seqlens[1:pooled_rows + 1].long() - 1
     with clip_flash.patched(model, "reference"), torch.no_grad():  # the reference backend packs on the CPU
         whole = run_blocks(_text_blocks(model), x, causal=True, packing=(cu_seqlens, 77))
         rows = run_blocks(_text_blocks(model), x, causal=True, packing=(cu_seqlens, 77), pooled=last)
+    assert rows.shape == (pooled_rows, width)
     assert relative_error(rows, whole[last]) < 1e-5
 
 
