@@ -181,37 +181,29 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
                           packing: Optional[Packing] = None) -> torch.Tensor:
         """The block's output at the pooled token of each row only, given ``x`` and ``h = ln_1(x)``: (B, E).
 
-        For a tower's last block, when only one token per row is read after it. Every token's keys and values
-        are still computed; the query, the attention, the out-projection, ln_2 and the MLP run for the pooled
-        rows alone. ``pooled``: (B,) the position in each row of ``x`` (B, L, E), or with ``packing`` the index in
-        ``x`` (T, E) of a sequence's last token (the packing may also hold sequences that no row pools).
+        For a tower's last block, when only one token per row is read after it: the out-projection, ln_2 and the
+        MLP (three quarters of the block's GEMM work) run for the pooled rows alone. The attention does too where
+        it is bidirectional over padded rows (every token's keys and values, one query a row: a ViT's class
+        token); causal or packed attention runs whole, as in the other blocks, and its pooled rows are taken (one
+        query a row there needed a mask or a gather, which cost more on the GPU than the queries it saved).
+        ``pooled``: (B,) the position in each row of ``x`` (B, L, E), or with ``packing`` the index in ``x``
+        (T, E) of a sequence's last token (the packing may also hold sequences that no row pools).
         """
+        if causal or packing is not None:
+            attended = _rows_at(self._attend(h, causal, None, None, packing), pooled, packing)
+            return self._after_attention(_rows_at(x, pooled, packing), attended, None)[0]
         mha, plan = self.attn, self._clip_flash_plan
         heads, head_dim = plan.num_heads, plan.head_dim
         embed = heads * head_dim
         w_q, w_kv = mha.in_proj_weight.split([embed, 2 * embed])
         b_q, b_kv = mha.in_proj_bias.split([embed, 2 * embed]) if mha.in_proj_bias is not None else (None, None)
         rows = pooled.shape[0]
-        if packing is None:
-            batch_rows = torch.arange(rows, device=x.device)
-            x_rows, h_rows = x[batch_rows, pooled], h[batch_rows, pooled]
-            kv = F.linear(h, w_kv, b_kv)  # (B, L, 2E)
-            positions = torch.arange(x.shape[1], device=x.device)
-            keys = positions <= pooled[:, None] if causal else None
-        else:  # gather each pooled token's sequence, up to max_seqlen tokens, into a row of its own
-            cu_seqlens, max_seqlen = packing
-            x_rows, h_rows = x[pooled], h[pooled]
-            bounds = cu_seqlens.long()
-            sequence = torch.searchsorted(bounds, pooled, right=True) - 1  # (a packing may hold other sequences)
-            last_key = pooled if causal else bounds[sequence + 1] - 1
-            index = bounds[sequence, None] + torch.arange(max_seqlen, device=x.device)
-            keys = index <= last_key[:, None]
-            kv = F.linear(h, w_kv, b_kv)[torch.minimum(index, last_key[:, None])]  # (B, max_seqlen, 2E)
+        h_rows = _rows_at(h, pooled, None)
         q = F.linear(h_rows, w_q, b_q).view(rows, heads, 1, head_dim)
+        kv = F.linear(h, w_kv, b_kv)  # (B, L, 2E)
         k, v = kv.unflatten(-1, (2, heads, head_dim)).transpose(1, 3).unbind(2)  # (B, H, L, D) each
-        mask = keys[:, None, None, :] if keys is not None else None
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).view(rows, embed)
-        return self._after_attention(x_rows, attended, None)[0]
+        attended = F.scaled_dot_product_attention(q, k, v).view(rows, embed)
+        return self._after_attention(_rows_at(x, pooled, None), attended, None)[0]
 
     def _after_attention(self, x: torch.Tensor, attended: torch.Tensor,
                          next_norm: Optional[nn.LayerNorm]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

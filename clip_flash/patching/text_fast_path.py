@@ -6,8 +6,8 @@ every other op is per token. So the tower may stop each row at its pooled token.
 - packed: only each row's real tokens, concatenated, with variable-length causal attention over cumulative
   offsets; every other op runs on the packed (tokens, width) matrix;
 - cut: the padded batch truncated after the batch's longest pooled position, with a causal flag.
-Either way the last block computes its query, attention, out-projection and MLP for the pooled token alone
-(every token's keys and values still): nothing reads the others' outputs (``run_blocks(pooled=...)``).
+Either way the last block's out-projection, ln_2 and MLP run for the pooled tokens alone, since nothing reads
+the other tokens' outputs (``run_blocks(pooled=...)``).
 Both need the pooled positions' maximum (and sum) on the host: one small device-to-host copy per call,
 which waits for everything queued before it. Token ids given on the host (CPU, ideally pinned) to a tower on
 another device avoid that wait: the lengths are read on the host and the ids copied without blocking, so a
