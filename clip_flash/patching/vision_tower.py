@@ -6,7 +6,7 @@ of the last block is read. So that block computes every token's keys and values 
 of them) and only the class token's query, attention, out-projection, ln_2 and MLP
 (``residual_block.run_blocks(pooled=...)``). On an H200, fp16, alternated with the whole last block: ViT-L-14 at
 256 images a call 2,748-2,758 -> 2,846-2,851 img/s, ViT-B-32 44,217-44,608 -> 47,120-47,388
-(``benchmarks/results/h200/pooled_last_block``). The same skip ``poolers.FlashAttentionPool2d`` makes for
+(``benchmarks/results/h200/pooled_last_block_f90f4ac``). The same skip ``poolers.FlashAttentionPool2d`` makes for
 ModifiedResNet.
 """
 from __future__ import annotations
@@ -53,7 +53,9 @@ def pooling_blockers(vit: VisionTransformer, context: PlanContext) -> list:
 
 def plan_vision_tower(vit: VisionTransformer, site: Site, context: PlanContext) -> None:
     """Run the last block at the class token alone where nothing else is read (after the blocks were planned)."""
-    if pooling_blockers(vit, context):
+    blockers = pooling_blockers(vit, context)
+    if blockers:
+        context.note("vision", f"last block on every token ({'; '.join(blockers)})")
         return
     context.swap(vit, FlashVisionTransformer)
     context.note("vision", "last block at the class token alone")

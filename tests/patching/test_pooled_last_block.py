@@ -105,8 +105,9 @@ def test_a_vision_tower_that_reads_other_tokens_computes_them(build_model, chang
     images = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         stock = model.visual(images)
-    with clip_flash.patched(model), torch.no_grad():
+    with clip_flash.patched(model) as report, torch.no_grad():
         assert type(model.visual) is VisionTransformer
+        assert "last block on every token (" in report.towers["vision"], report.towers["vision"]
         patched = model.visual(images)
     for got, want in zip(patched if isinstance(patched, tuple) else (patched,),
                          stock if isinstance(stock, tuple) else (stock,)):
