@@ -22,8 +22,10 @@ class FlashVisionTransformer(VisionTransformer):
     """``VisionTransformer`` whose last block runs for the class token only (patch() swaps the class to this)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Stock ``forward``, the last block computed at the class token alone."""
-        if self.transformer.grad_checkpointing and torch.is_grad_enabled():
+        """Stock ``forward``, the last block computed at the class token alone (the stock one where the tower was
+        set since patch() to read more than that token)."""
+        if self.pool_type != "tok" or self.attn_pool is not None or self.output_tokens or \
+                (self.transformer.grad_checkpointing and torch.is_grad_enabled()):
             return super().forward(x)
         x = self._embeds(x)
         first = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)

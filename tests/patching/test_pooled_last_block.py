@@ -112,3 +112,17 @@ def test_a_vision_tower_that_reads_other_tokens_computes_them(build_model, chang
     for got, want in zip(patched if isinstance(patched, tuple) else (patched,),
                          stock if isinstance(stock, tuple) else (stock,)):
         assert relative_error(got, want) < 1e-5
+
+
+def test_a_vision_tower_set_to_read_every_token_after_patch_computes_them(build_model):
+    model = copy.deepcopy(build_model("ViT-B-32"))
+    images = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(4))
+    with clip_flash.patched(model), torch.no_grad():
+        assert type(model.visual) is FlashVisionTransformer
+        model.visual.output_tokens = True
+        pooled, tokens = model.visual(images)
+        model.visual.output_tokens = False
+    model.visual.output_tokens = True
+    with torch.no_grad():
+        stock_pooled, stock_tokens = model.visual(images)
+    assert relative_error(pooled, stock_pooled) < 1e-5 and relative_error(tokens, stock_tokens) < 1e-5
