@@ -195,8 +195,7 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
         mha, plan = self.attn, self._clip_flash_plan
         heads, head_dim = plan.num_heads, plan.head_dim
         embed = heads * head_dim
-        w_q, w_kv = mha.in_proj_weight.split([embed, 2 * embed])
-        b_q, b_kv = mha.in_proj_bias.split([embed, 2 * embed]) if mha.in_proj_bias is not None else (None, None)
+        (w_q, b_q), (w_kv, b_kv) = _query_and_key_value_projections(mha, embed)
         rows = pooled.shape[0]
         h_rows = _rows_at(h, pooled, None)
         q = F.linear(h_rows, w_q, b_q).view(rows, heads, 1, head_dim)
@@ -236,9 +235,7 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
             qkv = F.linear(h, mha.in_proj_weight, mha.in_proj_bias).unflatten(-1, (3, heads, head_dim))
             q, k, v = qkv.unbind(-3)
         else:
-            embed = heads * head_dim
-            w_q, w_kv = mha.in_proj_weight.split([embed, 2 * embed])
-            b_q, b_kv = mha.in_proj_bias.split([embed, 2 * embed]) if mha.in_proj_bias is not None else (None, None)
+            (w_q, b_q), (w_kv, b_kv) = _query_and_key_value_projections(mha, heads * head_dim)
             q = F.linear(h, w_q, b_q).unflatten(-1, (heads, head_dim))
             k_src, v_src = kv
             if k_src is v_src:
@@ -301,6 +298,13 @@ def run_blocks(
         next_norm = blocks[i + 1].ln_1 if i < last else None
         x, h = block.fused_step(x, h, next_norm, causal=causal, attn_mask=attn_mask, packing=packing)
     return x
+
+
+def _query_and_key_value_projections(mha: nn.MultiheadAttention, embed: int):
+    """((query weight, bias), (key-and-value weight, bias)): views of the packed in-projection (biases may be None)."""
+    w_q, w_kv = mha.in_proj_weight.split([embed, 2 * embed])
+    b_q, b_kv = mha.in_proj_bias.split([embed, 2 * embed]) if mha.in_proj_bias is not None else (None, None)
+    return (w_q, b_q), (w_kv, b_kv)
 
 
 def _rows_at(x: torch.Tensor, pooled: torch.Tensor, packing: Optional[Packing]) -> torch.Tensor:
