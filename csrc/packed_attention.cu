@@ -1,12 +1,15 @@
-// Attention over packed short sequences: one thread block (four warps) per sequence and head. The block stages
-// the sequence's k and v rows of its head in shared memory (zeros past its end, up to a whole 16-row tile);
-// each warp then takes 16-query tiles: scores on tensor cores (fp32 accumulate), a row softmax in fp32, the
-// probabilities rounded to the element type and multiplied with v on tensor cores, the row sums applied last.
-// A causal tile reads only the key tiles at or before it. A warp's query tile, its scores, its probabilities and
-// its outputs take turns in one region of shared memory: small blocks, so that five fit on an SM at 77 tokens.
+// Attention over packed short sequences, held in registers: a warp takes 16 queries of one sequence and head and
+// walks that sequence's keys 16 at a time with flash attention's running softmax, the scores and the outputs on
+// tensor cores (mma.sync m16n8k16, fp32 accumulate). A block is two warps on one sequence and head; they take
+// its query tiles in turn, and a causal tile reads only the key tiles at or before it.
+//
+// q, k and v are read straight from global memory in 16-byte loads, with no shared memory and no block barrier:
+// a lane's fragments are made contiguous by permuting the head dims. The scores sum over the dims, so q and k
+// only need the same permutation (lane t of a quad holds dims 16t..16t+15 of its rows); in the product with v
+// the output dim a lane owns is chosen so that it reads 8 consecutive dims of a v row (8g..8g+7 for lane group
+// g) and writes 16 consecutive dims of its output rows. Small blocks and no staging let many warps wait on
+// memory at once: on 25-token captions the kernel moves q, k, v and out about as fast as memory allows.
 #include "packed_attention.h"
-
-#include <mma.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -16,220 +19,239 @@
 namespace clip_flash {
 namespace {
 
-constexpr int kTile = 16;  // the WMMA tile edge
-constexpr int kWarps = 4;
+constexpr int kTile = 16;  // queries a warp takes, and keys a step of its walk
+constexpr int kWarps = 2;
 constexpr int kThreads = kWarps * 32;
+constexpr int kMinBlocksPerSm = 8;  // at most 128 registers a thread: 16 warps an SM to hide memory latency
 constexpr int kHeadDim = kPackedAttentionHeadDim;
-constexpr int kRowPitch = kHeadDim + 8;  // elements between staged rows: skewed so tile loads avoid bank conflicts
-constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte chunks in a row of 16-bit elements
+constexpr int kDimsPerLane = 16;  // q and k dims a lane of a quad holds, for each of its rows
 constexpr float kLog2E = 1.4426950408889634f;
 
-// Floats between rows of a warp's region: the tile's scores, then its probabilities (16-bit, each row over its
-// own scores), then its 16 x head_dim outputs; before them, the query tile (16-bit rows of kRowPitch).
-__host__ __device__ constexpr int region_pitch(int padded_len) {
-  return (padded_len > kHeadDim ? padded_len : kHeadDim) + 4;
+static_assert(kHeadDim == 4 * kDimsPerLane, "a quad's four lanes cover a head's dims");
+
+// 16 dims of one row, as eight pairs (the 32-bit registers an mma operand takes).
+struct RowSlice {
+  uint32_t pairs[8];
+};
+
+// Row `row` of a sequence at `base` (already offset to the lane's first dim), or zeros past the sequence's end,
+// which no score keeps (their probability is 0, and 0 x 0 stays 0 where 0 x inf would not).
+__device__ __forceinline__ RowSlice load_row_slice(const void* base, int64_t token_stride, int row, int length) {
+  RowSlice slice;
+  uint4 low = make_uint4(0, 0, 0, 0);
+  uint4 high = low;
+  if (row < length) {
+    const uint4* from = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + row * token_stride);
+    low = __ldg(from);
+    high = __ldg(from + 1);
+  }
+  slice.pairs[0] = low.x, slice.pairs[1] = low.y, slice.pairs[2] = low.z, slice.pairs[3] = low.w;
+  slice.pairs[4] = high.x, slice.pairs[5] = high.y, slice.pairs[6] = high.z, slice.pairs[7] = high.w;
+  return slice;
 }
 
-__host__ __device__ constexpr size_t shared_bytes(int padded_len) {
-  return 2 * static_cast<size_t>(padded_len) * kRowPitch * 2              // k, v rows
-         + static_cast<size_t>(kWarps) * kTile * region_pitch(padded_len) * 4  // a region per warp
-         + static_cast<size_t>(kWarps) * kTile * 4;                       // a tile's inverse row sums per warp
+__device__ __forceinline__ uint4 load_eight(const void* base, int64_t token_stride, int row, int length) {
+  if (row >= length) return make_uint4(0, 0, 0, 0);
+  return __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + row * token_stride));
 }
 
-// 16 bytes from global to shared memory without passing through registers (cp.async, compute capability 8.0);
-// zeros instead where !valid (nothing is read then, but `from` must still be a valid address).
-__device__ __forceinline__ void copy_16_bytes_async(void* to, const void* from, bool valid) {
+__device__ __forceinline__ uint32_t word(const uint4& v, int index) {
+  return index == 0 ? v.x : index == 1 ? v.y : index == 2 ? v.z : v.w;
+}
+
+// d += a b for a 16 x 16 tile a (row-major) and a 16 x 8 tile b (column-major), fp32 accumulate.
+template <typename T>
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_16x8x16<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                     uint32_t b1) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  const unsigned shared_address = static_cast<unsigned>(__cvta_generic_to_shared(to));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(from),
-               "r"(valid ? 16 : 0));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
 
-__device__ __forceinline__ void wait_for_async_copies() {
+template <>
+__device__ __forceinline__ void mma_16x8x16<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                            uint32_t b1) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+// Two floats rounded to the element type, the first in the low half (an mma operand's lower index).
+template <typename T>
+__device__ __forceinline__ uint32_t round_pair(float low, float high);
+
+template <>
+__device__ __forceinline__ uint32_t round_pair<__half>(float low, float high) {
+  const __half2 pair = __floats2half2_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+template <>
+__device__ __forceinline__ uint32_t round_pair<__nv_bfloat16>(float low, float high) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+__device__ __forceinline__ float quad_max(float value) {
+  value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
+  return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float value) {
+  value += __shfl_xor_sync(0xffffffffu, value, 1);
+  return value + __shfl_xor_sync(0xffffffffu, value, 2);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) packed_attention_kernel(PackedAttentionArgs args, int padded_len) {
+__device__ __forceinline__ void store_output_row(T* to, const float (&out)[8][4], int first, float inverse_sum) {
+  // Accumulator entries `first` (dims 16t..16t+7) and `first` + 1 (dims 16t+8..16t+15) of each n8 tile j.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    Pack<T, kPackElements> pack;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) pack.values[j] = round_from_float<T>(out[j][first + half] * inverse_sum);
+    store_pack(to + half * kPackElements, pack);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) packed_attention_kernel(PackedAttentionArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // never launched there: the binding requires compute capability 8.0 (bf16 tensor-core tiles)
 #else
-  using namespace nvcuda;
   const int64_t sequence = blockIdx.x;
   const int head = blockIdx.y;
   const int start = args.cu_seqlens[sequence];
   const int length = args.cu_seqlens[sequence + 1] - start;
   if (length <= 0) return;
   T* out = static_cast<T*>(args.out);
-  if (length > padded_len) {
-    // max_seqlen understated the batch: mark this sequence's rows NaN rather than overrun shared memory.
+  const int64_t out_token_stride = static_cast<int64_t>(args.heads) * kHeadDim;
+  if (length > args.max_seqlen) {
+    // max_seqlen understated the batch (the caller's promise broken): mark this sequence's rows NaN.
     for (int index = threadIdx.x; index < length * kHeadDim; index += kThreads) {
-      out[((start + index / kHeadDim) * static_cast<int64_t>(args.heads) + head) * kHeadDim + index % kHeadDim] =
+      out[(start + index / kHeadDim) * out_token_stride + head * kHeadDim + index % kHeadDim] =
           round_from_float<T>(__int_as_float(0x7fc00000));
     }
     return;
   }
-  const int tiles = (length + kTile - 1) / kTile;
-  const int rows = tiles * kTile;
-  const int pitch = region_pitch(padded_len);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-
-  extern __shared__ __align__(128) unsigned char shared[];
-  T* k_rows = reinterpret_cast<T*>(shared);
-  T* v_rows = k_rows + padded_len * kRowPitch;
-  float* all_regions = reinterpret_cast<float*>(v_rows + padded_len * kRowPitch);
-  float* all_inverse_sums = all_regions + kWarps * kTile * pitch;
-  float* region = all_regions + warp * kTile * pitch;
-  float* inverse_sums = all_inverse_sums + warp * kTile;
-
-  // Every copy is issued before any is waited for: the block pays one memory latency, not one per copy. The
-  // query tiles the warps take first come with them, each into its warp's region.
-  const int chunks = rows * kChunksPerRow;
-  for (int index = threadIdx.x; index < 3 * chunks; index += kThreads) {
-    const int which = index / chunks;  // 0: q, 1: k, 2: v
-    const int row = (index - which * chunks) / kChunksPerRow;
-    const int chunk = index % kChunksPerRow;
-    T* to;
-    if (which == 0) {
-      if (row >= kWarps * kTile) continue;  // a later tile's queries: its warp copies them when it gets there
-      to = reinterpret_cast<T*>(all_regions + (row / kTile) * kTile * pitch) + (row % kTile) * kRowPitch;
-    } else {
-      to = (which == 1 ? k_rows : v_rows) + row * kRowPitch;
-    }
-    // Selected field by field: an indexed array of the three would live in local memory.
-    const void* data = which == 0 ? args.q.data : which == 1 ? args.k.data : args.v.data;
-    const int64_t token_stride = which == 0 ? args.q.token_stride : which == 1 ? args.k.token_stride
-                                                                              : args.v.token_stride;
-    const int64_t head_stride = which == 0 ? args.q.head_stride : which == 1 ? args.k.head_stride
-                                                                            : args.v.head_stride;
-    const T* from = static_cast<const T*>(data) + (start + min(row, length - 1)) * token_stride + head * head_stride;
-    copy_16_bytes_async(to + chunk * kPackElements, from + chunk * kPackElements, row < length);
-  }
-  wait_for_async_copies();
-  __syncthreads();
-
-  T* region_rows = reinterpret_cast<T*>(region);  // the query tile, kRowPitch apart
-  T* probabilities = reinterpret_cast<T*>(region);  // row r at the start of score row r
-  const int probability_pitch = 2 * pitch;
+  const int group = lane / 4;  // the mma fragments' row (and k's column) within an 8-row half
+  const int quad_lane = lane % 4;
+  const int tiles = (length + kTile - 1) / kTile;
   const float scale_log2 = args.scale * kLog2E;
 
-  using QueryTile = wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, T, wmma::row_major>;
-  using KeyTile = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::col_major>;  // k transposed
-  using ValueTile = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::row_major>;
-  using Accumulator = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
+  const T* q_base = static_cast<const T*>(args.q.data) + start * args.q.token_stride + head * args.q.head_stride +
+                    quad_lane * kDimsPerLane;
+  const T* k_base = static_cast<const T*>(args.k.data) + start * args.k.token_stride + head * args.k.head_stride +
+                    quad_lane * kDimsPerLane;
+  const T* v_base = static_cast<const T*>(args.v.data) + start * args.v.token_stride + head * args.v.head_stride +
+                    group * kPackElements;
+  T* out_base = out + start * out_token_stride + head * kHeadDim + quad_lane * kDimsPerLane;
 
   for (int tile = warp; tile < tiles; tile += kWarps) {
+    const int row_low = tile * kTile + group;  // this lane's two query rows
+    const int row_high = row_low + 8;
+    const RowSlice q_low = load_row_slice(q_base, args.q.token_stride, row_low, length);
+    const RowSlice q_high = load_row_slice(q_base, args.q.token_stride, row_high, length);
+
+    float out_tile[8][4];  // n8 tile j: dims 16t + j and 16t + 8 + j of rows low (0, 1) and high (2, 3)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out_tile[j][0] = out_tile[j][1] = out_tile[j][2] = out_tile[j][3] = 0.0f;
+    float max_low = -INFINITY, max_high = -INFINITY;  // running maxima of the scaled scores (log2 units)
+    float sum_low = 0.0f, sum_high = 0.0f;            // this lane's share of the running sums
+
     const int key_tiles = args.causal ? tile + 1 : tiles;
-    const int columns = key_tiles * kTile;
-
-    if (tile >= kWarps) {  // this warp's second tile or later: copy its queries into the region now
-      for (int index = lane; index < kTile * kChunksPerRow; index += 32) {
-        const int row = tile * kTile + index / kChunksPerRow;
-        const int chunk = index % kChunksPerRow;
-        const T* from = static_cast<const T*>(args.q.data) + (start + min(row, length - 1)) * args.q.token_stride +
-                        head * args.q.head_stride;
-        copy_16_bytes_async(region_rows + (index / kChunksPerRow) * kRowPitch + chunk * kPackElements,
-                            from + chunk * kPackElements, row < length);
-      }
-      wait_for_async_copies();
-      __syncwarp();
-    }
-    QueryTile query[kHeadDim / kTile];
-#pragma unroll
-    for (int d = 0; d < kHeadDim / kTile; ++d) {
-      wmma::load_matrix_sync(query[d], region_rows + d * kTile, kRowPitch);
-    }
-    __syncwarp();  // the queries are in registers before the scores overwrite them
     for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
-      Accumulator accumulator;
-      wmma::fill_fragment(accumulator, 0.0f);
-#pragma unroll
-      for (int d = 0; d < kHeadDim / kTile; ++d) {
-        KeyTile key;
-        wmma::load_matrix_sync(key, k_rows + key_tile * kTile * kRowPitch + d * kTile, kRowPitch);
-        wmma::mma_sync(accumulator, query[d], key, accumulator);
-      }
-      wmma::store_matrix_sync(region + key_tile * kTile, accumulator, pitch, wmma::mem_row_major);
-    }
-    __syncwarp();
+      const int key0 = key_tile * kTile;
+      const RowSlice k_low = load_row_slice(k_base, args.k.token_stride, key0 + group, length);
+      const RowSlice k_high = load_row_slice(k_base, args.k.token_stride, key0 + 8 + group, length);
+      // v rows 2t, 2t+1, 2t+8, 2t+9 of the tile (the keys of this lane's probabilities), dims 8g..8g+7.
+      const uint4 v_rows[4] = {load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane, length),
+                               load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 1, length),
+                               load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 8, length),
+                               load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 9, length)};
 
-    {
-      // Softmax in fp32, two lanes a row, each over every other column.
-      const int r = lane / 2;
-      const int parity = lane % 2;
-      const int position = tile * kTile + r;
-      const int visible = args.causal ? min(position + 1, length) : length;  // at least 1
-      const float* row_scores = region + r * pitch;
-      float row_max = -INFINITY;
-      for (int column = parity; column < visible; column += 2) row_max = fmaxf(row_max, row_scores[column]);
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-      T* row_probabilities = probabilities + r * probability_pitch;
-      float row_sum = 0.0f;
-      // Probability `column` lands on the bytes of score column / 2, which both lanes of the row read by step
-      // column / 2 of this loop: a warp barrier between each step's reads and writes keeps every read first.
-      // Every lane takes the same number of steps (columns is even), as the barrier needs.
-      for (int column = parity; column < columns; column += 2) {
-        const float p = column < visible ? exp2f((row_scores[column] - row_max) * scale_log2) : 0.0f;
-        __syncwarp();
-        row_probabilities[column] = round_from_float<T>(p);
-        row_sum += p;
+      float scores[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // keys 8n + 2t (+1)
+#pragma unroll
+      for (int step = 0; step < 4; ++step) {
+        const uint32_t a[4] = {q_low.pairs[2 * step], q_high.pairs[2 * step], q_low.pairs[2 * step + 1],
+                               q_high.pairs[2 * step + 1]};
+        mma_16x8x16<T>(scores[0], a, k_low.pairs[2 * step], k_low.pairs[2 * step + 1]);
+        mma_16x8x16<T>(scores[1], a, k_high.pairs[2 * step], k_high.pairs[2 * step + 1]);
       }
-      row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
-      if (parity == 0) inverse_sums[r] = 1.0f / row_sum;
-    }
-    __syncwarp();
 
-    Accumulator output[kHeadDim / kTile];
+      float tile_max_low = -INFINITY, tile_max_high = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < kHeadDim / kTile; ++n) wmma::fill_fragment(output[n], 0.0f);
-    for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
-      QueryTile probability;  // the same fragment shape as a query tile: 16 rows, row-major
-      wmma::load_matrix_sync(probability, probabilities + key_tile * kTile, probability_pitch);
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int n = 0; n < kHeadDim / kTile; ++n) {
-        ValueTile value;
-        wmma::load_matrix_sync(value, v_rows + key_tile * kTile * kRowPitch + n * kTile, kRowPitch);
-        wmma::mma_sync(output[n], probability, value, output[n]);
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 8 * n + 2 * quad_lane + (e & 1);
+          const int row = e < 2 ? row_low : row_high;
+          const bool visible = key < length && (!args.causal || key <= row);
+          scores[n][e] = visible ? scores[n][e] * scale_log2 : -INFINITY;
+        }
+        tile_max_low = fmaxf(tile_max_low, fmaxf(scores[n][0], scores[n][1]));
+        tile_max_high = fmaxf(tile_max_high, fmaxf(scores[n][2], scores[n][3]));
       }
-    }
-#pragma unroll
-    for (int n = 0; n < kHeadDim / kTile; ++n) {
-      wmma::store_matrix_sync(region + n * kTile, output[n], pitch, wmma::mem_row_major);
-    }
-    __syncwarp();
+      // Key 0 is visible to every row, so the maxima are finite from the first tile on.
+      const float new_max_low = fmaxf(max_low, quad_max(tile_max_low));
+      const float new_max_high = fmaxf(max_high, quad_max(tile_max_high));
+      const float rescale_low = exp2f(max_low - new_max_low);  // 0 on the first tile
+      const float rescale_high = exp2f(max_high - new_max_high);
+      max_low = new_max_low;
+      max_high = new_max_high;
 
-    for (int index = lane; index < kTile * kChunksPerRow; index += 32) {
-      const int r = index / kChunksPerRow;
-      const int chunk = index % kChunksPerRow;
-      const int position = tile * kTile + r;
-      if (position >= length) continue;
-      const float inverse = inverse_sums[r];
-      Pack<T, kPackElements> pack;
+      float p[2][4];
 #pragma unroll
-      for (int j = 0; j < kPackElements; ++j) {
-        pack.values[j] = round_from_float<T>(region[r * pitch + chunk * kPackElements + j] * inverse);
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[n][e] = exp2f(scores[n][e] - (e < 2 ? max_low : max_high));
       }
-      store_pack(out + ((start + position) * static_cast<int64_t>(args.heads) + head) * kHeadDim +
-                     chunk * kPackElements, pack);
+      sum_low = sum_low * rescale_low + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+      sum_high = sum_high * rescale_high + p[0][2] + p[0][3] + p[1][2] + p[1][3];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        out_tile[j][0] *= rescale_low, out_tile[j][1] *= rescale_low;
+        out_tile[j][2] *= rescale_high, out_tile[j][3] *= rescale_high;
+      }
+
+      // The scores' accumulator layout is the probabilities' operand layout: rounded to the element type here.
+      const uint32_t probabilities[4] = {round_pair<T>(p[0][0], p[0][1]), round_pair<T>(p[0][2], p[0][3]),
+                                         round_pair<T>(p[1][0], p[1][1]), round_pair<T>(p[1][2], p[1][3])};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        // Dim 8g + j of rows (2t, 2t+1) and (2t+8, 2t+9): the low or high halves of word j / 2.
+        const unsigned selector = (j & 1) ? 0x7632u : 0x5410u;
+        const uint32_t b0 = __byte_perm(word(v_rows[0], j / 2), word(v_rows[1], j / 2), selector);
+        const uint32_t b1 = __byte_perm(word(v_rows[2], j / 2), word(v_rows[3], j / 2), selector);
+        mma_16x8x16<T>(out_tile[j], probabilities, b0, b1);
+      }
     }
-    __syncwarp();  // the outputs are stored before the next tile's queries overwrite them
+
+    const float inverse_sum_low = 1.0f / quad_sum(sum_low);  // every lane of a quad shuffles, stored or not
+    const float inverse_sum_high = 1.0f / quad_sum(sum_high);
+    if (row_low < length) store_output_row<T>(out_base + row_low * out_token_stride, out_tile, 0, inverse_sum_low);
+    if (row_high < length) {
+      store_output_row<T>(out_base + row_high * out_token_stride, out_tile, 2, inverse_sum_high);
+    }
   }
 #endif
 }
 
 template <typename T>
 void launch_typed(const PackedAttentionArgs& args, cudaStream_t stream) {
-  const int padded_len = (args.max_seqlen + kTile - 1) / kTile * kTile;
-  const size_t bytes = shared_bytes(padded_len);
-  // Above 48 KiB a block's shared memory must be allowed explicitly (a per-function attribute, no stream work).
-  cudaFuncSetAttribute(packed_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(shared_bytes(kPackedAttentionMaxSeqLen)));
   const dim3 grid(static_cast<unsigned>(args.sequences), static_cast<unsigned>(args.heads));
-  packed_attention_kernel<T><<<grid, kThreads, bytes, stream>>>(args, padded_len);
+  packed_attention_kernel<T><<<grid, kThreads, 0, stream>>>(args);
 }
 
 }  // namespace

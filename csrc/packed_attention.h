@@ -1,6 +1,6 @@
-// Attention over packed short sequences (CLIP captions: at most 77 tokens), one thread block per sequence and
-// head, on tensor cores in 16-row tiles. Generic variable-length kernels tile 128 x 128: for a 25-token caption
-// they compute ~26x the scores needed and their time goes to blocks that are mostly padding.
+// Attention over packed short sequences (CLIP captions: at most 77 tokens): a warp per 16 queries of one sequence
+// and head, on tensor cores, everything in registers. Generic variable-length kernels tile 128 x 128: for a
+// 25-token caption they compute ~26x the scores needed and their time goes to blocks that are mostly padding.
 // No torch headers here, so the .cu file compiles quickly.
 #pragma once
 
@@ -14,7 +14,7 @@ namespace clip_flash {
 
 // The kernel's limits, which the Python side declares again as data (clip_flash/ops/packed_attention.py).
 constexpr int kPackedAttentionHeadDim = 64;
-constexpr int kPackedAttentionMaxSeqLen = 128;
+constexpr int kPackedAttentionMaxSeqLen = 128;  // the longest sequence tested; the kernel itself has no bound
 
 // A (tokens, heads, head_dim) tensor with unit stride along head_dim.
 struct TokenHeadMatrix {

@@ -2,10 +2,11 @@
 
 The generic variable-length kernels (torch's ``varlen_attn``, flash-attn) tile 128 queries x 128 keys: on a
 caption of ~25 tokens most of every tile is padding, and a packed text batch spends a quarter of its device
-time there. clip_flash's kernel (``csrc/packed_attention.cu``) tiles 16 x 16, one thread block per sequence
-and head, and serves what OpenCLIP's causal text towers need: head dim 64, sequences of at most 128 tokens,
-float16/bfloat16, compute capability 8.0 or newer. Numerics as flash attention's: scores, softmax and sums in
-fp32, probabilities rounded to the element type before they meet v.
+time there. clip_flash's kernel (``csrc/packed_attention.cu``) gives a warp 16 queries of one sequence and
+head and walks the keys 16 at a time in registers, and serves what OpenCLIP's causal text towers need: head
+dim 64, sequences of at most 128 tokens, float16/bfloat16, compute capability 8.0 or newer.
+Numerics as flash attention's: scores, softmax and sums in fp32,
+probabilities rounded to the element type before they meet v.
 
 ``packed_attention`` runs the kernel where ``kernel_takes`` says it can (inference: the kernel has no backward)
 and the same formula in plain PyTorch elsewhere (one sequence at a time: a reference, not a fast path).
@@ -26,7 +27,7 @@ __all__ = ["HEAD_DIM", "MAX_SEQLEN", "describe_kernel", "kernel_takes", "packed_
            "packed_attention_reference"]
 
 HEAD_DIM = 64  # the kernel's only head dim (every OpenCLIP causal text tower's)
-MAX_SEQLEN = 128  # the longest sequence it stages in shared memory
+MAX_SEQLEN = 128  # the longest sequence it is tested on (CLIP's context is 77)
 MIN_CAPABILITY = (8, 0)
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
