@@ -128,8 +128,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) packed_attention_ke
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // never launched there: the binding requires compute capability 8.0 (bf16 tensor-core tiles)
 #else
-  const int64_t sequence = blockIdx.x;
-  const int head = blockIdx.y;
+  // A sequence's heads in consecutive blocks: together they read whole rows of q, k and v.
+  const int64_t sequence = blockIdx.x / args.heads;
+  const int head = static_cast<int>(blockIdx.x % args.heads);
   const int start = args.cu_seqlens[sequence];
   const int length = args.cu_seqlens[sequence + 1] - start;
   if (length <= 0) return;
@@ -250,8 +251,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) packed_attention_ke
 
 template <typename T>
 void launch_typed(const PackedAttentionArgs& args, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(args.sequences), static_cast<unsigned>(args.heads));
-  packed_attention_kernel<T><<<grid, kThreads, 0, stream>>>(args);
+  const unsigned blocks = static_cast<unsigned>(args.sequences * args.heads);  // the binding keeps it < 2^31
+  packed_attention_kernel<T><<<blocks, kThreads, 0, stream>>>(args);
 }
 
 }  // namespace

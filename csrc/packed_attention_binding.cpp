@@ -41,8 +41,8 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(cu_seqlens.is_cuda() && cu_seqlens.device() == q.device() && cu_seqlens.scalar_type() == at::kInt &&
                   cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 1 && cu_seqlens.is_contiguous(),
               "cu_seqlens must be a contiguous 1-D int32 CUDA tensor on q's device");
-  TORCH_CHECK(cu_seqlens.size(0) - 1 <= INT32_MAX && q.size(1) <= 65535,
-              check_message("too many sequences or heads: ", cu_seqlens.size(0) - 1, ", ", q.size(1)));
+  TORCH_CHECK((cu_seqlens.size(0) - 1) * q.size(1) <= INT32_MAX,
+              check_message("too many sequences times heads: ", cu_seqlens.size(0) - 1, " x ", q.size(1)));
   const c10::cuda::CUDAGuard device_guard(q.device());
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index()));
