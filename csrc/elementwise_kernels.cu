@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "activation_by_table.h"
 #include "kernel_common.cuh"
 
 namespace clip_flash {
@@ -154,7 +153,6 @@ void launch_residual_add_for_type(const ResidualAddArgs& args, cudaStream_t stre
 
 void launch_bias_act(const BiasActArgs& args, cudaStream_t stream) {
   if (args.rows == 0 || args.cols == 0) return;
-  if (launch_activation_by_table(args, stream)) return;  // the same bits, from a table, on large matrices
   if (args.type == ElementType::kBFloat16) {
     launch_bias_act_for_type<__nv_bfloat16>(args, stream);
   } else {

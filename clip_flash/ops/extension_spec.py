@@ -6,7 +6,6 @@ EXTENSION_SOURCES = (
     "csrc/bindings.cpp",
     "csrc/layer_norm_kernels.cu",
     "csrc/elementwise_kernels.cu",
-    "csrc/activation_by_table.cu",
     "csrc/packed_attention_binding.cpp",
     "csrc/packed_attention.cu",
     "csrc/image_resample_binding.cpp",

@@ -513,35 +513,6 @@ def test_bias_act_cuda(dtype, cols, activation):
     check_bias_act(x.view(3, 257, cols), activation, "3-D")
 
 
-TABLE_MIN_ELEMENTS = 1 << 24  # csrc/activation_by_table.h: from here bias_act looks 16-bit activations up
-
-
-def _bits(t: Tensor) -> Tensor:
-    return t.contiguous().view(torch.int16)
-
-
-@requires_kernels
-@pytest.mark.parametrize("dtype", GPU_DTYPES)
-@pytest.mark.parametrize("activation", [a for a in ACTIVATIONS if a != "identity"])
-@torch.inference_mode()
-def test_bias_act_by_table_gives_the_per_element_bits_cuda(dtype, activation):
-    """Every 16-bit value (inf and NaN included) through the table kernel equals, bit for bit, the per-element
-    kernel's result: one call of 2^24 elements (the table) against the same values in calls below it."""
-    assert_kernels_in_use()
-    every_value = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
-    expected = _bits(bias_act(every_value.view(256, 256).clone(), activation))
-    large = every_value.repeat(TABLE_MIN_ELEMENTS // every_value.numel()).view(4096, 4096)
-    out = bias_act(large.clone(), activation)
-    assert torch.equal(_bits(out).view(-1, 65536), expected.view(1, 65536).expand(256, -1))
-    # A row stride and rows that do not fill the grid's last step; in place and not.
-    strided = _cuda(4103, 4096 + 16, dtype=dtype, std=3.0)[:, :4096]
-    assert strided.numel() >= TABLE_MIN_ELEMENTS
-    chunks = torch.cat([bias_act(strided[i:i + 1000].clone(), activation) for i in range(0, 4103, 1000)])
-    assert torch.equal(_bits(bias_act(strided, activation)), _bits(chunks))
-    donated = strided.contiguous()
-    assert torch.equal(_bits(bias_act(donated, activation)), _bits(chunks))
-
-
 def _layouts(rows, cols, dtype):
     """Inputs that take the packed kernels with a row stride, and the scalar kernels (odd C, misaligned)."""
     return {
