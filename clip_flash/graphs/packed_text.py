@@ -41,10 +41,10 @@ logger = logging.getLogger(__name__)
 
 SMALLEST_TOKEN_BUCKET = 256
 # Token-count buckets per doubling: padding to the next bucket is pure GEMM work (the GEMMs are most of a packed
-# batch), so finer buckets pay; 8 pads a 1,024-caption batch of web captions (about 25,700 tokens) to 26,624
-# rather than 28,672, for 67 graphs instead of 34 (captured in about 3 s from one memory pool): 1.07-1.09x the
-# captions/s of 4 at 342 and 1,024 a batch on an H100 (benchmarks/results/h100/text_buckets_04bca1b).
-PACKED_BUCKETS_PER_DOUBLING = 8
+# batch), so finer buckets pay. 8 rather than 4 padded a 1,024-caption batch of web captions (about 25,700 tokens)
+# to 26,624 rather than 28,672 and gave 1.07-1.09x the captions/s at 342 and 1,024 a batch on an H100
+# (benchmarks/results/h100/text_buckets_04bca1b); 16 halves the padding again (a batch pads by at most 1/16).
+PACKED_BUCKETS_PER_DOUBLING = 16
 
 
 @dataclass(frozen=True)
