@@ -19,7 +19,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.ops import fused_ops  # noqa: E402
 from benchmarks.harness.timing import alternating_median_ms  # noqa: E402
-from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from benchmarks.harness.results import parse_kernel_benchmark_args, write_microbenchmark  # noqa: E402
 
 # (mlp width, tokens per image) of each model's vision tower (open_clip configs).
 VISION_MLPS = {"ViT-B-32": (3072, 50), "ViT-B-16": (3072, 197), "ViT-L-14": (4096, 257),
@@ -38,12 +38,7 @@ def main() -> int:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[64, 256])
     parser.add_argument("--activations", nargs="+", choices=list(TORCH_ACTIVATIONS), default=["gelu"])
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    args = parse_kernel_benchmark_args(parser)
     dtype = getattr(torch, args.dtype)
     header = "| model | batch | activation | torch ms | bias_act ms | torch GB/s | bias_act GB/s |"
     lines, rows = [header, "|" + "---|" * 7], []

@@ -25,7 +25,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.ops._extension import load_extension  # noqa: E402
-from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from benchmarks.harness.results import parse_kernel_benchmark_args, write_microbenchmark  # noqa: E402
 from benchmarks.harness.timing import alternating_median_ms  # noqa: E402
 from clip_flash.inputs.image.transform_spec import spec_from_preprocess  # noqa: E402
 from clip_flash.ops.image_resample import (  # noqa: E402
@@ -59,12 +59,7 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", choices=["shortest", "longest", "squash"], default=["shortest", "squash"])
     parser.add_argument("--interpolation", choices=["bicubic", "bilinear"], default="bicubic")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    args = parse_kernel_benchmark_args(parser)
     extension = load_extension()
     if extension is None:
         parser.error("needs the compiled extension clip_flash._C (build it from csrc/ first)")

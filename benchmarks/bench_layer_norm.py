@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clip_flash.ops import fused_ops  # noqa: E402
-from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from benchmarks.harness.results import parse_kernel_benchmark_args, write_microbenchmark  # noqa: E402
 from benchmarks.harness.timing import graph_ms_per_call  # noqa: E402
 
 # (width, tokens per sequence) of each tower's residual stream (open_clip configs).
@@ -42,12 +42,7 @@ def main() -> int:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 64, 256])
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     parser.add_argument("--calls", type=int, default=24, help="calls per captured graph (a ViT-L-14 has 24 blocks)")
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    args = parse_kernel_benchmark_args(parser, repeats=50)
     dtype = getattr(torch, args.dtype)
     header = "| tower | batch | rows x cols | stock us | add_layer_norm us | stock GB/s | add_layer_norm GB/s |"
     lines, rows = [header, "|" + "---|" * 7], []

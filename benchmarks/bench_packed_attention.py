@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
-from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from benchmarks.harness.results import parse_kernel_benchmark_args, write_microbenchmark  # noqa: E402
 from benchmarks.harness.timing import graph_ms_per_call  # noqa: E402
 from clip_flash.ops.packed_attention import kernel_takes, packed_attention, packed_attention_reference  # noqa: E402
 
@@ -46,13 +46,8 @@ def main() -> int:
                              "77 the context length (what the packed text graphs pass)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     parser.add_argument("--calls", type=int, default=12, help="calls per captured graph (a ViT-L-14 text tower: 12)")
-    parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    args = parse_kernel_benchmark_args(parser)
     from torch.nn.attention.varlen import varlen_attn
 
     dtype = getattr(torch, args.dtype)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.timing import alternating_median_ms  # noqa: E402
-from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from benchmarks.harness.results import parse_kernel_benchmark_args, write_microbenchmark  # noqa: E402
 from clip_flash.patching.patch_embedding import patch_embedding  # noqa: E402
 
 # (patch size, width) of each model's vision conv1 (open_clip configs).
@@ -38,12 +38,7 @@ def main() -> int:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 64, 256])
     parser.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16"], default=["float16", "bfloat16"])
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    args = parse_kernel_benchmark_args(parser)
     torch.backends.cudnn.allow_tf32 = False  # the fp32 reference conv must be a true fp32 conv
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []

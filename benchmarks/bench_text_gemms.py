@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness.results import write_microbenchmark  # noqa: E402
+from benchmarks.harness.results import parse_kernel_benchmark_args, write_microbenchmark  # noqa: E402
 from benchmarks.harness.timing import alternating_median_ms  # noqa: E402
 
 
@@ -37,12 +37,7 @@ def main() -> int:
     parser.add_argument("--mlp-width", type=int, default=3072)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    args = parse_kernel_benchmark_args(parser)
     dtype = getattr(torch, args.dtype)
     header = "| projection | N x K | with bias ms | TFLOP/s | no bias ms | TFLOP/s | bias as a pass ms |"
     lines, rows = [header, "|" + "---|" * 7], []

@@ -7,6 +7,7 @@ separate tables after it.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
@@ -37,6 +38,18 @@ LATENCY_COLUMNS = (
 
 
 # The environment record is the package's own (clip_flash.environment): benchmarks and the job record alike.
+
+
+def parse_kernel_benchmark_args(parser: argparse.ArgumentParser, repeats: int = 30) -> argparse.Namespace:
+    """Add the options every kernel microbenchmark shares (``--repeats``, ``--json``, ``--markdown``) and parse;
+    exits with the usage line where no CUDA GPU is visible."""
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    return args
 
 
 def write_microbenchmark(json_path: Optional[Path], markdown_path: Optional[Path], title: str,
