@@ -4,9 +4,8 @@ The generic variable-length kernels (torch's ``varlen_attn``, flash-attn) tile 1
 caption of ~25 tokens most of every tile is padding, and a packed text batch spends a quarter of its device
 time there. clip_flash's kernel (``csrc/packed_attention.cu``) gives a warp 16 queries of one sequence and
 head and walks the keys 16 at a time in registers, and serves what OpenCLIP's causal text towers need: head
-dim 64, sequences of at most 128 tokens, float16/bfloat16, compute capability 8.0 or newer.
-Numerics as flash attention's: scores, softmax and sums in fp32,
-probabilities rounded to the element type before they meet v.
+dim 64, sequences of at most 128 tokens, float16/bfloat16, compute capability 8.0 or newer. Numerics as flash
+attention's: scores, softmax and sums in fp32, probabilities rounded to the element type before they meet v.
 
 ``packed_attention`` runs the kernel where ``kernel_takes`` says it can (inference: the kernel has no backward)
 and the same formula in plain PyTorch elsewhere (one sequence at a time: a reference, not a fast path).
