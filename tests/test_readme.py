@@ -2,11 +2,12 @@
 files, and its install lines pin what CI installs."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.utils import child_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
@@ -26,9 +27,8 @@ def _gain_table_rows():
 def test_usage_example_runs_as_written(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(_usage_example())
-    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path, env=environment)
+                          cwd=tmp_path, env=child_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert "attention sites patched" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == "torch.Size([2, 512]) torch.Size([1, 512])"

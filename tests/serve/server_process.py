@@ -14,6 +14,8 @@ from typing import List, Optional, Sequence
 
 import httpx
 
+from tests.utils import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -34,8 +36,8 @@ class ServerProcess:
         command = [sys.executable, "-m", module, "--port", str(self.port), *args]
         if api_key:
             command += ["--api-key", api_key]
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                        env=child_env())
         self.ready_statuses: List[int] = []
 
     @property
