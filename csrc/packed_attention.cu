@@ -24,8 +24,7 @@ namespace {
 constexpr int kTile = 16;  // queries a warp takes, and keys a step of its walk
 constexpr int kWarps = 2;
 constexpr int kThreads = kWarps * 32;
-// At most 168 registers a thread: the current and the next key tile stay in registers without spilling.
-constexpr int kMinBlocksPerSm = 6;
+constexpr int kMinBlocksPerSm = 8;  // at most 128 registers a thread: 16 warps an SM to hide memory latency
 constexpr int kHeadDim = kPackedAttentionHeadDim;
 constexpr int kDimsPerLane = 16;  // q and k dims a lane of a quad holds, for each of its rows
 constexpr float kLog2E = 1.4426950408889634f;
@@ -58,27 +57,8 @@ __device__ __forceinline__ uint4 load_eight(const void* base, int64_t token_stri
   return __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + row * token_stride));
 }
 
-// One step of a warp's walk: keys key0..key0+15 of k (this lane's dims) and the v rows its probabilities weigh.
-struct KeyValueTile {
-  RowSlice k_low, k_high;  // keys key0 + g and key0 + 8 + g
-  uint4 v_rows[4];         // v rows 2t, 2t+1, 2t+8, 2t+9 of the tile, dims 8g..8g+7
-};
-
 __device__ __forceinline__ uint32_t word(const uint4& v, int index) {
   return index == 0 ? v.x : index == 1 ? v.y : index == 2 ? v.z : v.w;
-}
-
-__device__ __forceinline__ KeyValueTile load_key_value_tile(const void* k_base, const void* v_base,
-                                                            const PackedAttentionArgs& args, int key0, int length,
-                                                            int quad_lane, int group) {
-  KeyValueTile tile;
-  tile.k_low = load_row_slice(k_base, args.k.token_stride, key0 + group, length);
-  tile.k_high = load_row_slice(k_base, args.k.token_stride, key0 + 8 + group, length);
-  tile.v_rows[0] = load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane, length);
-  tile.v_rows[1] = load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 1, length);
-  tile.v_rows[2] = load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 8, length);
-  tile.v_rows[3] = load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 9, length);
-  return tile;
 }
 
 // d += a b for a 16 x 16 tile a (row-major) and a 16 x 8 tile b (column-major), fp32 accumulate.
@@ -194,18 +174,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) packed_attention_ke
     float sum_low = 0.0f, sum_high = 0.0f;            // this lane's share of the running sums
 
     const int key_tiles = args.causal ? tile + 1 : tiles;
-    // The next tile's k and v are requested before this tile's arithmetic, so a walk waits on memory once
-    // rather than once a step.
-    KeyValueTile next = load_key_value_tile(k_base, v_base, args, 0, length, quad_lane, group);
     for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
       const int key0 = key_tile * kTile;
-      const KeyValueTile current = next;
-      if (key_tile + 1 < key_tiles) {
-        next = load_key_value_tile(k_base, v_base, args, key0 + kTile, length, quad_lane, group);
-      }
-      const RowSlice& k_low = current.k_low;
-      const RowSlice& k_high = current.k_high;
-      const uint4 (&v_rows)[4] = current.v_rows;
+      const RowSlice k_low = load_row_slice(k_base, args.k.token_stride, key0 + group, length);
+      const RowSlice k_high = load_row_slice(k_base, args.k.token_stride, key0 + 8 + group, length);
+      // v rows 2t, 2t+1, 2t+8, 2t+9 of the tile (the keys of this lane's probabilities), dims 8g..8g+7.
+      const uint4 v_rows[4] = {load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane, length),
+                               load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 1, length),
+                               load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 8, length),
+                               load_eight(v_base, args.v.token_stride, key0 + 2 * quad_lane + 9, length)};
 
       float scores[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // keys 8n + 2t (+1)
 #pragma unroll
