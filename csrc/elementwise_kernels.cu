@@ -3,6 +3,10 @@
 // Each thread owns one column group (a 16-byte pack of 8 values, or 1 value on the scalar path), loads
 // that group's column vectors once, then walks its rows a few at a time so several independent loads
 // are in flight. Warps span consecutive columns of one row, so accesses coalesce.
+//
+// The activation reads no column vector, so where both matrices are contiguous it walks them as one flat array
+// of packs instead: every thread of every block has work whatever the width (a 3,072-wide row is 384 packs, which
+// left a quarter of the column-group kernel's threads idle), and each thread has four 16-byte loads in flight.
 #include <algorithm>
 #include <cstdint>
 
@@ -66,6 +70,33 @@ __global__ void __launch_bounds__(kBlockThreads) bias_act_kernel(const BiasActAr
   }
 }
 
+// Packs a thread of the flat activation kernel loads before it computes any.
+constexpr int kFlatPacksPerThread = 4;
+
+template <typename T, Activation kActivation>
+__global__ void __launch_bounds__(kBlockThreads) flat_bias_act_kernel(const T* x, T* out, int64_t packs) {
+  using Packed = Pack<T, kPackElements>;
+  // Pack k of a thread is k blocks' widths past its first: a warp's loads cover 512 consecutive bytes.
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kBlockThreads * kFlatPacksPerThread + threadIdx.x;
+  Packed in[kFlatPacksPerThread];
+#pragma unroll
+  for (int k = 0; k < kFlatPacksPerThread; ++k) {
+    const int64_t pack = first + static_cast<int64_t>(k) * kBlockThreads;
+    if (pack < packs) in[k] = reinterpret_cast<const Packed*>(x)[pack];
+  }
+#pragma unroll
+  for (int k = 0; k < kFlatPacksPerThread; ++k) {
+    const int64_t pack = first + static_cast<int64_t>(k) * kBlockThreads;
+    if (pack >= packs) continue;
+    Packed result;
+#pragma unroll
+    for (int j = 0; j < kPackElements; ++j) {
+      result.values[j] = round_from_float<T>(activate<kActivation>(to_float(in[k].values[j])));
+    }
+    store_pack(out + pack * kPackElements, result);
+  }
+}
+
 template <typename T, int kWidth>
 __global__ void __launch_bounds__(kBlockThreads) residual_add_kernel(const ResidualAddArgs args) {
   constexpr int kRows = kResidualAddRows;
@@ -110,6 +141,34 @@ bool can_use_packs(const ResidualAddArgs& args) {
          is_16_byte_aligned(args.scale.data);
 }
 
+// Both matrices one contiguous run of 16-byte packs: the flat kernel's case.
+bool is_flat(const BiasActArgs& args) {
+  return can_use_packs(args) && args.x.row_stride == args.cols && args.out.row_stride == args.cols;
+}
+
+template <typename T>
+void launch_flat_bias_act_kernel(const BiasActArgs& args, cudaStream_t stream) {
+  const int64_t packs = args.rows * args.cols / kPackElements;
+  constexpr int64_t kPacksPerBlock = static_cast<int64_t>(kBlockThreads) * kFlatPacksPerThread;
+  const dim3 grid(static_cast<unsigned>((packs + kPacksPerBlock - 1) / kPacksPerBlock));
+  const T* x = static_cast<const T*>(args.x.data);
+  T* out = static_cast<T*>(args.out.data);
+  switch (args.activation) {
+    case Activation::kGelu:
+      flat_bias_act_kernel<T, Activation::kGelu><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
+      break;
+    case Activation::kGeluTanh:
+      flat_bias_act_kernel<T, Activation::kGeluTanh><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
+      break;
+    case Activation::kQuickGelu:
+      flat_bias_act_kernel<T, Activation::kQuickGelu><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
+      break;
+    case Activation::kIdentity:
+      flat_bias_act_kernel<T, Activation::kIdentity><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
+      break;
+  }
+}
+
 template <typename T, int kWidth>
 void launch_bias_act_kernel(const BiasActArgs& args, cudaStream_t stream) {
   const LaunchShape shape = column_group_launch_shape(args.rows, args.cols / kWidth, kBiasActRows);
@@ -131,7 +190,9 @@ void launch_bias_act_kernel(const BiasActArgs& args, cudaStream_t stream) {
 
 template <typename T>
 void launch_bias_act_for_type(const BiasActArgs& args, cudaStream_t stream) {
-  if (can_use_packs(args)) {
+  if (is_flat(args)) {
+    launch_flat_bias_act_kernel<T>(args, stream);
+  } else if (can_use_packs(args)) {
     launch_bias_act_kernel<T, kPackElements>(args, stream);
   } else {
     launch_bias_act_kernel<T, 1>(args, stream);
