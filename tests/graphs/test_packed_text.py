@@ -59,9 +59,9 @@ def test_token_buckets_rise_by_at_most_one_step_a_doubling_and_end_at_the_larges
     assert token_buckets(300, 4) == [256, 300] and token_buckets(300, 8) == [256, 288, 300]
 
 
-def test_a_typical_web_caption_batch_pads_to_the_next_sixteenth_by_default():
+def test_a_typical_web_caption_batch_pads_to_the_next_thirty_second_by_default():
     buckets = token_buckets(1024 * 77)
-    assert len(buckets) == 133 and min(b for b in buckets if b >= 25_493) == 25_600
+    assert len(buckets) == 264 and min(b for b in buckets if b >= 25_650) == 26_112
 
 
 def test_a_batch_replays_the_cheapest_measured_bucket_holding_it():
