@@ -6,7 +6,10 @@
 //
 // The activation reads no column vector, so where both matrices are contiguous it walks them as one flat array
 // of packs instead: every thread of every block has work whatever the width (a 3,072-wide row is 384 packs, which
-// left a quarter of the column-group kernel's threads idle), and each thread has four 16-byte loads in flight.
+// left a quarter of the column-group kernel's threads idle), and each thread has four 16-byte loads in flight. On an
+// H200, erf GELU over a text tower's c_fc output (25,600 x 3,072 fp16) took 0.100 / 0.107 ms against 0.111 / 0.115,
+// and over ViT-L-14's vision MLP at 256 images 0.311 / 0.314 against 0.345 / 0.343; a plain copy takes 0.082 and
+// 0.264 (benchmarks/results/h200/flat_activation_7e75d48).
 #include <algorithm>
 #include <cstdint>
 

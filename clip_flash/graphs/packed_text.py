@@ -43,10 +43,11 @@ SMALLEST_TOKEN_BUCKET = 256
 # Token-count buckets per doubling: padding to the next bucket is pure GEMM work (the GEMMs are most of a packed
 # batch), so finer buckets pay. 8 rather than 4 padded a 1,024-caption batch of web captions (about 25,700 tokens)
 # to 26,624 rather than 28,672 and gave 1.07-1.09x the captions/s at 342 and 1,024 a batch on an H100
-# (benchmarks/results/h100/text_buckets_04bca1b); 16 halved the padding again. 32 (a batch pads by at most 1/32;
-# 264 graphs for ViT-L-14 at 1,024 captions, from the same memory pool): on an H200, ViT-L-14 packed caption
-# batches at 101,356 / 102,035 captions/s against 96,836 / 101,351 with 16 at 1,024 a batch, and 63,928 /
-# 64,555 against 62,142 / 62,376 at 64 (benchmarks/results/h200/flat_activation_7e75d48).
+# (benchmarks/results/h100/text_buckets_04bca1b); 16 halved the padding again. 32 (a batch pads by at most 1/32):
+# on an H200, ViT-L-14 packed caption batches at 101,356 / 102,035 captions/s against 96,836 / 101,351 with 16 at
+# 1,024 a batch, and 63,928 / 64,555 against 62,142 / 62,376 at 64 (benchmarks/results/h200/
+# flat_activation_7e75d48). The price is start-up: for ViT-L-14 at 1,024 captions 264 graphs from the same 1,862
+# MiB pool, captured and timed in about 11 s against 5 for 133.
 PACKED_BUCKETS_PER_DOUBLING = 32
 
 

@@ -50,7 +50,7 @@ class ServeConfig:
             group of it, replays whichever graph its measured costs say is cheaper: a packed text graph
             (``graphs.PackedTextGraphs``: the captions' real tokens one after another, padded only to a
             token-count bucket; about 25 token rows a web caption against 37-50 padded) or the padded caption graph
-            of its length bucket; both kinds are captured and timed at start (133 packed graphs in about 5 s and
+            of its length bucket; both kinds are captured and timed at start (264 packed graphs in about 11 s and
             1,862 MiB for ViT-L-14 at 1,024 captions). fp16 and bf16 only (the packed attention kernels take no fp32,
             which replays padded graphs). ViT-L-14 at 64 captions a request on an H100, alternated twice with
             ``cost``: 1,002-1,010 req/s answered at 1,100 offered against 840-851, at 950 offered 953-954 against
