@@ -12,6 +12,7 @@
 // 0.264 (benchmarks/results/h200/flat_activation_7e75d48).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_common.cuh"
 
@@ -149,6 +150,26 @@ bool is_flat(const BiasActArgs& args) {
   return can_use_packs(args) && args.x.row_stride == args.cols && args.out.row_stride == args.cols;
 }
 
+// Calls `launch` with the activation as a compile-time constant (std::integral_constant), so each kernel is
+// instantiated once per activation and the switch is written once.
+template <typename Launch>
+void with_activation(Activation activation, Launch&& launch) {
+  switch (activation) {
+    case Activation::kGelu:
+      launch(std::integral_constant<Activation, Activation::kGelu>{});
+      break;
+    case Activation::kGeluTanh:
+      launch(std::integral_constant<Activation, Activation::kGeluTanh>{});
+      break;
+    case Activation::kQuickGelu:
+      launch(std::integral_constant<Activation, Activation::kQuickGelu>{});
+      break;
+    case Activation::kIdentity:
+      launch(std::integral_constant<Activation, Activation::kIdentity>{});
+      break;
+  }
+}
+
 template <typename T>
 void launch_flat_bias_act_kernel(const BiasActArgs& args, cudaStream_t stream) {
   const int64_t packs = args.rows * args.cols / kPackElements;
@@ -156,39 +177,17 @@ void launch_flat_bias_act_kernel(const BiasActArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((packs + kPacksPerBlock - 1) / kPacksPerBlock));
   const T* x = static_cast<const T*>(args.x.data);
   T* out = static_cast<T*>(args.out.data);
-  switch (args.activation) {
-    case Activation::kGelu:
-      flat_bias_act_kernel<T, Activation::kGelu><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
-      break;
-    case Activation::kGeluTanh:
-      flat_bias_act_kernel<T, Activation::kGeluTanh><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
-      break;
-    case Activation::kQuickGelu:
-      flat_bias_act_kernel<T, Activation::kQuickGelu><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
-      break;
-    case Activation::kIdentity:
-      flat_bias_act_kernel<T, Activation::kIdentity><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
-      break;
-  }
+  with_activation(args.activation, [&](auto activation) {
+    flat_bias_act_kernel<T, decltype(activation)::value><<<grid, kBlockThreads, 0, stream>>>(x, out, packs);
+  });
 }
 
 template <typename T, int kWidth>
 void launch_bias_act_kernel(const BiasActArgs& args, cudaStream_t stream) {
   const LaunchShape shape = column_group_launch_shape(args.rows, args.cols / kWidth, kBiasActRows);
-  switch (args.activation) {
-    case Activation::kGelu:
-      bias_act_kernel<T, kWidth, Activation::kGelu><<<shape.grid, shape.block, 0, stream>>>(args);
-      break;
-    case Activation::kGeluTanh:
-      bias_act_kernel<T, kWidth, Activation::kGeluTanh><<<shape.grid, shape.block, 0, stream>>>(args);
-      break;
-    case Activation::kQuickGelu:
-      bias_act_kernel<T, kWidth, Activation::kQuickGelu><<<shape.grid, shape.block, 0, stream>>>(args);
-      break;
-    case Activation::kIdentity:
-      bias_act_kernel<T, kWidth, Activation::kIdentity><<<shape.grid, shape.block, 0, stream>>>(args);
-      break;
-  }
+  with_activation(args.activation, [&](auto activation) {
+    bias_act_kernel<T, kWidth, decltype(activation)::value><<<shape.grid, shape.block, 0, stream>>>(args);
+  });
 }
 
 template <typename T>
