@@ -14,7 +14,8 @@ with the variants alternating), the host's launch time, groups per batch, the ro
 computed per caption, and each encoder's capture time and graph memory. The patched model's eager
 ``encode_text`` on the same captions in batches of ``--alone-batch`` (the serve bench's "encoder alone") is timed
 beside them for scale; ``--graph-costs`` adds each graph's replay time alone (what ``cost`` grouping weighs);
-``--profile-batch N`` the device's busy share over one pass of the N-caption batches (torch.profiler).
+``--profile-batch N`` the device's busy share over one pass of the N-caption batches (torch.profiler), and the
+eager encoder's over as many calls of ``--alone-batch`` captions.
 
     python benchmarks/bench_text_batches.py --model ViT-L-14 --per-doubling 4 --grouping buckets cost \
         --batch-sizes 64 342 1024 --graph-costs --markdown out.md
@@ -280,6 +281,13 @@ def main() -> int:
                 lines.append(line)
                 print(line, flush=True)
         if profiled:
+            # The eager encoder beside the graphs, as many calls as a pass has batches: where their device time
+            # differs kernel by kernel (the graphs' bucket padding, copies, gaps between replays).
+            busy_ms, span_ms, kernels, by_name = device_busy(
+                lambda: [model.encode_text(alone_tokens) for _ in range(args.batches)])
+            profiled.append(dict(batch=args.alone_batch, per_doubling="-", grouping="eager encode_text",
+                                 busy_ms=busy_ms, span_ms=span_ms, kernels_per_batch=kernels / args.batches,
+                                 top_kernels_ms=dict(sorted(by_name.items(), key=lambda item: -item[1])[:12])))
             lines += ["", f"Under torch.profiler, one pass over the {args.profile_batch}-caption batches: the device's "
                       "busy time (the union of its kernels and copies) against the span from the first to the last:",
                       "", "| graphs per doubling | grouping | kernels and copies a batch | busy ms | span ms | busy |",
@@ -287,8 +295,10 @@ def main() -> int:
             lines += [f"| {p['per_doubling']} | {p['grouping']} | {p['kernels_per_batch']:.0f} | {p['busy_ms']:.1f} | "
                       f"{p['span_ms']:.1f} | {p['busy_ms'] / p['span_ms']:.1%} |" for p in profiled]
             for p in profiled:
-                lines += ["", f"Where the device time goes, {p['grouping']} ({p['per_doubling']} per doubling), "
-                          f"one pass: the 12 kernels that took most, ms a batch and share of the busy time:", "",
+                which = (p["grouping"] if p["per_doubling"] == "-"
+                         else f"{p['grouping']} ({p['per_doubling']} per doubling)")
+                lines += ["", f"Where the device time goes, {which}, one pass: the 12 kernels that took most, ms a "
+                          "batch and share of the busy time:", "",
                           "| kernel | ms a batch | share |", "|---|---|---|"]
                 lines += [f"| `{name[:90]}` | {ms / args.batches:.3f} | {ms / p['busy_ms']:.1%} |"
                           for name, ms in p["top_kernels_ms"].items()]
