@@ -17,7 +17,8 @@ batch N the next batch is already decoded (or tokenized) and launched behind it:
 1. ``collect``: takes a batch from the queue (dropping items whose client went away or whose deadline passed)
    and runs the CPU step (decoding images, tokenizing captions).
 2. ``launch``: the device step (upload, exact resampling), the encoder (a replayed CUDA graph on CUDA), the
-   L2 normalisation, and an asynchronous copy of the embeddings to page-locked host memory.
+   L2 normalisation, and an asynchronous copy of the embeddings to page-locked host memory (on a stream of its
+   own, so the next batch's work does not queue behind it).
 3. ``answer``: waits for that copy and hands every item's result back to its request's event loop.
 
 On a GPU, a batch that is alone in the pipeline (low load) skips the hand-off to ``launch``: the collector
@@ -103,6 +104,10 @@ class TowerBatcher:
         self.max_in_flight = max_in_flight
         self.launch_alone = self.device is not None if launch_alone is None else launch_alone
         self.in_flight = 0  # batches taken and not yet answered (under lock)
+        # The embeddings go to the host on a stream of their own: on the launching stream the copy would hold
+        # the next batch's replay back for as long as it takes (2 x 1,024 x 768 float32 rows: about 0.13 ms of a
+        # 10 ms caption batch).
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device is not None else None
         self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._threads = [threading.Thread(target=self._run, args=(stage,), daemon=True,
@@ -288,10 +293,7 @@ class TowerBatcher:
                 for position in positions:
                     results[position] = ItemError(reason)
         try:
-            rows = _to_host(_in_batch_order(encoded, size)) if encoded else None
-            done = torch.cuda.Event() if self.device is not None else None
-            if done is not None:
-                done.record()
+            rows, done = _to_host(_in_batch_order(encoded, size), self._copy_stream) if encoded else (None, None)
         except Exception as error:  # noqa: BLE001 - e.g. out of memory for the copy: these inputs fail
             self._fail(batch, size, f"copying the {self.tower} batch's embeddings failed: {describe_error(error)}")
             return
@@ -375,10 +377,18 @@ def _in_batch_order(encoded: List[Tuple[List[int], torch.Tensor]], size: int) ->
     return out.index_copy_(1, positions.to(rows.device, non_blocking=True), rows)
 
 
-def _to_host(features: torch.Tensor) -> torch.Tensor:
-    """Start copying to page-locked host memory without waiting (the ``answer`` stage waits); on the CPU, as is."""
+def _to_host(features: torch.Tensor, copy_stream: Optional["torch.cuda.Stream"]
+             ) -> Tuple[torch.Tensor, Optional["torch.cuda.Event"]]:
+    """(page-locked host tensor, event recorded after the copy into it): the copy is queued on ``copy_stream``
+    behind the work that computes ``features``, without waiting (the ``answer`` stage waits on the event); on the
+    CPU, ``features`` as they are and no event."""
     if features.device.type != "cuda":
-        return features.contiguous()
+        return features.contiguous(), None
     host = torch.empty(features.shape, dtype=features.dtype, pin_memory=True)
-    host.copy_(features, non_blocking=True)
-    return host
+    copy_stream.wait_stream(torch.cuda.current_stream(features.device))
+    with torch.cuda.stream(copy_stream):
+        host.copy_(features, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(copy_stream)
+    features.record_stream(copy_stream)  # its memory is not handed out again before the copy has read it
+    return host, done

@@ -392,11 +392,11 @@ def test_a_batch_failing_after_its_encode_fails_its_inputs_and_the_queue_goes_on
     calls = []
     to_host = batcher_module._to_host
 
-    def failing_once(features):
+    def failing_once(features, copy_stream):
         calls.append(features.shape)
         if len(calls) == 1:
             raise RuntimeError("out of pinned memory (simulated)")
-        return to_host(features)
+        return to_host(features, copy_stream)
 
     monkeypatch.setattr(batcher_module, "_to_host", failing_once)
     lock = threading.Lock()
