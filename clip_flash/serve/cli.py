@@ -67,9 +67,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
     add("--decode", choices=("cpu", "gpu"), default=defaults.decode,
         help="cpu: exact (OpenCLIP's pixels, bit for bit); gpu: nvJPEG, faster, not exact (default: %(default)s)")
-    add("--exact-share", type=float, default=defaults.exact_share,
-        help="with --decode gpu: the share of each image batch decoded exactly on the CPU beside nvJPEG's hardware "
-             "decoder (those rows exact) (default: %(default)s)")
     add("--decode-workers", type=int, default=None,
         help="image decoding threads per engine (default: one per core, shared out between --devices' engines)")
     add("--no-split-jpegs", dest="split_jpegs", action="store_false",
@@ -96,8 +93,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_wait_ms=args.max_wait_ms, wait_when_idle=args.wait_when_idle,
         max_batches_in_flight=args.max_batches_in_flight, max_queue=args.max_queue,
         request_timeout=args.request_timeout,
-        max_request_bytes=args.max_request_bytes, api_key=args.api_key, decode=args.decode,
-        exact_share=args.exact_share, patch=args.patch,
+        max_request_bytes=args.max_request_bytes, api_key=args.api_key, decode=args.decode, patch=args.patch,
         inputs=args.inputs, cuda_graphs=args.cuda_graphs, decode_workers=args.decode_workers,
         split_jpegs=args.split_jpegs, workers=args.workers, log_level=args.log_level, served_name=args.served_name)
 

@@ -74,10 +74,6 @@ class ServeConfig:
         max_request_bytes: a larger body gets 413.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``.
         decode: ``"cpu"`` (exact) or ``"gpu"`` (nvJPEG; not exact).
-        exact_share: with ``decode="gpu"``, the share of each image batch decoded exactly on the CPU's decoding
-            threads while nvJPEG's hardware decoder does the rest (those rows exact, the others nvJPEG's;
-            ``ImagePreprocessor(exact_share=...)``, :mod:`clip_flash.inputs.image.exact_share`). 0: nvJPEG decodes
-            every JPEG it can.
         patch: run ``clip_flash.patch`` on the model (``--no-patch``: the stock model).
         inputs: ``"fast"`` (clip_flash's exact image preparer and tokenizer) or ``"stock"`` (OpenCLIP's own
             ``preprocess`` and tokenizer: a baseline).
@@ -112,7 +108,6 @@ class ServeConfig:
     max_request_bytes: int = 64 * 1024 * 1024
     api_key: Optional[str] = None
     decode: str = "cpu"
-    exact_share: float = 0.0
     patch: bool = True
     inputs: str = "fast"
     cuda_graphs: bool = True
@@ -129,10 +124,6 @@ class ServeConfig:
             raise ValueError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
         if self.text_grouping not in TEXT_GROUPINGS:
             raise ValueError(f"text_grouping must be one of {TEXT_GROUPINGS}, got {self.text_grouping!r}")
-        if not 0.0 <= self.exact_share <= 1.0:
-            raise ValueError(f"exact_share must be from 0 to 1, got {self.exact_share}")
-        if self.exact_share and self.decode != "gpu":
-            raise ValueError("--exact-share splits --decode gpu's batches; with --decode cpu every row is exact")
         if self.inputs == "stock" and self.decode == "gpu":
             raise ValueError("--decode gpu is clip_flash's image path; --inputs stock uses OpenCLIP's preprocess")
         self.devices = tuple(int(d) for d in self.devices)

@@ -146,8 +146,7 @@ class Engine:
             from clip_flash.inputs.text.tokenizer import get_tokenizer
 
             image_inputs = FastImageInputs(loaded.preprocess, device, loaded.dtype, config.decode,
-                                           config.decode_workers, config.max_batch, config.split_jpegs,
-                                           config.exact_share)
+                                           config.decode_workers, config.max_batch, config.split_jpegs)
             tokenizer = get_tokenizer(spec.name)
         else:
             import open_clip
@@ -174,7 +173,7 @@ class Engine:
         self.description = (f"{spec.text} {spec.weights_note}".strip() + f" on {device}, {precision}, "
                             f"{'patched' if config.patch else 'stock model'}, "
                             f"{'clip_flash' if config.inputs == 'fast' else 'OpenCLIP'} inputs"
-                            f"{_decode_note(config)}, "
+                            f"{' (decode=gpu)' if config.decode == 'gpu' else ''}, "
                             f"{'CUDA graphs' if graphs else 'eager'}")
         logger.info("engine ready in %.1f s: %s", time.perf_counter() - started, self.description)
 
@@ -400,9 +399,3 @@ class EnginePool(EnginesTogether):
         for engine in self.engines:
             engine.close()
 
-
-def _decode_note(config: ServeConfig) -> str:
-    """How images are decoded, for the engine's description (empty for the exact path)."""
-    if config.decode != "gpu":
-        return ""
-    return f" (decode=gpu, exact share {config.exact_share:g})" if config.exact_share else " (decode=gpu)"

@@ -38,11 +38,11 @@ class FastImageInputs:
     """clip_flash's ``ImagePreprocessor``: bit for bit OpenCLIP's ``preprocess`` (``decode="cpu"``)."""
 
     def __init__(self, preprocess: Any, device: torch.device, dtype: torch.dtype, decode: str,
-                 workers: Optional[int], batch_size: int, split_jpegs: bool = True, exact_share: float = 0.0) -> None:
+                 workers: Optional[int], batch_size: int, split_jpegs: bool = True) -> None:
         from clip_flash.inputs.image.preprocessor import ImagePreprocessor
 
         self.preparer = ImagePreprocessor(preprocess, device=device, dtype=dtype, decode=decode, workers=workers,
-                                          start=False, split_jpegs=split_jpegs, exact_share=exact_share)
+                                          start=False, split_jpegs=split_jpegs)
         self.preparer.start(batch_size=batch_size)
         self.output_size = self.preparer.output_size
 

@@ -540,21 +540,6 @@ def test_no_split_jpegs_reaches_the_image_preparer():
         inputs.close()
 
 
-def test_exact_share_reaches_the_config_and_is_checked():
-    import argparse
-
-    from clip_flash.serve.cli import add_arguments, config_from_args
-    from clip_flash.serve.config import ServeConfig
-
-    parser = add_arguments(argparse.ArgumentParser())
-    assert config_from_args(parser.parse_args([])).exact_share == 0.0
-    assert config_from_args(parser.parse_args(["--decode", "gpu", "--exact-share", "0.35"])).exact_share == 0.35
-    with pytest.raises(ValueError, match="from 0 to 1"):
-        ServeConfig(decode="gpu", exact_share=1.5)
-    with pytest.raises(ValueError, match="exact-share"):
-        ServeConfig(exact_share=0.35)  # with --decode cpu every row is exact already
-
-
 def test_text_graphs_are_captured_largest_first_with_the_end_of_text_at_each_length():
     from clip_flash.serve.text_graphs import capture_text_graphs
 

@@ -46,14 +46,12 @@ def test_graphs_are_used(server):
     assert "CUDA graphs" in engine and "cuda" in engine, engine
 
 
-@pytest.mark.parametrize("exact_share", ["0", "0.5"])
-def test_fp16_decode_gpu_close_to_fp32(reference, exact_share):
+def test_fp16_decode_gpu_close_to_fp32(reference):
     process = ServerProcess(["--device", "cuda", "--precision", "fp16", "--decode", "gpu", "--max-batch", "16",
-                             "--max-text-batch", "32", "--exact-share", exact_share])
+                             "--max-text-batch", "32"])
     try:
         process.wait_ready(timeout=300)
-        engine = httpx.get(process.url + "/ready").json()["engine"]
-        assert "decode=gpu" in engine and (exact_share == "0") != ("exact share 0.5" in engine), engine
+        assert "decode=gpu" in httpx.get(process.url + "/ready").json()["engine"]
         photos = [jpeg_bytes(n, (640, 480)) for n in range(4)]
         body = post(process, {"input": [data_uri(p) for p in photos] + CAPTIONS}).json()
         got = vectors(body)
