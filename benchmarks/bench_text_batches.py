@@ -15,7 +15,9 @@ computed per caption, and each encoder's capture time and graph memory. The patc
 ``encode_text`` on the same captions in batches of ``--alone-batch`` (the serve bench's "encoder alone") is timed
 beside them for scale; ``--graph-costs`` adds each graph's replay time alone (what ``cost`` grouping weighs);
 ``--profile-batch N`` the device's busy share over one pass of the N-caption batches (torch.profiler), and the
-eager encoder's over as many calls of ``--alone-batch`` captions.
+eager encoder's over as many calls of ``--alone-batch`` captions (with ``--profile-gap-ms G`` also the packed graphs
+with the device left idle G ms after each batch, as the eager encoder's Python launches leave it). The GPU's SM
+clock and power (NVML, ``harness.gpu_clocks``) are sampled through every timed round and profiled pass.
 
     python benchmarks/bench_text_batches.py --model ViT-L-14 --per-doubling 4 --grouping buckets cost \
         --batch-sizes 64 342 1024 --graph-costs --markdown out.md
@@ -34,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness.captions import web_captions  # noqa: E402
+from benchmarks.harness.gpu_clocks import GpuClockSampler, describe  # noqa: E402
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
 from clip_flash.graphs.packed_text import PACKED_BUCKETS_PER_DOUBLING  # noqa: E402
 from clip_flash.serve.engine import batch_buckets  # noqa: E402
@@ -128,6 +131,16 @@ def device_busy(function: Callable[[], object]) -> Tuple[float, float, int, Dict
     return busy / 1e3, (max(finish for _, finish in spans) - spans[0][0]) / 1e3, len(spans), by_name
 
 
+def run_with_gaps(encode: Callable[[torch.Tensor], torch.Tensor], batches: Sequence[Sequence[torch.Tensor]],
+                  gap_ms: float) -> None:
+    """Each batch's groups encoded, then the device left idle ``gap_ms`` (waited for, then a sleep)."""
+    for batch in batches:
+        for group in batch:
+            encode(group)
+        torch.cuda.synchronize()
+        time.sleep(gap_ms / 1e3)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="ViT-L-14")
@@ -146,6 +159,9 @@ def main() -> int:
     parser.add_argument("--alone-batch", type=int, default=1024)
     parser.add_argument("--profile-batch", type=int, default=None,
                         help="for this batch size, also profile one pass per variant: the device's busy share")
+    parser.add_argument("--profile-gap-ms", type=float, default=0.0,
+                        help="with --profile-batch and packed grouping: also profile the packed graphs with the device "
+                             "idle this long after each batch (are kernels faster when the device rests?)")
     parser.add_argument("--graph-costs", action="store_true",
                         help="also time one replay of every caption graph alone (rows x length bucket)")
     parser.add_argument("--json", type=Path)
@@ -230,7 +246,10 @@ def main() -> int:
     lines, rows = [header, "|" + "---|" * 10], []
     profiled: List[Dict[str, object]] = []
     print(header, flush=True)
-    with torch.inference_mode():
+    clocks = GpuClockSampler(device)
+    if not clocks.available:
+        print(f"GPU clocks not sampled: {clocks.reason}", flush=True)
+    with torch.inference_mode(), clocks:
         for size in args.batch_sizes:
             plans = {variant: plan(tokens, args.batches, size, seed=size, group=group)
                      for variant, group in groupings.items()}
@@ -244,17 +263,25 @@ def main() -> int:
             for variant in groupings:
                 run(variant)  # warm: every graph these batches hit
             if size == args.profile_batch:
-                for variant in groupings:
-                    busy_ms, span_ms, kernels, by_name = device_busy(lambda: run(variant))
+                passes = [(variant, variant[1], lambda variant=variant: run(variant)) for variant in groupings]
+                if args.profile_gap_ms > 0:
+                    passes += [(variant, f"{variant[1]}, device idle {args.profile_gap_ms:g} ms after each batch",
+                                lambda variant=variant: run_with_gaps(encodes[variant], plans[variant],
+                                                                      args.profile_gap_ms))
+                               for variant in groupings if variant[1] == "packed"]
+                for variant, name, function in passes:
+                    clocks.label = f"profile {size} {variant[0]} {name}"
+                    busy_ms, span_ms, kernels, by_name = device_busy(function)
                     top = dict(sorted(by_name.items(), key=lambda item: -item[1])[:12])
-                    profiled.append(dict(batch=size, per_doubling=variant[0], grouping=variant[1], busy_ms=busy_ms,
+                    profiled.append(dict(batch=size, per_doubling=variant[0], grouping=name, busy_ms=busy_ms,
                                          span_ms=span_ms, kernels_per_batch=kernels / args.batches,
-                                         top_kernels_ms=top))
+                                         top_kernels_ms=top, clocks=clocks.summary(clocks.label)))
             device_ms: Dict[Tuple[int, str], List[float]] = {variant: [] for variant in groupings}
             host_ms: Dict[Tuple[int, str], List[float]] = {variant: [] for variant in groupings}
             for round_ in range(args.rounds):
                 order = list(groupings) if round_ % 2 == 0 else list(reversed(groupings))
                 for variant in order:
+                    clocks.label = f"{size} {variant[0]} {variant[1]}"
                     device_ms[variant].append(time_sequence(lambda: run(variant), host_ms[variant]))
             baseline = None
             for variant in groupings:
@@ -275,7 +302,8 @@ def main() -> int:
                                  graph_mib=setup[per_doubling]["graph_mib"], groups_per_batch=groups,
                                  rows_per_caption=per_row, token_rows_per_caption=per_token_row,
                                  captions_per_s=rate, device_ms_rounds=device_ms[variant],
-                                 host_launch_ms_per_batch=host))
+                                 host_launch_ms_per_batch=host,
+                                 clocks=clocks.summary(f"{size} {per_doubling} {grouping}")))
                 line = (f"| {size} | {per_doubling} | {grouping} | {setup[per_doubling]['graphs']} | {groups:.2f} | "
                         f"{per_row:.2f} | {per_token_row:.1f} | {rate:,.0f} | {host:.2f} | {rate / baseline:.2f} |")
                 lines.append(line)
@@ -283,17 +311,21 @@ def main() -> int:
         if profiled:
             # The eager encoder beside the graphs, as many calls as a pass has batches: where their device time
             # differs kernel by kernel (the graphs' bucket padding, copies, gaps between replays).
+            clocks.label = "profile eager"
             busy_ms, span_ms, kernels, by_name = device_busy(
                 lambda: [model.encode_text(alone_tokens) for _ in range(args.batches)])
             profiled.append(dict(batch=args.alone_batch, per_doubling="-", grouping="eager encode_text",
                                  busy_ms=busy_ms, span_ms=span_ms, kernels_per_batch=kernels / args.batches,
-                                 top_kernels_ms=dict(sorted(by_name.items(), key=lambda item: -item[1])[:12])))
+                                 top_kernels_ms=dict(sorted(by_name.items(), key=lambda item: -item[1])[:12]),
+                                 clocks=clocks.summary(clocks.label)))
             lines += ["", f"Under torch.profiler, one pass over the {args.profile_batch}-caption batches: the device's "
                       "busy time (the union of its kernels and copies) against the span from the first to the last:",
-                      "", "| graphs per doubling | grouping | kernels and copies a batch | busy ms | span ms | busy |",
-                      "|---|---|---|---|---|---|"]
+                      "", "| graphs per doubling | grouping | kernels and copies a batch | busy ms | span ms | busy | "
+                      "GPU clocks (NVML) |",
+                      "|---|---|---|---|---|---|---|"]
             lines += [f"| {p['per_doubling']} | {p['grouping']} | {p['kernels_per_batch']:.0f} | {p['busy_ms']:.1f} | "
-                      f"{p['span_ms']:.1f} | {p['busy_ms'] / p['span_ms']:.1%} |" for p in profiled]
+                      f"{p['span_ms']:.1f} | {p['busy_ms'] / p['span_ms']:.1%} | {describe(p['clocks'])} |"
+                      for p in profiled]
             for p in profiled:
                 which = (p["grouping"] if p["per_doubling"] == "-"
                          else f"{p['grouping']} ({p['per_doubling']} per doubling)")
@@ -321,10 +353,19 @@ def main() -> int:
                       + ", ".join(f"{tokens:,} {ms:.2f}" for tokens, ms in sorted(packed_ms.items())) + "."]
             rows.append(dict(packed_ms={str(tokens): ms for tokens, ms in packed_ms.items()}))
         alone_ms = []
+        clocks.label = "eager"
         for _ in range(args.rounds):
             alone_ms.append(time_sequence(lambda: model.encode_text(alone_tokens), []))
         alone_rate = args.alone_batch / statistics.median(alone_ms) * 1e3
-    rows.append(dict(alone_batch=args.alone_batch, alone_captions_per_s=alone_rate, alone_ms_rounds=alone_ms))
+    if clocks.available:
+        lines += ["", "The GPU's clocks while each variant's timed rounds ran (NVML every 10 ms: SM clock median and "
+                  "range, power median and maximum, and the reasons NVML gave for clocks below the maximum):", "",
+                  "| captions a batch | graphs per doubling | grouping | GPU clocks |", "|---|---|---|---|"]
+        lines += [f"| {r['batch']} | {r['per_doubling']} | {r['grouping']} | {describe(r['clocks'])} |"
+                  for r in rows if "clocks" in r and "batch" in r and "per_doubling" in r]
+        lines.append(f"| {args.alone_batch} | - | eager encode_text | {describe(clocks.summary('eager'))} |")
+    rows.append(dict(alone_batch=args.alone_batch, alone_captions_per_s=alone_rate, alone_ms_rounds=alone_ms,
+                     clocks=clocks.summary("eager")))
     capture = "; ".join(f"{p}{' per doubling' if p != 'packed' else ''}: {s['graphs']} graphs captured in "
                         f"{s['capture_s']:.1f} s, {s['graph_mib']:.0f} MiB" for p, s in setup.items())
     lines += ["", f"Encoder alone (the patched model's eager `encode_text`, {args.alone_batch} captions a call): "

@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Optional
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``clip_flash`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.harness.gpu_clocks import GpuClockSampler  # noqa: E402
 from benchmarks.serve.curves import Curve, CurvePlan, run_curve  # noqa: E402
 from benchmarks.serve.load_generator import LoadSettings, PointResult, Request, Workload  # noqa: E402
 from benchmarks.serve.report import check_targets, render_markdown  # noqa: E402
@@ -218,10 +219,12 @@ class PointTails:
     """Reads the server's ``/metrics`` after each point: where that point's slow requests spent their time
     (``server_metrics.shares_past`` at the bound under the client's p99), beside the client's share past it."""
 
-    def __init__(self, base_url: str, before: Optional[Scrape]) -> None:
+    def __init__(self, base_url: str, before: Optional[Scrape], clocks: Optional[GpuClockSampler] = None) -> None:
         self.base_url = base_url
         self.last = before
         self.points: List[Dict[str, Any]] = []
+        self.clocks = clocks  # the GPU's clocks and power over each point (its warm-up and backlog included)
+        self.clock_start = len(clocks.samples) if clocks is not None else 0
 
     def after_point(self, curve: Curve, point: PointResult) -> None:
         print_point(curve, point)
@@ -234,6 +237,9 @@ class PointTails:
                     "server": shares_past(self.last, now, bound),
                     "server_p99_s": {stage: {label: list(interval) for label, interval in labels.items()}
                                      for stage, labels in p99_intervals(self.last, now).items()}}
+        if self.clocks is not None and self.clocks.available:
+            tail["gpu_clocks"] = self.clocks.summary(start=self.clock_start)
+            self.clock_start = len(self.clocks.samples)
         self.points.append(tail)
         self.last = now
 
@@ -247,6 +253,8 @@ def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes
             return record | {"skipped": reason}
     server = ServerProcess(config, logs / f"{config.name}.log")
     record["command"] = shlex.join(server.command)
+    # NVML's first GPU, without starting CUDA in this process (the server owns the device).
+    clocks = GpuClockSampler(0, interval=0.05) if args.device.startswith("cuda") else None
     print(f"[{config.name}] starting: {record['command']}", flush=True)
     try:
         record["ready_after_s"] = round(server.wait_ready(), 2)
@@ -262,6 +270,8 @@ def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes
                                 connections_per_process=args.connections, request_timeout_s=args.timeout,
                                 client=args.client)
         record["curves"], record["workload_errors"] = {}, {}
+        if clocks is not None:
+            clocks.__enter__()
         for name, workload in workloads.items():
             problems = [problem for problem in (check_one(server.base_url, request)
                                                 for request in _distinct_kinds(workload)) if problem]
@@ -270,7 +280,7 @@ def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes
                 print(f"[{config.name}] {name}: check failed: {problems[0]}", flush=True)
                 continue
             before = scrape(server.base_url)
-            tails = PointTails(server.base_url, before)
+            tails = PointTails(server.base_url, before, clocks)
             curve = run_curve(config.name, server.base_url, workload, curve_plan(args, name), settings,
                               tails.after_point)
             record["curves"][name] = curve.to_dict()
@@ -297,6 +307,8 @@ def run_config(args: argparse.Namespace, config: ServerConfig, jpegs: List[bytes
         record["log_tail"] = server.log_tail()
         print(f"[{config.name}] error: {message}", flush=True)
     finally:
+        if clocks is not None:
+            clocks.__exit__(None, None, None)
         record["exit_status"] = server.stop()
     return record
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from benchmarks.harness.gpu_clocks import describe
+
 # Issue 28's targets, for the H100 host, fp16, ViT-L-14 unless said.
 IMAGE_SHARE_OF_ENCODER = 0.85
 LATENCY_RATE_RPS = 50.0
@@ -121,7 +123,7 @@ def _tail_table(points: List[Dict[str, Any]]) -> List[str]:
     rows = []
     for point in points:
         tail = point.get("server_tail")
-        if not tail:
+        if not tail or "bound_ms" not in tail:  # /metrics gave no bound (the GPU's clocks may still be there)
             continue
         client = tail["client_share"]
         requests = _labelled(tail["server"].get("request") or {}, lambda entry: f"{entry['share']:.2%}")
@@ -226,6 +228,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
                     f"{_ms(point['send_lag_ms']['p99'])} | {'yes' if point['meets_target'] else 'no'} |")
             lines.append("")
             lines += _tail_table(curve["points"])
+            lines += _clock_lines(curve["points"])
             for tower, means in (curve.get("server_metrics") or {}).items():
                 lines += [f"Server's /metrics over the curve, {tower} tower: " + ", ".join(
                     f"{key} {value:,.4g}" for key, value in means.items()) + ".", ""]
@@ -241,3 +244,13 @@ def render_markdown(results: Dict[str, Any]) -> str:
                           f"({wrk['requests_per_s']:,.1f} answered), p50 {wrk['latency_ms']['p50']:.2f} ms, p99 "
                           f"{wrk['latency_ms']['p99']:.2f} ms, errors: {_errors(wrk['errors'])}.", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _clock_lines(points: List[Dict[str, Any]]) -> List[str]:
+    """The GPU's SM clock and power over each point (NVML, the bench's sampler), where they were read."""
+    read = [(point["offered_rps"], point["server_tail"]["gpu_clocks"]) for point in points
+            if (point.get("server_tail") or {}).get("gpu_clocks")]
+    if not read:
+        return []
+    return ["The GPU over each point (NVML every 50 ms, warm-up and backlog included): " + "; ".join(
+        f"{rate:,.0f} req/s: {describe(clocks)}" for rate, clocks in read) + ".", ""]

@@ -221,6 +221,20 @@ def test_a_points_slow_requests_are_located_in_the_servers_stages():
     assert server_metrics.tail_bound(0.5, server_metrics.bucket_bounds(after)) is None  # under 1 ms: none
 
 
+def test_the_gpus_clocks_are_reported_per_point_with_or_without_a_tail():
+    from benchmarks.serve.report import _clock_lines, _tail_table
+
+    clocks = {"samples": 160, "sm_mhz_median": 1755.0, "sm_mhz_min": 1650.0, "sm_mhz_max": 1980.0,
+              "mem_mhz_median": 3201.0, "power_w_median": 690.0, "power_w_max": 702.0, "temperature_c_max": 66.0,
+              "event_reasons": ["idle", "software power cap"]}
+    points = [{"offered_rps": 1500.0, "server_tail": {"gpu_clocks": clocks}},  # /metrics gave no bound here
+              {"offered_rps": 1580.0}]
+    assert _tail_table(points) == []
+    line = "\n".join(_clock_lines(points))
+    assert "1,500 req/s: SM 1755 MHz (1650-1980), 690 W (max 702); below max: software power cap" in line
+    assert "1,580" not in line and _clock_lines([{"offered_rps": 50.0}]) == []
+
+
 def test_sends_wait_for_their_time_and_spin_only_at_low_rates():
     """A send never leaves before its scheduled time (sleep, then a spin that yields to the loop); processes
     offered more than SPIN_MAX_RATE requests/s only sleep (spinning would take their core for the whole point)."""
