@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .config import ServeConfig
-from .engine import FAILED, READY, EnginePool
+from .engine import FAILED, LOADING, READY, EnginePool
 from .jobs import IMAGE, TEXT, EmbeddingJob, ItemError, NotReady, QueuedInputs, ServerBusy
 from .metrics import CONTENT_TYPE, ServeMetrics
 from .protocol import Input, RequestError, embeddings_response, error_body, parse_embeddings_request
@@ -158,6 +158,9 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         if denied is not None:
             return denied
         status = pool.state
+        if remote and status == LOADING:  # this frontend's view may lag the engine's by a poll: ask it now
+            await pool.refresh_state()
+            status = pool.state
         body: Dict[str, Any] = {"status": status, "model": state.model_id}
         if status == READY:
             body["engine"] = pool.description

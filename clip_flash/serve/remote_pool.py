@@ -22,6 +22,7 @@ from .wire import Outbox, read_messages, token_bytes, unpack_batch
 logger = logging.getLogger(__name__)
 
 STATE_POLL_SECONDS = 0.25
+READY_ASK_SECONDS = 1.0  # how long /ready waits for the engine's fresh state before answering from the polled one
 REPLY_TIMEOUT_SECONDS = 10.0  # a state or metrics question the engine process leaves unanswered this long
 
 
@@ -57,7 +58,8 @@ class RemotePool:
         self.state, self.error, self.description = "loading", None, ""
         self.depths = {tower: 0 for tower in TOWERS}
         self.tokenizer: Optional[Tuple[Any, int]] = None  # (the engine's tokenizer, its context length)
-        self._tokenizer_spec: Optional[Tuple[str, int]] = None
+        self._tokenizer_spec: Optional[Tuple[str, int]] = None  # the tokenizer loaded here
+        self._named_tokenizer: Optional[Tuple[str, int]] = None  # the one the engine last named
         self._ids = itertools.count()
         self._jobs: Dict[int, EmbeddingJob] = {}
         self._replies: Dict[int, asyncio.Future] = {}
@@ -144,13 +146,25 @@ class RemotePool:
         self._send((kind, request_id, self.metrics.take()))
         return await reply
 
+    async def refresh_state(self) -> None:
+        """The engine's state, asked now rather than at the next poll. ``/ready`` asks when the polled state is
+        still loading: another frontend may already have answered 200, and a client must not see ``/ready`` go
+        back to 503. Without an answer within ``READY_ASK_SECONDS`` (a loading engine's GIL is busy) the polled
+        state stands; the poll alone decides that the engine is unreachable."""
+        try:
+            self._apply_state(await asyncio.wait_for(self._ask("state"), READY_ASK_SECONDS))
+        except (NotReady, asyncio.TimeoutError):
+            pass
+
+    def _apply_state(self, reply: Tuple[Any, ...]) -> None:
+        self.state, self.error, self.description, self.depths, self._named_tokenizer = reply
+
     async def _poll_state(self) -> None:
         while True:
             try:
-                (self.state, self.error, self.description, self.depths,
-                 spec) = await asyncio.wait_for(self._ask("state"), REPLY_TIMEOUT_SECONDS)
-                if spec != self._tokenizer_spec:
-                    await self._load_tokenizer(spec)
+                self._apply_state(await asyncio.wait_for(self._ask("state"), REPLY_TIMEOUT_SECONDS))
+                if self._named_tokenizer != self._tokenizer_spec:
+                    await self._load_tokenizer(self._named_tokenizer)
             except (NotReady, asyncio.TimeoutError):
                 self.state, self.error = "failed", "the engine process is not reachable"
             await asyncio.sleep(STATE_POLL_SECONDS)
@@ -225,6 +239,10 @@ class RemotePools(EnginesTogether):
     async def connect(self) -> None:
         for pool in self.pools:
             await pool.connect()
+
+    async def refresh_state(self) -> None:
+        """Every engine's state asked now (``RemotePool.refresh_state``)."""
+        await asyncio.gather(*(pool.refresh_state() for pool in self.pools))
 
     async def disconnect(self) -> None:
         for pool in self.pools:

@@ -91,3 +91,35 @@ def test_sigterm_answers_every_accepted_request_then_exits(server):
     assert server.process.wait(60) == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/health")
+
+
+def test_ready_asks_the_engine_when_the_polled_state_lags(tmp_path, monkeypatch):
+    """A frontend whose last poll saw the engine still loading asks the engine itself on /ready: once the engine is
+    ready, every frontend answers 200 (another one may have answered 200 already; /ready must not go back to 503).
+    Here the frontend polls once, at connect, while the engine loads; its next poll would come an hour later."""
+    import time
+
+    from starlette.testclient import TestClient
+
+    from clip_flash.serve import remote_pool
+    from clip_flash.serve.app import build_app
+    from clip_flash.serve.config import ServeConfig
+    from clip_flash.serve.engine_hosts import EngineProcesses
+
+    monkeypatch.setattr(remote_pool, "STATE_POLL_SECONDS", 3600.0)
+    config = ServeConfig(device="cpu", max_batch=8, max_text_batch=16)
+    engines = EngineProcesses([config], str(tmp_path))
+    try:
+        pool = remote_pool.RemotePool(engines.paths[0])
+        with TestClient(build_app(config, pool)) as client:
+            deadline = time.monotonic() + 120
+            response = client.get("/ready")
+            while response.status_code != 200 and time.monotonic() < deadline:
+                assert response.json()["status"] == "loading", (response.json(), engines.failed)
+                time.sleep(0.2)
+                response = client.get("/ready")
+            assert response.status_code == 200 and "on cpu" in response.json()["engine"]
+            assert pool.state == "ready"
+            assert client.post("/v1/embeddings", json={"input": ["a photo of a cat"]}).status_code == 200
+    finally:
+        engines.stop()
