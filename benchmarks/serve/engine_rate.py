@@ -32,7 +32,7 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
            image_payloads: int, started: Any, ended: Any, out: Any) -> None:
     sys.path.insert(0, os.getcwd())
     from clip_flash.inputs.text.tokenizer import get_tokenizer
-    from clip_flash.serve.wire import frame, read_messages, token_bytes
+    from clip_flash.serve.wire import FrameProtocol, frame, token_bytes
 
     from benchmarks.serve.workloads import CAPTIONS_PER_BATCH, request_captions
 
@@ -45,15 +45,14 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
     per_request = CAPTIONS_PER_BATCH if workload == "captions64" else 1
 
     async def connection(number: int, stats: Dict[str, Any]) -> None:
-        reader, writer = await asyncio.open_unix_connection(path)
         sent: Dict[int, float] = {}
         rows_left: Dict[int, int] = {}
         next_id = 0
         per_connection = rate / connections
 
-        async def read() -> None:
-            while True:
-                for message in await read_messages(reader):
+        class Answers(FrameProtocol):
+            def messages_received(self, messages: List[Any]) -> None:
+                for message in messages:
                     if message[0] != "results":
                         stats["refused"] += 1
                         sent.pop(message[1], None)
@@ -70,7 +69,7 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
                             stats["answered"] += 1
                             stats["latencies"].append(now - begun)
 
-        reading = asyncio.ensure_future(read())
+        writer, _ = await asyncio.get_running_loop().create_unix_connection(Answers, path)
         start = time.perf_counter()
         while time.perf_counter() - start < warmup + seconds:
             due = int((time.perf_counter() - start) * per_connection) - next_id
@@ -93,7 +92,6 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
                     stats["sent"] += due
             await asyncio.sleep(0.001)
         await asyncio.sleep(1.0)  # the last answers
-        reading.cancel()
         writer.close()
 
     async def main() -> Dict[str, Any]:

@@ -13,10 +13,10 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .jobs import TOWERS, BatchRows, QueuedInputs, ServerBusy
-from .wire import Outbox, pack_rows, read_messages
+from .wire import FrameProtocol, Outbox, pack_rows
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,8 @@ class EngineServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(asyncio.start_unix_server(self._connection, self.path))
+        self.server = self.loop.run_until_complete(
+            self.loop.create_unix_server(lambda: _FrontendProtocol(self), self.path))
         os.chmod(self.path, 0o600)
         self.started.set()
         self.loop.run_forever()
@@ -146,18 +147,6 @@ class EngineServer:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = FrontendConnection(self.loop, Outbox(writer))
-        try:
-            while True:
-                for message in await read_messages(reader):
-                    self._handle(message, connection)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the frontend went away: its queued inputs are dropped
-        finally:
-            connection.abandon_all()
-            writer.close()
 
     def _handle(self, message: Any, connection: FrontendConnection) -> None:
         kind = message[0]
@@ -196,3 +185,25 @@ class EngineServer:
             waiting.pop(request_id, None)
             connection.outbox.send(("refused", request_id, "busy" if isinstance(error, ServerBusy) else "not_ready",
                                     str(error)))
+
+
+class _FrontendProtocol(FrameProtocol):
+    """One frontend's connection on the engine's event loop: its messages handled in order; when it ends (the
+    frontend went away, or sent what is not a frame), its queued inputs are dropped."""
+
+    def __init__(self, server: EngineServer) -> None:
+        super().__init__()
+        self.server = server
+        self.connection: Optional[FrontendConnection] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.connection = FrontendConnection(self.server.loop, Outbox(transport))
+
+    def messages_received(self, messages: List[Any]) -> None:
+        for message in messages:
+            self.server._handle(message, self.connection)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.connection is not None:
+            self.connection.abandon_all()

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .engine import READY, EnginesTogether
 from .jobs import TOWERS, EmbeddingJob, NotReady, QueuedInputs, ServerBusy
-from .wire import Outbox, read_messages, token_bytes, unpack_batch
+from .wire import FrameProtocol, Outbox, token_bytes, unpack_batch
 
 logger = logging.getLogger(__name__)
 
@@ -63,21 +63,24 @@ class RemotePool:
         self._ids = itertools.count()
         self._jobs: Dict[int, EmbeddingJob] = {}
         self._replies: Dict[int, asyncio.Future] = {}
-        self._writer: Optional[asyncio.StreamWriter] = None
+        self._transport: Optional[asyncio.WriteTransport] = None
+        self._closing = False  # disconnect() asked: the connection's end is not the engine going away
         self._outbox: Optional[Outbox] = None
         self._tasks: List[asyncio.Task] = []
         self._pending: List[Tuple[int, float, list, list]] = []  # requests of this event-loop pass
 
     async def connect(self) -> None:
-        reader, self._writer = await asyncio.open_unix_connection(self.path)
-        self._outbox = Outbox(self._writer, self._pack_pending)
-        self._tasks = [asyncio.ensure_future(self._read(reader)), asyncio.ensure_future(self._poll_state())]
+        self._transport, _ = await asyncio.get_running_loop().create_unix_connection(
+            lambda: _EngineProtocol(self), self.path)
+        self._outbox = Outbox(self._transport, self._pack_pending)
+        self._tasks = [asyncio.ensure_future(self._poll_state())]
 
     async def disconnect(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self._writer is not None:
-            self._writer.close()
+        self._closing = True
+        if self._transport is not None:
+            self._transport.close()
 
     def queue_depth(self, tower: str) -> int:
         return self.depths.get(tower, 0)
@@ -213,16 +216,29 @@ class RemotePool:
             if reply is not None and not reply.done():
                 reply.set_result(message[2] if kind == "metrics" else message[2:])
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                for message in await read_messages(reader):
-                    self._receive(message)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            self.state, self.error = "failed", "the engine process went away"
-            for job in self._jobs.values():
-                job.refuse(NotReady(self.error))
-            self._jobs.clear()
+    def _lost(self) -> None:
+        """The connection ended: unless this side closed it, the engine process went away."""
+        if self._closing:
+            return
+        self.state, self.error = "failed", "the engine process went away"
+        for job in self._jobs.values():
+            job.refuse(NotReady(self.error))
+        self._jobs.clear()
+
+
+class _EngineProtocol(FrameProtocol):
+    """The frontend's connection to one engine process: replies and results to the pool, in order."""
+
+    def __init__(self, pool: RemotePool) -> None:
+        super().__init__()
+        self.pool = pool
+
+    def messages_received(self, messages: List[Any]) -> None:
+        for message in messages:
+            self.pool._receive(message)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.pool._lost()
 
 
 class RemotePools(EnginesTogether):
