@@ -13,7 +13,8 @@ model, no image decoding); a driver process speaks the frontends' wire protocol 
 over ``--connections`` connections, sending each connection's due requests once a millisecond in one frame (as
 a frontend's event-loop pass does) with captions tokenized ahead of time, and reads the per-batch results. The
 engine process's CPU seconds per answered request bound from above the GIL time it needs per request, which one
-process can spend at most once per second, whatever the host's core count.
+process can spend at most once per second, whatever the host's core count; its socket thread's alone (reading
+the frames, queueing the requests, sending the results) are reported beside them.
 """
 from __future__ import annotations
 
@@ -22,17 +23,47 @@ import asyncio
 import json
 import multiprocessing
 import os
+import pickle
 import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Sequence
 
 
+async def _read_frame(reader: asyncio.StreamReader) -> List[Any]:
+    """The next frame's messages, read the plain way (the driver's reading is not what is measured)."""
+    from clip_flash.serve.wire import HEADER
+
+    header = await reader.readexactly(HEADER.size)
+    return pickle.loads(await reader.readexactly(HEADER.unpack(header)[0]))
+
+
+def _thread_cpu_seconds(native_id: int) -> float:
+    """User + system CPU seconds of one of this process's threads so far (Linux's /proc)."""
+    with open(f"/proc/self/task/{native_id}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _batch_counts(exposition: bytes) -> dict:
+    """{tower: (inputs batched, batches)} from the engine's /metrics text (warm-up included)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict = {}
+    for family in text_string_to_metric_families(exposition.decode()):
+        for sample in family.samples:
+            if sample.name in ("clip_flash_batch_size_sum", "clip_flash_batch_size_count"):
+                total, count = counts.get(sample.labels["tower"], (0.0, 0.0))
+                counts[sample.labels["tower"]] = ((total + sample.value, count) if sample.name.endswith("_sum")
+                                                  else (total, count + sample.value))
+    return counts
+
+
 def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str, connections: int,
            image_payloads: int, started: Any, ended: Any, out: Any) -> None:
     sys.path.insert(0, os.getcwd())
     from clip_flash.inputs.text.tokenizer import get_tokenizer
-    from clip_flash.serve.wire import FrameProtocol, frame, token_bytes
+    from clip_flash.serve.wire import frame, token_bytes
 
     from benchmarks.serve.workloads import CAPTIONS_PER_BATCH, request_captions
 
@@ -45,14 +76,15 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
     per_request = CAPTIONS_PER_BATCH if workload == "captions64" else 1
 
     async def connection(number: int, stats: Dict[str, Any]) -> None:
+        reader, writer = await asyncio.open_unix_connection(path)
         sent: Dict[int, float] = {}
         rows_left: Dict[int, int] = {}
         next_id = 0
         per_connection = rate / connections
 
-        class Answers(FrameProtocol):
-            def messages_received(self, messages: List[Any]) -> None:
-                for message in messages:
+        async def read() -> None:
+            while True:
+                for message in await _read_frame(reader):
                     if message[0] != "results":
                         stats["refused"] += 1
                         sent.pop(message[1], None)
@@ -69,7 +101,7 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
                             stats["answered"] += 1
                             stats["latencies"].append(now - begun)
 
-        writer, _ = await asyncio.get_running_loop().create_unix_connection(Answers, path)
+        reading = asyncio.ensure_future(read())
         start = time.perf_counter()
         while time.perf_counter() - start < warmup + seconds:
             due = int((time.perf_counter() - start) * per_connection) - next_id
@@ -92,6 +124,7 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
                     stats["sent"] += due
             await asyncio.sleep(0.001)
         await asyncio.sleep(1.0)  # the last answers
+        reading.cancel()
         writer.close()
 
     async def main() -> Dict[str, Any]:
@@ -153,12 +186,16 @@ def main(argv: Sequence[str] = None) -> int:
                                                   args.connections, args.image_payloads, started, ended, out))
     driver.start()
     started.wait()
+    socket_thread = server.thread.native_id
     cpu_before, wall_before = time.process_time(), time.perf_counter()
+    socket_before = _thread_cpu_seconds(socket_thread)
     ended.wait()
     cpu, wall = time.process_time() - cpu_before, time.perf_counter() - wall_before
+    socket_cpu = _thread_cpu_seconds(socket_thread) - socket_before
     stats = out.get()
     driver.join()
     server.stop()
+    batches = _batch_counts(pool.metrics.render())
     pool.close()
     os.unlink(path)
     os.rmdir(directory)
@@ -166,6 +203,8 @@ def main(argv: Sequence[str] = None) -> int:
     stats.update(workload=args.workload, image_payloads=args.image_payloads, offered_rps=args.rate,
                  achieved_rps=round(stats["answered"] / wall, 1),
                  engine_cpu_us_per_request=round(1e6 * cpu / answered, 1),
+                 socket_thread_cpu_us_per_request=round(1e6 * socket_cpu / answered, 1),
+                 mean_batch={tower: round(total / count, 2) for tower, (total, count) in batches.items() if count},
                  engine_cpu_cores=round(cpu / wall, 2))
     print(json.dumps(stats))
     if args.json:

@@ -40,44 +40,67 @@ SCATTER_FROM = 16  # rows from which padded_tokens scatters them all at once
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
-    """One end of a connection: each frame read from the socket straight into a buffer of its own, its messages
-    (a frame carries every message the other side queued in one event-loop pass) handed to
-    :meth:`messages_received` in order. Subclasses say what the messages do, and what the connection's end does
-    (``connection_lost``).
+    """One end of a connection: the socket's bytes read straight into one buffer, every complete frame in it (a
+    frame carries every message the other side queued in one event-loop pass) unpickled from there, and their
+    messages handed to :meth:`messages_received` in order, all the frames one read brought in one call.
+    Subclasses say what the messages do, and what the connection's end does (``connection_lost``).
 
     Why not a ``StreamReader``: it copies every byte three times before ``pickle.loads`` reads it (into a bytes
     object per read, into its buffer, out again by ``readexactly``), with the GIL held, and one-JPEG requests
-    bring a body each: 57-61 us of the reading thread's CPU a request of 84 kB against 20-22 us this way
-    (``benchmarks/serve/bench_wire.py``, ``benchmarks/results/cpu-2core/wire_read_c66cc2a.md``)."""
+    bring a body each. Why all of a read's frames at once: the engine then queues all their requests before a
+    batcher thread can take the GIL, as it did with the StreamReader (which returns buffered frames without
+    yielding); a frame at a time, its image batches held half as many inputs (``benchmarks/serve/engine_rate.py``,
+    ``benchmarks/results/cpu-2core/wire_read_4ff4bdd/``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 1 << 20) -> None:
         self.transport: Optional[asyncio.BaseTransport] = None
-        self._header = bytearray(HEADER.size)
-        self._body: Optional[np.ndarray] = None  # the frame being read (uninitialised: every byte is read into it)
-        self._filled = 0
+        self._buffer = bytearray(capacity)
+        self._start = 0  # the first byte not yet unpickled
+        self._end = 0  # one past the last byte read
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._body is None:
-            return memoryview(self._header)[self._filled:]
-        return memoryview(self._body)[self._filled:]
+        return memoryview(self._buffer)[self._end:]
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._filled += nbytes
-        if self._body is None:
-            if self._filled < HEADER.size:
-                return
-            length = HEADER.unpack(self._header)[0]
-            if length == 0:
-                raise ValueError("a frame of no bytes")  # the transport closes: the other end does not speak this
-            self._body, self._filled = np.empty(length, dtype=np.uint8), 0
+        self._end += nbytes
+        buffer, start, end = self._buffer, self._start, self._end
+        messages: List[Any] = []
+        with memoryview(buffer) as view:
+            while end - start >= HEADER.size:
+                length = HEADER.unpack_from(buffer, start)[0]
+                if length == 0:
+                    raise ValueError("a frame of no bytes")  # the transport closes: the other end does not speak this
+                if end - start - HEADER.size < length:
+                    break
+                body = start + HEADER.size
+                messages += pickle.loads(view[body:body + length])
+                start = body + length
+        self._keep_partial(start, end)
+        if messages:
+            self.messages_received(messages)
+
+    def _keep_partial(self, start: int, end: int) -> None:
+        """Make room after the bytes of the frame not yet whole (``start:end``): moved to the front, into a larger
+        buffer when the frame is larger than this one, or left where they are while room remains."""
+        if start == end:
+            self._start = self._end = 0
             return
-        if self._filled < self._body.size:
+        needed = HEADER.size
+        if end - start >= HEADER.size:
+            needed += HEADER.unpack_from(self._buffer, start)[0]
+        if needed > len(self._buffer):
+            grown = bytearray(needed)
+            grown[:end - start] = self._buffer[start:end]
+            self._buffer = grown
+        elif needed > len(self._buffer) - start:
+            self._buffer[:end - start] = self._buffer[start:end]  # the same length: no resize
+        else:
+            self._start, self._end = start, end
             return
-        body, self._body, self._filled = self._body, None, 0
-        self.messages_received(pickle.loads(body))
+        self._start, self._end = 0, end - start
 
     def messages_received(self, messages: List[Any]) -> None:
         raise NotImplementedError
