@@ -47,10 +47,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     Why not a ``StreamReader``: it copies every byte three times before ``pickle.loads`` reads it (into a bytes
     object per read, into its buffer, out again by ``readexactly``), with the GIL held, and one-JPEG requests
-    bring a body each. Why all of a read's frames at once: the engine then queues all their requests before a
-    batcher thread can take the GIL, as it did with the StreamReader (which returns buffered frames without
-    yielding); a frame at a time, its image batches held half as many inputs (``benchmarks/serve/engine_rate.py``,
-    ``benchmarks/results/cpu-2core/wire_read_4ff4bdd/``)."""
+    bring a body each: 47.3-56.2 us of the reading thread's CPU per 84 kB request against 22.9-28.6 this way
+    (``benchmarks/serve/bench_wire.py``); the engine process with a no-op model at 6,000 such requests/s,
+    116-118 against 86-90 us of CPU a request (``benchmarks/serve/engine_rate.py``; both in
+    ``benchmarks/results/cpu-2core/frame_protocol_ef3bf3c/``)."""
 
     def __init__(self, capacity: int = 1 << 20) -> None:
         self.transport: Optional[asyncio.BaseTransport] = None
