@@ -17,7 +17,7 @@ from clip_flash.serve.inputs import TextInputs  # noqa: E402
 from clip_flash.serve.jobs import BatchRows, EmbeddingJob, ItemError, QueuedInputs, deliver_rows  # noqa: E402
 from clip_flash.serve.metrics import RelayedMetrics, ServeMetrics  # noqa: E402
 from clip_flash.serve.remote_pool import RemotePool  # noqa: E402
-from clip_flash.serve.wire import pack_rows, padded_tokens, token_bytes  # noqa: E402
+from clip_flash.serve.wire import HEADER, FrameProtocol, frame, pack_rows, padded_tokens, token_bytes  # noqa: E402
 
 TRICKY = [
     "",  # SOT, EOT: embedded like any caption (not an error)
@@ -260,3 +260,45 @@ def test_engines_name_a_tokenizer_for_frontends_only_when_its_ids_are_reproducib
     assert pool.text_tokenizer == ("ViT-B-32", 77)
     engine.batchers = {"text": SimpleNamespace(inputs=TextInputs(None, 77, True))}  # --inputs stock
     assert pool.text_tokenizer is None
+
+
+class _Collecting(FrameProtocol):
+    def __init__(self, capacity):
+        super().__init__(capacity)
+        self.calls = []
+
+    def messages_received(self, messages):
+        self.calls.append(list(messages))
+
+
+def _feed(protocol, data, sizes):
+    """The bytes as reads of the given sizes would bring them (each at most what ``get_buffer`` offers)."""
+    position, turn = 0, 0
+    while position < len(data):
+        buffer = protocol.get_buffer(-1)
+        size = min(sizes[turn % len(sizes)], len(buffer), len(data) - position)
+        assert size > 0, "the protocol offered no room"
+        buffer[:size] = data[position:position + size]
+        protocol.buffer_updated(size)
+        position += size
+        turn += 1
+
+
+@pytest.mark.parametrize("capacity, sizes", [(1 << 20, [1 << 20]), (64, [1, 3, 7]), (4096, [5000, 13, 2048]),
+                                             (100, [37])])
+def test_frame_protocol_reads_frames_however_the_reads_cut_them(capacity, sizes):
+    """Frames split across reads, several in one read, larger than the buffer (it grows): every message once, in
+    order, each read's complete frames in one call."""
+    batches = [[("embed", [(n, 30.0, ([0], [bytes([n]) * (n * 997 % 20000)]), ([], []), True)])]
+               for n in range(40)] + [[("state", 7)], [("abandon", 3), ("abandon", 4)]]
+    data = b"".join(frame(batch) for batch in batches)
+    protocol = _Collecting(capacity)
+    _feed(protocol, data, sizes)
+    assert [message for call in protocol.calls for message in call] == [m for batch in batches for m in batch]
+    assert all(protocol.calls)  # no call without messages
+
+
+def test_frame_protocol_refuses_an_empty_frame():
+    protocol = _Collecting(64)
+    with pytest.raises(ValueError, match="no bytes"):
+        _feed(protocol, HEADER.pack(0), [4])
