@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import pickle
 import socket
 import statistics
 import sys
@@ -25,16 +24,9 @@ from typing import Any, Callable, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.harness.results import write_microbenchmark  # noqa: E402
-from clip_flash.serve.wire import HEADER, FrameProtocol, frame  # noqa: E402
-
-
-def new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
+from benchmarks.serve.engine_rate import read_frame  # noqa: E402
+from clip_flash.serve.engine_server import new_event_loop  # noqa: E402
+from clip_flash.serve.wire import FrameProtocol, frame  # noqa: E402
 
 
 async def read_with_stream_reader(sock: socket.socket) -> int:
@@ -43,8 +35,7 @@ async def read_with_stream_reader(sock: socket.socket) -> int:
     requests = 0
     try:
         while True:
-            header = await reader.readexactly(HEADER.size)
-            for message in pickle.loads(await reader.readexactly(HEADER.unpack(header)[0])):
+            for message in await read_frame(reader):
                 requests += len(message[1])
     except asyncio.IncompleteReadError:
         return requests
@@ -82,7 +73,7 @@ def one_pass(way: str, frames: List[bytes]) -> Dict[str, float]:
         theirs.close()
 
     writer = threading.Thread(target=send)
-    loop = new_loop()
+    loop = new_event_loop()  # uvloop where installed, as the server's
     cpu, wall = time.thread_time(), time.perf_counter()
     writer.start()
     requests = loop.run_until_complete(WAYS[way](ours))

@@ -30,8 +30,9 @@ import time
 from typing import Any, Dict, List, Sequence
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> List[Any]:
-    """The next frame's messages, read the plain way (the driver's reading is not what is measured)."""
+async def read_frame(reader: asyncio.StreamReader) -> List[Any]:
+    """The next frame's messages through an asyncio ``StreamReader`` (the plain way: the driver's reading is not
+    what is measured here; ``bench_wire.py`` sets it beside ``wire.FrameProtocol``)."""
     from clip_flash.serve.wire import HEADER
 
     header = await reader.readexactly(HEADER.size)
@@ -43,20 +44,6 @@ def _thread_cpu_seconds(native_id: int) -> float:
     with open(f"/proc/self/task/{native_id}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _batch_counts(exposition: bytes) -> dict:
-    """{tower: (inputs batched, batches)} from the engine's /metrics text (warm-up included)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counts: dict = {}
-    for family in text_string_to_metric_families(exposition.decode()):
-        for sample in family.samples:
-            if sample.name in ("clip_flash_batch_size_sum", "clip_flash_batch_size_count"):
-                total, count = counts.get(sample.labels["tower"], (0.0, 0.0))
-                counts[sample.labels["tower"]] = ((total + sample.value, count) if sample.name.endswith("_sum")
-                                                  else (total, count + sample.value))
-    return counts
 
 
 def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str, connections: int,
@@ -84,7 +71,7 @@ def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str,
 
         async def read() -> None:
             while True:
-                for message in await _read_frame(reader):
+                for message in await read_frame(reader):
                     if message[0] != "results":
                         stats["refused"] += 1
                         sent.pop(message[1], None)
@@ -171,6 +158,7 @@ def main(argv: Sequence[str] = None) -> int:
     from clip_flash.serve.engine_server import EngineServer
 
     from benchmarks.serve.overhead_server import install
+    from benchmarks.serve.server_metrics import Scrape, curve_means, parse
 
     install(768)
     config = ServeConfig(model="ViT-B-32", device="cpu", workers=args.connections, max_wait_ms=args.max_wait_ms)
@@ -195,7 +183,8 @@ def main(argv: Sequence[str] = None) -> int:
     stats = out.get()
     driver.join()
     server.stop()
-    batches = _batch_counts(pool.metrics.render())
+    # Over the whole run, warm-up included (no earlier read: everything the engine batched).
+    means = curve_means(Scrape({}, {}), parse(pool.metrics.render().decode()))
     pool.close()
     os.unlink(path)
     os.rmdir(directory)
@@ -204,7 +193,8 @@ def main(argv: Sequence[str] = None) -> int:
                  achieved_rps=round(stats["answered"] / wall, 1),
                  engine_cpu_us_per_request=round(1e6 * cpu / answered, 1),
                  socket_thread_cpu_us_per_request=round(1e6 * socket_cpu / answered, 1),
-                 mean_batch={tower: round(total / count, 2) for tower, (total, count) in batches.items() if count},
+                 mean_batch={tower: round(tower_means["mean batch"], 2) for tower, tower_means in means.items()
+                             if "mean batch" in tower_means},
                  engine_cpu_cores=round(cpu / wall, 2))
     print(json.dumps(stats))
     if args.json:
