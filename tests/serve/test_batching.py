@@ -507,6 +507,51 @@ def test_a_batch_alone_is_launched_by_the_collector_and_one_behind_another_by_th
     assert [[float(result.raw[0]) for result in job.results] for job in jobs] == [[0.0], [0.0, 1.0]]
 
 
+def test_a_batch_alone_with_inputs_queued_behind_it_goes_to_the_launch_thread():
+    """Under load the collector hands even a batch alone in flight to the launch thread when inputs wait in the
+    queue, and takes the next batch: its CPU step sets the pace there. The first batch's CPU step here lasts
+    until a second request is queued."""
+    lock = threading.Lock()
+    second_queued, threads = threading.Event(), []
+
+    def encode(x):
+        threads.append(threading.current_thread().name)
+        return x
+
+    class SlowFirstHost(FakeTower):
+        def __init__(self):
+            self.calls = 0
+
+        def host(self, payloads):
+            self.calls += 1
+            if self.calls == 1:
+                assert second_queued.wait(10)
+            return payloads
+
+    batcher = TowerBatcher("image", SlowFirstHost(), encode, max_batch=64, max_wait=0.01, lock=lock,
+                           on_dequeue=lambda count: None, launch_alone=True)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [EmbeddingJob(loop, count, time.monotonic() + 30) for count in (1, 2)]
+        with lock:
+            batcher.put_locked([QueuedInputs(jobs[0], [0], [0])], time.monotonic())
+        await asyncio.sleep(0.2)  # the collector took the first batch and is in its CPU step
+        with lock:
+            batcher.put_locked([QueuedInputs(jobs[1], [0, 1], [0, 1])], time.monotonic())
+        second_queued.set()
+        await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 10)
+        return jobs
+
+    try:
+        jobs = asyncio.run(main())
+    finally:
+        second_queued.set()
+        batcher.close()
+    assert threads[0] == "clip_flash-image-launch"
+    assert [[float(result.raw[0]) for result in job.results] for job in jobs] == [[0.0], [0.0, 1.0]]
+
+
 def test_text_graphs_per_doubling_reaches_the_config_and_is_checked():
     import argparse
 
