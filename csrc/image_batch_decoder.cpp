@@ -124,7 +124,7 @@ struct Header {
 // anything Pillow might read differently (the same rules as clip_flash/inputs/image/jpeg_header.py): a
 // multi-picture (MPF) or Adobe-marked file, another frame type, fill bytes outside markers, a second frame
 // header, a zero size, or segments that run past the data. Such files go to Pillow.
-bool scan_header(const std::string& bytes, Header* header) {
+bool scan_header(std::string_view bytes, Header* header) {
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
   const size_t size = bytes.size();
   if (size < 4 || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF) return false;
@@ -198,7 +198,7 @@ class Decompression {
   }
 
   // The header's checks (exact decode): what Pillow would open as mode L or RGB, the same size. Empty: fine.
-  std::string header(const std::string& data, const Header& expected) {
+  std::string header(std::string_view data, const Header& expected) {
     if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
     read_header(data);
     return checked(expected);
@@ -211,7 +211,7 @@ class Decompression {
   }
 
   // Entropy decoding into `out` (`capacity` bytes); the layout must be `expected`'s.
-  std::string coefficients(const std::string& data, const Header& expected, const std::vector<int64_t>& layout,
+  std::string coefficients(std::string_view data, const Header& expected, const std::vector<int64_t>& layout,
                            uint8_t* out, int64_t capacity) {
     if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
     read_header(data);
@@ -230,7 +230,7 @@ class Decompression {
 
   // The coefficients of coefficients(), the header read by libjpeg as there and the entropy decode split across
   // `pieces` threads (jpeg_entropy_split.h). Empty: written; otherwise why not (decode with coefficients()).
-  std::string split_coefficients(const std::string& data, const Header& expected, const std::vector<int64_t>& layout,
+  std::string split_coefficients(std::string_view data, const Header& expected, const std::vector<int64_t>& layout,
                                  uint8_t* out, int64_t capacity, int pieces,
                                  const entropy_split::ParallelFor& parallel_for, entropy_split::SplitCounts* counts) {
     if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
@@ -298,7 +298,7 @@ class Decompression {
 
   // The whole decode with Pillow's settings (out_color_space RGB or GRAYSCALE; libjpeg's defaults otherwise:
   // islow IDCT, fancy upsampling) into `out`, rows of width * channels bytes.
-  std::string pixels(const std::string& data, const Header& expected, uint8_t* out) {
+  std::string pixels(std::string_view data, const Header& expected, uint8_t* out) {
     if (setjmp(trap_.back) != 0) return std::string("libjpeg: ") + trap_.message;
     read_header(data);
     std::string failure = checked(expected);
@@ -332,7 +332,7 @@ class Decompression {
   }
 
   // Inside the calling method's jump scope (libjpeg's errors jump back to it; nothing here needs unwinding).
-  void read_header(const std::string& data) {
+  void read_header(std::string_view data) {
     create();
     library_.mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()),
                      static_cast<unsigned long>(data.size()));
@@ -384,17 +384,18 @@ void scan_one(const libjpeg::Library& library, DecodeSource& source, ScanMode mo
               ScannedItem* item) {
   std::string failure;
   if (source.is_path) {
-    if (!read_file(source.value, &item->data, &failure)) {
+    if (!read_file(source.path, &item->read, &failure)) {
       item->note = failure;
       return;
     }
+    item->from_path = true;
   } else {
-    item->data.swap(source.value);
+    item->given = source.bytes;
   }
-  if (png::is_png(item->data)) {
+  if (png::is_png(item->data())) {
     item->format = FileFormat::kPng;
     png::Header png_header;
-    failure = png::scan(item->data, &png_header);
+    failure = png::scan(item->data(), &png_header);
     if (!failure.empty()) {
       item->note = "PNG: " + failure + " (Pillow decodes it)";
       return;
@@ -405,7 +406,7 @@ void scan_one(const libjpeg::Library& library, DecodeSource& source, ScanMode mo
     return;
   }
   Header header;
-  if (!scan_header(item->data, &header)) {
+  if (!scan_header(item->data(), &header)) {
     item->note = "not a plain 8-bit JPEG or PNG (Pillow decodes it)";
     return;
   }
@@ -413,7 +414,7 @@ void scan_one(const libjpeg::Library& library, DecodeSource& source, ScanMode mo
   if (!sized(item, header.height, header.width, header.channels, max_pixels)) return;
   item->sampling = header.sampling;
   item->progressive = header.progressive;
-  const auto& data = item->data;
+  const std::string_view data = item->data();
   const bool complete = data.size() >= 2 && static_cast<uint8_t>(data[data.size() - 2]) == 0xFF &&
                         static_cast<uint8_t>(data[data.size() - 1]) == 0xD9;
   if (mode == ScanMode::kEncoded && complete) {
@@ -450,7 +451,7 @@ std::vector<int64_t> ScannedBatch::info() const {
   for (const auto& item : items) {
     rows.insert(rows.end(), {static_cast<int64_t>(item.kind), item.height, item.width, item.channels, item.sampling,
                              item.progressive ? 1 : 0, item.coefficient_bytes,
-                             static_cast<int64_t>(item.data.size()), static_cast<int64_t>(item.format)});
+                             static_cast<int64_t>(item.data().size()), static_cast<int64_t>(item.format)});
   }
   return rows;
 }
@@ -521,7 +522,7 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
     std::string declined;
     try {
       Decompression decompression(library);
-      declined = decompression.split_coefficients(item.data, header_of(item), item.layout,
+      declined = decompression.split_coefficients(item.data(), header_of(item), item.layout,
                                                   coefficients + coefficient_offsets[i],
                                                   coefficient_capacity - coefficient_offsets[i], pool_.threads(),
                                                   parallel_for, &counts);
@@ -543,7 +544,7 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
   std::vector<size_t> order(count);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return batch.items[a].data.size() > batch.items[b].data.size();
+    return batch.items[a].data().size() > batch.items[b].data().size();
   });
   pool_.run(count, [&](size_t position) {
     const size_t i = order[position];
@@ -556,7 +557,7 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
           failures[i] = "no room for the coefficients";
         } else {
           Decompression decompression(library);
-          failures[i] = decompression.coefficients(item.data, header_of(item), item.layout, coefficients + at,
+          failures[i] = decompression.coefficients(item.data(), header_of(item), item.layout, coefficients + at,
                                                    coefficient_capacity - at);
         }
       } else if (item.kind == DecodeKind::kPixels && pixel_offsets != nullptr && pixel_offsets[i] >= 0) {
@@ -565,10 +566,10 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
           failures[i] = "no room for the pixels";
         } else if (item.format == FileFormat::kPng) {
           png::Header header{item.height, item.width, item.channels};
-          failures[i] = png::decode(item.data, header, pixels + at);
+          failures[i] = png::decode(item.data(), header, pixels + at);
         } else {
           Decompression decompression(library);
-          failures[i] = decompression.pixels(item.data, header_of(item), pixels + at);
+          failures[i] = decompression.pixels(item.data(), header_of(item), pixels + at);
         }
       }
     } catch (const std::exception& error) {
@@ -585,7 +586,7 @@ ImageBatchDecoder::SplitTotals ImageBatchDecoder::split_totals() const {
 
 void ImageBatchDecoder::copy_data(const ScannedBatch& batch, uint8_t* out, int64_t capacity, const int64_t* offsets) {
   pool_.run(batch.items.size(), [&](size_t i) {
-    const auto& data = batch.items[i].data;
+    const std::string_view data = batch.items[i].data();
     if (offsets[i] >= 0 && offsets[i] + static_cast<int64_t>(data.size()) <= capacity) {
       std::memcpy(out + offsets[i], data.data(), data.size());
     }

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -46,13 +47,21 @@ constexpr int kInfoFields = 9;  // kind, height, width, channels, sampling, prog
                                 // format
 constexpr int kLayoutFields = 3 + 7 * 3;  // the coefficients' layout (libjpeg_runtime.h), zero padded
 
+// A path, or encoded bytes that the caller keeps alive and unchanged until the scan's batch is gone (the binding
+// keeps the Python bytes objects with the batch): a batch of one-JPEG requests is scanned without copying its
+// bytes under the GIL.
 struct DecodeSource {
   bool is_path = false;
-  std::string value;  // a path, or the encoded bytes themselves
+  std::string path;
+  std::string_view bytes;
 };
 
 struct ScannedItem {
-  std::string data;  // the file's bytes
+  std::string read;  // a path's bytes, read by the scan
+  std::string_view given;  // the source's bytes (not a path)
+  bool from_path = false;
+  // The file's bytes (a view of `read` made on each call: a copied or moved item stays right).
+  std::string_view data() const { return from_path ? std::string_view(read) : given; }
   DecodeKind kind = DecodeKind::kPython;
   FileFormat format = FileFormat::kOther;
   std::string note;  // why kPython, or why a slower route was taken
@@ -65,6 +74,7 @@ struct ScannedItem {
 
 struct ScannedBatch {
   std::vector<ScannedItem> items;
+  std::shared_ptr<void> sources;  // what keeps the bytes the items view alive (set by the binding)
   std::vector<int64_t> info() const;  // row-major (items, kInfoFields)
   std::vector<int64_t> layouts() const;  // row-major (items, kLayoutFields)
 };

@@ -27,7 +27,7 @@ bool same(const Chunk& chunk, const char* type) { return std::memcmp(chunk.type,
 
 // Every chunk from the signature to IEND; empty when well formed. With `verify`, the chunks before the image
 // data are checked against their CRCs, as Pillow checks them (it does not check the image data's or IEND's).
-std::string read_chunks(const std::string& data, const zlib::Library& z, std::vector<Chunk>* chunks, bool verify) {
+std::string read_chunks(std::string_view data, const zlib::Library& z, std::vector<Chunk>* chunks, bool verify) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
   size_t at = 8;
   while (true) {
@@ -76,7 +76,7 @@ bool plain_icc_profile(const unsigned char* chunk, size_t length, const zlib::Li
 
 // Why an ancillary chunk before the image data could make Pillow read the file otherwise (or fail); empty:
 // Pillow reads past it. Chunks Pillow does not know it skips.
-std::string ancillary_refusal(const Chunk& chunk, const std::string& data, const zlib::Library& z) {
+std::string ancillary_refusal(const Chunk& chunk, std::string_view data, const zlib::Library& z) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(data.data()) + chunk.data;
   if (same(chunk, "tRNS")) return "a transparency chunk";
   if (same(chunk, "acTL") || same(chunk, "fcTL") || same(chunk, "fdAT")) return "an animated PNG";
@@ -129,11 +129,11 @@ bool unfilter(int filter, unsigned char* row, const unsigned char* previous, siz
 
 }  // namespace
 
-bool is_png(const std::string& data) {
+bool is_png(std::string_view data) {
   return data.size() >= 8 && std::memcmp(data.data(), kSignature, 8) == 0;
 }
 
-std::string scan(const std::string& data, Header* header) {
+std::string scan(std::string_view data, Header* header) {
   const zlib::Library& z = zlib::library();
   if (!z.failure.empty()) return z.failure;
   std::vector<Chunk> chunks;
@@ -173,7 +173,7 @@ std::string scan(const std::string& data, Header* header) {
   return "";
 }
 
-std::string decode(const std::string& data, const Header& header, uint8_t* out) {
+std::string decode(std::string_view data, const Header& header, uint8_t* out) {
   const zlib::Library& z = zlib::library();
   if (!z.failure.empty()) return z.failure;
   std::vector<Chunk> chunks;

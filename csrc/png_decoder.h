@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace clip_flash {
 namespace png {
@@ -17,15 +18,15 @@ struct Header {
 };
 
 // Whether `data` starts with the PNG signature.
-bool is_png(const std::string& data);
+bool is_png(std::string_view data);
 
 // The checks of a PNG this decoder gives Pillow's pixels for; empty when `data` is one (`header` filled),
 // else why not.
-std::string scan(const std::string& data, Header* header);
+std::string scan(std::string_view data, Header* header);
 
 // Decodes a PNG `scan` accepted into `out`: rows of width * channels bytes. Empty when done, else why not
 // (then Pillow decides).
-std::string decode(const std::string& data, const Header& header, uint8_t* out);
+std::string decode(std::string_view data, const Header& header, uint8_t* out);
 
 }  // namespace png
 }  // namespace clip_flash

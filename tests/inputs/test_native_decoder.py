@@ -95,6 +95,40 @@ def test_what_it_decodes_whole_is_pillows_pixels():
         assert np.array_equal(pixels, expected), f"input {position}: max diff {difference}"
 
 
+def test_a_scan_of_bytes_outlives_the_callers_objects():
+    """The scan views the bytes it is given (no copy): a batch keeps them alive, so decoding and copying after the
+    caller dropped its list and every bytes object (and the garbage was collected) gives what it gives with them
+    kept."""
+    import gc
+
+    kept = [data for data in _variants() if data]
+    _, expected = _decode_whole(kept)
+    datas = [bytes(bytearray(data)) for data in kept]  # objects of their own, freed when dropped
+    scanned = NATIVE.scan(datas, ScanMode.PIXELS)
+    encoded = NATIVE.scan([bytes(bytearray(data)) for data in kept], ScanMode.ENCODED)
+    del datas
+    gc.collect()
+    junk = [bytes(len(data)) for data in kept]  # memory the freed objects would have been handed to
+    info = scanned.info
+    taken = info[:, KIND] == DecodeKind.PIXELS
+    sizes = np.where(taken, info[:, HEIGHT] * info[:, WIDTH] * info[:, CHANNELS], 0)
+    offsets = np.where(taken, np.cumsum(sizes) - sizes, -1)
+    pixels = torch.zeros(max(int(sizes.sum()), 1), dtype=torch.uint8)
+    declined = NATIVE.decode(scanned, pixels, offsets, torch.zeros(16, dtype=torch.uint8),
+                             np.full(len(kept), -1, dtype=np.int64))
+    for position, want in enumerate(expected):
+        if want is None:
+            continue
+        assert not declined[position]
+        start = int(offsets[position])
+        assert np.array_equal(pixels[start:start + want.size].view(want.shape).numpy(), want), position
+    lengths = np.array([len(data) for data in kept])
+    out = torch.zeros(int(lengths.sum()), dtype=torch.uint8)
+    NATIVE.copy_data(encoded, out, np.cumsum(lengths) - lengths)
+    assert out.numpy().tobytes() == b"".join(kept)
+    del junk
+
+
 def test_left_to_pillow_with_a_reason():
     """Foreign formats, damaged and empty data, missing files and folders: kind PYTHON with a note, no exception."""
     items = [b"", b"not an image", "/nonexistent/file.jpg", os.path.dirname(__file__), _variants()[-2]]
