@@ -36,22 +36,28 @@ def _pillow(data: bytes):
 
 def _decode_whole(datas):
     scanned = NATIVE.scan(datas, ScanMode.PIXELS)
+    return scanned, _decode_scanned(scanned)
+
+
+def _decode_scanned(scanned):
+    """The pixels of every item a ``ScanMode.PIXELS`` scan took and the decode wrote (None for the others)."""
     info = scanned.info
+    count = len(info)
     taken = info[:, KIND] == DecodeKind.PIXELS
     sizes = np.where(taken, info[:, HEIGHT] * info[:, WIDTH] * info[:, CHANNELS], 0)
     offsets = np.where(taken, np.cumsum(sizes) - sizes, -1)
     pixels = torch.zeros(max(int(sizes.sum()), 1), dtype=torch.uint8)
     declined = NATIVE.decode(scanned, pixels, offsets, torch.zeros(16, dtype=torch.uint8),
-                             np.full(len(datas), -1, dtype=np.int64))
+                             np.full(count, -1, dtype=np.int64))
     out = []
-    for position in range(len(datas)):
+    for position in range(count):
         if not taken[position] or declined[position]:
             out.append(None)
             continue
         height, width, channels = (int(value) for value in info[position, HEIGHT:CHANNELS + 1])
         start = int(offsets[position])
         out.append(pixels[start:start + height * width * channels].view(height, width, channels).numpy())
-    return scanned, out
+    return out
 
 
 def _variants():
@@ -109,19 +115,11 @@ def test_a_scan_of_bytes_outlives_the_callers_objects():
     del datas
     gc.collect()
     junk = [bytes(len(data)) for data in kept]  # memory the freed objects would have been handed to
-    info = scanned.info
-    taken = info[:, KIND] == DecodeKind.PIXELS
-    sizes = np.where(taken, info[:, HEIGHT] * info[:, WIDTH] * info[:, CHANNELS], 0)
-    offsets = np.where(taken, np.cumsum(sizes) - sizes, -1)
-    pixels = torch.zeros(max(int(sizes.sum()), 1), dtype=torch.uint8)
-    declined = NATIVE.decode(scanned, pixels, offsets, torch.zeros(16, dtype=torch.uint8),
-                             np.full(len(kept), -1, dtype=np.int64))
-    for position, want in enumerate(expected):
-        if want is None:
-            continue
-        assert not declined[position]
-        start = int(offsets[position])
-        assert np.array_equal(pixels[start:start + want.size].view(want.shape).numpy(), want), position
+    decoded = _decode_scanned(scanned)
+    assert sum(want is not None for want in expected) >= 40
+    for position, (want, got) in enumerate(zip(expected, decoded)):
+        assert (want is None) == (got is None), position
+        assert want is None or np.array_equal(got, want), position
     lengths = np.array([len(data) for data in kept])
     out = torch.zeros(int(lengths.sum()), dtype=torch.uint8)
     NATIVE.copy_data(encoded, out, np.cumsum(lengths) - lengths)
