@@ -1,6 +1,7 @@
 """One JPEG's entropy decode split across the native threads (``csrc/jpeg_entropy_split.cpp``): the coefficients are
 libjpeg-turbo's, byte for byte, or the split is declined and libjpeg decodes; a damaged file never gets coefficients
-libjpeg would not give. Skipped where the extension is not built."""
+libjpeg would not give. Without the extension: the decoder's sources built for the CPU (skipped where they cannot
+be)."""
 from __future__ import annotations
 
 import io
@@ -11,13 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from clip_flash.inputs.image.native_decode import (COEFFICIENT_BYTES, KIND, DecodeKind, NativeBatchDecoder,
-                                                   ScanMode, split_at_most)
+from clip_flash.inputs.image.native_decode import COEFFICIENT_BYTES, KIND, DecodeKind, ScanMode, split_at_most
 from photo_corpus import skimage_photo
+from tests.utils import native_batch_decoder
 
 THREADS = 16
-NATIVE = NativeBatchDecoder.create(threads=THREADS)
-pytestmark = pytest.mark.skipif(NATIVE is None, reason="clip_flash._C with the batch decoder is not built here")
+NATIVE, WHY_NOT = native_batch_decoder(threads=THREADS)
+pytestmark = pytest.mark.skipif(NATIVE is None, reason=f"no native batch decoder here: {WHY_NOT}")
 
 
 def _coefficients(datas, split: bool):
@@ -128,7 +129,7 @@ def test_only_batches_of_few_jpegs_split():
     reference = _coefficients(cases[:-1], split=False)
     for (_, split_bytes), (_, whole_bytes) in zip(results, reference):
         assert np.array_equal(split_bytes, whole_bytes)
-    few_threads = NativeBatchDecoder.create(threads=4)
+    few_threads = native_batch_decoder(threads=4)[0]
     before = few_threads.split_totals()
     scanned = few_threads.scan(cases[:2], ScanMode.COEFFICIENTS)
     sizes = -(-scanned.info[:, COEFFICIENT_BYTES] // 16) * 16

@@ -1,6 +1,7 @@
 """The native batch decoder (``csrc/image_batch_decoder.cpp``): what it decodes whole is Pillow's pixels bit for
 bit; what it is not sure of is left to Pillow, never decoded differently and never raised; its threads serve
-calls from several Python threads. Skipped where the extension is not built (the Python threads then decode)."""
+calls from several Python threads. Without the extension: its sources built for the CPU (skipped where they cannot
+be; the package's Python threads then decode)."""
 from __future__ import annotations
 
 import io
@@ -16,11 +17,21 @@ import torch
 from PIL import Image
 
 from clip_flash.inputs.image.native_decode import (CHANNELS, COEFFICIENT_BYTES, FORMAT, HEIGHT, KIND, WIDTH,
-                                                   DecodeKind, FileFormat, NativeBatchDecoder, ScanMode)
+                                                   DecodeKind, FileFormat, ScanMode)
 from photo_corpus import skimage_photo
+from tests.utils import native_batch_decoder
 
-NATIVE = NativeBatchDecoder.create(threads=3)
-pytestmark = pytest.mark.skipif(NATIVE is None, reason="clip_flash._C with the batch decoder is not built here")
+NATIVE, WHY_NOT = native_batch_decoder(threads=3)
+pytestmark = pytest.mark.skipif(NATIVE is None, reason=f"no native batch decoder here: {WHY_NOT}")
+
+
+@pytest.fixture
+def preparers_decode_natively(monkeypatch):
+    """Preparers made in the test take this module's decoder's kind (the CPU build where the extension is not)."""
+    from clip_flash.inputs.image.native_decode import NativeBatchDecoder
+
+    monkeypatch.setattr(NativeBatchDecoder, "create",
+                        staticmethod(lambda threads: NativeBatchDecoder(NATIVE._extension, threads)))
 
 
 def _pillow(data: bytes):
@@ -171,7 +182,8 @@ def test_calls_from_several_threads_at_once():
             assert (want is None and have is None) or np.array_equal(want, have)
 
 
-def test_coefficient_route_bookkeeping_on_the_cpu(vit_b32_preprocess, photo_files, monkeypatch, tmp_path):
+def test_coefficient_route_bookkeeping_on_the_cpu(vit_b32_preprocess, photo_files, monkeypatch, tmp_path,
+                                                  preparers_decode_natively):
     """The exact path's GPU layout, its kernels stood in for on the CPU (the resize by the kernel's emulation,
     the JPEG kernels by Pillow's pixels written where the coefficients' table says): whole decodes, coefficient
     images, Pillow's images beside them in one layout, and images the decoder gives up on mid-batch (left to
@@ -325,7 +337,7 @@ def test_pngs_pillow_reads_its_own_way_are_left_to_it():
     assert all(note for note, kind in zip(notes, scanned.info[:, KIND]) if kind == DecodeKind.PYTHON)
 
 
-def test_pngs_through_the_preparer_equal_the_reference(vit_b32_preprocess, tmp_path):
+def test_pngs_through_the_preparer_equal_the_reference(vit_b32_preprocess, tmp_path, preparers_decode_natively):
     """Natively decoded PNGs and the ones left to Pillow, mixed with JPEGs in one batch from files: every row is
     ``preprocess(Image.open(path))``, every failure Pillow's."""
     import clip_flash
