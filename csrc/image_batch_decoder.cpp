@@ -584,13 +584,4 @@ ImageBatchDecoder::SplitTotals ImageBatchDecoder::split_totals() const {
   return totals_;
 }
 
-void ImageBatchDecoder::copy_data(const ScannedBatch& batch, uint8_t* out, int64_t capacity, const int64_t* offsets) {
-  pool_.run(batch.items.size(), [&](size_t i) {
-    const std::string_view data = batch.items[i].data();
-    if (offsets[i] >= 0 && offsets[i] + static_cast<int64_t>(data.size()) <= capacity) {
-      std::memcpy(out + offsets[i], data.data(), data.size());
-    }
-  });
-}
-
 }  // namespace clip_flash

@@ -137,8 +137,6 @@ class ImageBatchDecoder {
     std::string last_declined;
   };
   SplitTotals split_totals() const;
-  // Copies each item whose offset is >= 0 to out + offset (its whole data).
-  void copy_data(const ScannedBatch& batch, uint8_t* out, int64_t capacity, const int64_t* offsets);
 
  private:
   std::string library_path_;

@@ -2,6 +2,7 @@
 // then the whole batch runs without it. Bad arguments (a bug of the caller, not a bad file) raise.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -57,6 +58,21 @@ void register_image_batch_decoder(py::module& module) {
            "format.")
       .def("layouts", [](const ScannedBatch& batch) { return long_rows(batch.layouts(), kLayoutFields); },
            "int64 (n, 24): each coefficient item's layout (see libjpeg_runtime.h), zero padded.")
+      .def("views", [](const std::shared_ptr<ScannedBatch>& batch, const std::vector<int64_t>& positions) {
+        py::list out;
+        for (const int64_t position : positions) {
+          TORCH_CHECK(position >= 0 && position < static_cast<int64_t>(batch->items.size()), "position ", position,
+                      " is not in the batch");
+          const std::string_view data = batch->items[position].data();
+          TORCH_CHECK(!data.empty(), "item ", position, " has no bytes");
+          // Read-only by contract (the bytes may be a Python bytes object): nothing writes an encoded image.
+          out.append(at::from_blob(const_cast<char*>(data.data()), {static_cast<int64_t>(data.size())},
+                                   [keep = batch](void*) mutable { keep.reset(); },
+                                   at::TensorOptions().dtype(at::kByte)));
+        }
+        return out;
+      }, "uint8 tensors viewing the encoded bytes of the items at `positions`, without copying them; each keeps the "
+         "batch (and the bytes it views) alive. Never written to.", py::arg("positions"))
       .def("notes", [](const ScannedBatch& batch) {
         std::vector<std::string> notes;
         for (const auto& item : batch.items) notes.push_back(item.note);
@@ -124,15 +140,7 @@ void register_image_batch_decoder(py::module& module) {
         out["last_declined"] = totals.last_declined;
         return out;
       }, "Since the decoder was made: JPEGs whose entropy decode was split, splits declined (decoded by libjpeg "
-         "instead), their pieces, pieces decoded again from the true start, and the last reason a split was declined.")
-      .def("copy_data", [](ImageBatchDecoder& decoder, const ScannedBatch& batch, const at::Tensor& out,
-                           const at::Tensor& offsets) {
-        check_host_bytes(out, "out");
-        const int64_t* at = offsets_of(offsets, batch.items.size(), "offsets");
-        py::gil_scoped_release released;
-        decoder.copy_data(batch, out.data_ptr<uint8_t>(), out.numel(), at);
-      }, "Copy each item's encoded bytes to its offset in out (-1: skip).", py::arg("batch"), py::arg("out"),
-           py::arg("offsets"));
+         "instead), their pieces, pieces decoded again from the true start, and the last reason a split was declined.");
 }
 
 }  // namespace clip_flash

@@ -112,17 +112,18 @@ def test_what_it_decodes_whole_is_pillows_pixels():
         assert np.array_equal(pixels, expected), f"input {position}: max diff {difference}"
 
 
-def test_a_scan_of_bytes_outlives_the_callers_objects():
-    """The scan views the bytes it is given (no copy): a batch keeps them alive, so decoding and copying after the
-    caller dropped its list and every bytes object (and the garbage was collected) gives what it gives with them
-    kept."""
+def test_a_scan_of_bytes_outlives_the_callers_objects(tmp_path):
+    """The scan views the bytes it is given (no copy): a batch keeps them alive, so decoding after the caller
+    dropped its list and every bytes object (and the garbage was collected) gives what it gives with them kept; the
+    tensors viewing a batch's encoded bytes (given, or read from a file) keep it alive in turn."""
     import gc
 
     kept = [data for data in _variants() if data]
     _, expected = _decode_whole(kept)
     datas = [bytes(bytearray(data)) for data in kept]  # objects of their own, freed when dropped
     scanned = NATIVE.scan(datas, ScanMode.PIXELS)
-    encoded = NATIVE.scan([bytes(bytearray(data)) for data in kept], ScanMode.ENCODED)
+    (tmp_path / "file.jpg").write_bytes(kept[0])
+    encoded = NATIVE.scan([bytes(bytearray(data)) for data in kept] + [str(tmp_path / "file.jpg")], ScanMode.ENCODED)
     del datas
     gc.collect()
     junk = [bytes(len(data)) for data in kept]  # memory the freed objects would have been handed to
@@ -131,10 +132,11 @@ def test_a_scan_of_bytes_outlives_the_callers_objects():
     for position, (want, got) in enumerate(zip(expected, decoded)):
         assert (want is None) == (got is None), position
         assert want is None or np.array_equal(got, want), position
-    lengths = np.array([len(data) for data in kept])
-    out = torch.zeros(int(lengths.sum()), dtype=torch.uint8)
-    NATIVE.copy_data(encoded, out, np.cumsum(lengths) - lengths)
-    assert out.numpy().tobytes() == b"".join(kept)
+    views = NATIVE.views(encoded, range(len(kept) + 1))
+    del encoded  # the views keep the batch, and the bytes it views, alive
+    gc.collect()
+    junk += [bytes(len(data)) for data in kept]
+    assert [view.numpy().tobytes() for view in views] == kept + [kept[0]]
     del junk
 
 

@@ -26,7 +26,7 @@ from .image_decoding import (DctCoefficients, DecodedItem, DecodedPixels, Decode
 from .exact_share import exact_positions
 from .image_resize import ExactResize
 from .jpeg_dct import ALIGN, plan_dct_batch, table_bytes
-from .native_decode import (CHANNELS, ENCODED_BYTES, FORMAT, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH,
+from .native_decode import (CHANNELS, FORMAT, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH,
                             COEFFICIENT_BYTES, DecodeKind, FileFormat, NativeBatchDecoder, ScanMode, takes_natively)
 from .resample_plan import plan_image
 
@@ -153,22 +153,13 @@ class NativeBatch:
         return good
 
     def _keep_encoded(self, scanned, pairs, positions: List[int]) -> List[DecodedItem]:
-        """decode="gpu": the JPEGs' bytes, in one pageable buffer (nvJPEG and torchvision's decode read them
-        before they return, so nothing outlives the call that reads them)."""
-        info = scanned.info
-        sizes = info[positions, ENCODED_BYTES]
-        starts = np.cumsum(sizes) - sizes
-        offsets = np.full(len(pairs), -1, dtype=np.int64)
-        offsets[positions] = starts
-        data = torch.empty(max(int(sizes.sum()), 1), dtype=torch.uint8)
-        self.native.copy_data(scanned, data, offsets)
-        items = []
-        for position, start, size in zip(positions, starts.tolist(), sizes.tolist()):
-            items.append(EncodedJpeg(pairs[position][0], data[start:start + size],
-                                     (int(info[position, HEIGHT]), int(info[position, WIDTH])),
-                                     int(info[position, CHANNELS]), int(info[position, SAMPLING]),
-                                     bool(info[position, PROGRESSIVE]), _scan_notes(scanned, position)))
-        return items
+        """decode="gpu": the JPEGs' bytes as they are, viewed where the scan found them (a request's bytes, a
+        file it read), not copied: nvJPEG and torchvision's decode only read them."""
+        rows = scanned.info[positions][:, [HEIGHT, WIDTH, CHANNELS, SAMPLING, PROGRESSIVE]].tolist()
+        return [EncodedJpeg(pairs[position][0], encoded, (height, width), channels, sampling, bool(progressive),
+                            _scan_notes(scanned, position))
+                for position, encoded, (height, width, channels, sampling, progressive)
+                in zip(positions, self.native.views(scanned, positions), rows)]
 
     def _decode_packed(self, scanned, pairs, pixels: List[int], coefficients: List[int],
                        python_items: List[DecodedItem]

@@ -173,9 +173,11 @@ class NativeBatchDecoder:
         declined)."""
         return dict(self._native().split_totals())
 
-    def copy_data(self, batch: ScannedBatch, out: torch.Tensor, offsets: np.ndarray) -> None:
-        """Each item's encoded bytes to its offset in ``out`` (-1: skip)."""
-        self._native().copy_data(batch.handle, out, torch.from_numpy(np.ascontiguousarray(offsets)))
+    @staticmethod
+    def views(batch: ScannedBatch, positions: Sequence[int]) -> List[torch.Tensor]:
+        """uint8 tensors viewing the encoded bytes of the items at ``positions`` (a request's bytes object, or a
+        file the scan read), not copies; each keeps the batch, and the bytes, alive. Read them only."""
+        return batch.handle.views([int(position) for position in positions])
 
 
 _FORKED_COPIES: List[Any] = []
