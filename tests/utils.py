@@ -2,6 +2,7 @@
 image sizes, error measures, a child process's environment, and the native batch decoder built for the CPU."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -80,45 +81,39 @@ _NATIVE_DECODER_MODULE = """#include <torch/extension.h>
 namespace clip_flash { void register_image_batch_decoder(pybind11::module& module); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) { clip_flash::register_image_batch_decoder(module); }
 """
-_native_cpu_built: Dict[str, Any] = {}
 
 
+@functools.lru_cache(maxsize=None)
 def cpu_native_decoder_extension() -> Tuple[Optional[Any], str]:
     """(module, "") with ``ImageBatchDecoder`` compiled for the CPU from ``csrc/`` (once per source version, in the
     user's cache, shared by the processes of one test run), or (None, why not). The package builds the decoder
     only into its CUDA extension; this lets a machine without CUDA test the same C++ code."""
-    if "result" in _native_cpu_built:
-        return _native_cpu_built["result"]
-    result: Tuple[Optional[Any], str] = (None, "")
     if shutil.which(os.environ.get("CXX", "c++")) is None:
-        result = (None, "no C++ compiler")
-    else:
-        try:
-            from torch.utils.cpp_extension import is_ninja_available, load
+        return None, "no C++ compiler"
+    try:
+        from torch.utils.cpp_extension import is_ninja_available, load
 
-            if not is_ninja_available():
-                raise RuntimeError("ninja is not installed")
-            csrc = REPO / "csrc"
-            digest = hashlib.sha256(_NATIVE_DECODER_MODULE.encode())
-            for name in sorted(path.name for path in csrc.glob("*.h")) + list(NATIVE_DECODER_SOURCES):
-                digest.update(name.encode() + (csrc / name).read_bytes())
-            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-            directory = Path(base) / "clip_flash-tests" / f"native_cpu_{digest.hexdigest()[:16]}"
-            directory.mkdir(parents=True, exist_ok=True)
-            module_source = directory / "module.cpp"
-            if not module_source.exists():  # written whole, then renamed: the test processes build it at once
-                partial = directory / f"module.cpp.{os.getpid()}"
-                partial.write_text(_NATIVE_DECODER_MODULE)
-                os.replace(partial, module_source)
-            module = load(f"clip_flash_native_cpu_{digest.hexdigest()[:8]}",
-                          [str(module_source)] + [str(csrc / name) for name in NATIVE_DECODER_SOURCES],
-                          extra_include_paths=[str(csrc), str(csrc / "third_party")],
-                          extra_cflags=["-O2", "-std=c++17"], build_directory=str(directory), verbose=False)
-            result = (module, "")
-        except Exception as error:  # noqa: BLE001 - any failure to build: the tests say why they skip
-            result = (None, f"building it for the CPU failed: {type(error).__name__}: {error}"[:300])
-    _native_cpu_built["result"] = result
-    return result
+        if not is_ninja_available():
+            raise RuntimeError("ninja is not installed")
+        csrc = REPO / "csrc"
+        digest = hashlib.sha256(_NATIVE_DECODER_MODULE.encode())
+        for name in sorted(path.name for path in csrc.glob("*.h")) + list(NATIVE_DECODER_SOURCES):
+            digest.update(name.encode() + (csrc / name).read_bytes())
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        directory = Path(base) / "clip_flash-tests" / f"native_cpu_{digest.hexdigest()[:16]}"
+        directory.mkdir(parents=True, exist_ok=True)
+        module_source = directory / "module.cpp"
+        if not module_source.exists():  # written whole, then renamed: the test processes build it at once
+            partial = directory / f"module.cpp.{os.getpid()}"
+            partial.write_text(_NATIVE_DECODER_MODULE)
+            os.replace(partial, module_source)
+        module = load(f"clip_flash_native_cpu_{digest.hexdigest()[:8]}",
+                      [str(module_source)] + [str(csrc / name) for name in NATIVE_DECODER_SOURCES],
+                      extra_include_paths=[str(csrc), str(csrc / "third_party")],
+                      extra_cflags=["-O2", "-std=c++17"], build_directory=str(directory), verbose=False)
+        return module, ""
+    except Exception as error:  # noqa: BLE001 - any failure to build: the tests say why they skip
+        return None, f"building it for the CPU failed: {type(error).__name__}: {error}"[:300]
 
 
 def native_batch_decoder(threads: int) -> Tuple[Optional[Any], str]:

@@ -40,10 +40,10 @@ async def read_frame(reader: asyncio.StreamReader) -> List[Any]:
 
 
 def _thread_cpu_seconds(native_id: int) -> float:
-    """User + system CPU seconds of one of this process's threads so far (Linux's /proc)."""
-    with open(f"/proc/self/task/{native_id}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of one of this process's threads so far (``sample_threads``' reading of /proc)."""
+    from benchmarks.serve.sample_threads import thread_ticks
+
+    return thread_ticks(os.getpid())[native_id][1] / os.sysconf("SC_CLK_TCK")
 
 
 def _drive(path: str, rate: float, seconds: float, warmup: float, workload: str, connections: int,
