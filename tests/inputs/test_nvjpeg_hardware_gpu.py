@@ -289,3 +289,46 @@ def test_rows_queued_by_a_decoding_thread_are_waited_for(vit_b32_preprocess, pho
                 del decoded
                 assert prepared.indices == expected.indices
                 assert torch.equal(prepared.pixels, expected.pixels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_the_hardware_decode_left_to_the_background_gives_the_same_rows(vit_b32_preprocess, photo_files, share):
+    """``decode(hardware_in_background=True)`` (the server's collector under load) returns before the hardware
+    decode is done; three batches decoded so before the first is prepared (two decode at once) give the rows of
+    the plain call, and the batch's decode is waited for by prepare()."""
+    native = {"device": "cuda", "dtype": torch.float32, "decode": "gpu", "workers": 4, "executor": "native"}
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, exact_share=share, **native) as prep:
+        expected = prep(photo_files)
+        if nvjpeg_packed._HARDWARE["unavailable"] is not None:
+            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+        batches = [prep.decode(photo_files, hardware_in_background=True) for _ in range(3)]
+        assert all(decoded.pending is not None for decoded in batches)
+        for decoded in batches:
+            prepared = prep.prepare(decoded)
+            assert decoded.pending is None
+            assert prepared.indices == expected.indices and prepared.failures == expected.failures
+            assert prepared.routes == expected.routes
+            assert torch.equal(prepared.pixels, expected.pixels)
+
+
+@pytest.mark.gpu
+def test_an_error_in_the_background_decode_is_raised_by_prepare(monkeypatch, vit_b32_preprocess, photo_files):
+    """What the background hardware decode raised surfaces from prepare() for that batch (the server fails that
+    batch's inputs), not later in an unrelated call; the next batch is whole."""
+    native = {"device": "cuda", "dtype": torch.float32, "decode": "gpu", "workers": 4, "executor": "native"}
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, **native) as prep:
+        expected = prep(photo_files)
+        if nvjpeg_packed._HARDWARE["unavailable"] is not None:
+            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+
+        def broken(items):
+            raise RuntimeError("the device went away")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(prep, "_decode_on_hardware", broken)
+            decoded = prep.decode(photo_files, hardware_in_background=True)
+            with pytest.raises(RuntimeError, match="the device went away"):
+                prep.prepare(decoded)
+        after = prep.prepare(prep.decode(photo_files, hardware_in_background=True))
+        assert after.indices == expected.indices and torch.equal(after.pixels, expected.pixels)
