@@ -240,12 +240,8 @@ class TowerBatcher:
             return False
         started = time.perf_counter()
         payloads = [payload for run in batch for payload in run.payloads]
-        # Alone (low load), the batch's device work is best done at once on this thread; with batches queued
-        # behind it, the CPU step may leave device work running (nvJPEG's hardware decode) for the launch
-        # thread to wait on, and this thread goes on to the next batch.
-        overlap = not (self.launch_alone and self._alone())
         try:
-            host = self.inputs.host(payloads, overlap=overlap)
+            host = self.inputs.host(payloads)
         except Exception as error:  # noqa: BLE001 - a batch the step refuses fails its inputs, not the server
             self._fail(batch, len(payloads), f"preparing the {self.tower} batch failed: {describe_error(error)}")
             return True

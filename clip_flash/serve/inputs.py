@@ -4,9 +4,7 @@ next batch's CPU work overlaps this batch's device work.
 
 ``fast``: clip_flash's exact ``ImagePreprocessor`` (or nvJPEG with ``decode="gpu"``) and ``get_tokenizer``.
 ``stock``: OpenCLIP's own ``preprocess(Image.open(...))`` and tokenizer, one image at a time (a baseline).
-Each ``device`` step returns groups of (positions in the batch, tensor) and the per-position failures; ``host``
-takes ``overlap``: whether batches wait behind this one (the step may then leave device work running for
-``device`` to wait on).
+Each ``device`` step returns groups of (positions in the batch, tensor) and the per-position failures.
 """
 from __future__ import annotations
 
@@ -48,11 +46,8 @@ class FastImageInputs:
         self.preparer.start(batch_size=batch_size)
         self.output_size = self.preparer.output_size
 
-    def host(self, payloads: Sequence[bytes], overlap: bool = False) -> Any:
-        """The CPU step; with ``overlap`` (batches queued behind this one) nvJPEG's hardware decode of the batch is
-        left running in the background, so the collector scans the next batch meanwhile (see
-        ``ImagePreprocessor.decode``)."""
-        return self.preparer.decode(payloads, hardware_in_background=overlap)
+    def host(self, payloads: Sequence[bytes]) -> Any:
+        return self.preparer.decode(payloads)
 
     def device(self, host: Any) -> Tuple[List[Group], Failures]:
         prepared = self.preparer.prepare(host)
@@ -72,7 +67,7 @@ class StockImageInputs:
         self.dtype = dtype
         self.output_size = output_size
 
-    def host(self, payloads: Sequence[bytes], overlap: bool = False) -> Tuple[List[int], List[torch.Tensor], Failures]:
+    def host(self, payloads: Sequence[bytes]) -> Tuple[List[int], List[torch.Tensor], Failures]:
         from PIL import Image
 
         positions, rows, failures = [], [], []
@@ -113,7 +108,7 @@ class TextInputs:
         # Set once the text graphs are captured and timed: groups are then cut where their replays cost least.
         self.replay_costs: Optional[ReplayCosts] = None
 
-    def host(self, payloads: Sequence[Any], overlap: bool = False) -> Tuple[torch.Tensor, List[int]]:
+    def host(self, payloads: Sequence[Any]) -> Tuple[torch.Tensor, List[int]]:
         captions = [position for position, payload in enumerate(payloads) if type(payload) is not bytes]
         if not captions:  # ids from the frontends (the usual case): counted in numpy, no torch op on the host
             ids = padded_tokens(payloads, self.context_length)

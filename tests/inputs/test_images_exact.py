@@ -37,14 +37,6 @@ def test_photo_corpus_bit_identical(vit_b32_preprocess, photo_files, resize):
     assert prepared.pixels.dtype == torch.float32 and prepared.pixels.shape[1:] == (3, 224, 224)
 
 
-def test_hardware_in_background_changes_nothing_on_the_cpu(cpu_prep, vit_b32_preprocess, photo_files):
-    """Only nvJPEG's hardware decode is ever left to the background; on the CPU the flag is accepted (the server
-    passes it under load) and the call is the plain one."""
-    decoded = cpu_prep.decode(photo_files, hardware_in_background=True)
-    assert decoded.pending is None
-    assert_same_as_reference(cpu_prep.prepare(decoded), vit_b32_preprocess, photo_files)
-
-
 def test_photos_take_the_fast_routes(cpu_prep, photo_files):
     """RGB/L JPEGs and plain PNGs are decoded by libjpeg-turbo/libpng, not by Pillow: the exact test above
     would pass on the slow routes too, so check the routes themselves."""

@@ -187,7 +187,7 @@ def test_cheapest_text_encode_replays_padded_unless_the_packed_graph_is_measured
 class FakeTower:
     """host: squares the numbers; device: a tensor; item 'bad' fails."""
 
-    def host(self, payloads, overlap=False):
+    def host(self, payloads):
         return payloads
 
     def device(self, payloads):
@@ -522,7 +522,7 @@ def test_a_batch_alone_with_inputs_queued_behind_it_goes_to_the_launch_thread():
         def __init__(self):
             self.calls = 0
 
-        def host(self, payloads, overlap=False):
+        def host(self, payloads):
             self.calls += 1
             if self.calls == 1:
                 assert second_queued.wait(10)
@@ -550,41 +550,6 @@ def test_a_batch_alone_with_inputs_queued_behind_it_goes_to_the_launch_thread():
         batcher.close()
     assert threads[0] == "clip_flash-image-launch"
     assert [[float(result.raw[0]) for result in job.results] for job in jobs] == [[0.0], [0.0, 1.0]]
-
-
-def test_the_cpu_step_may_overlap_only_with_inputs_queued_behind_it():
-    """``host(overlap=...)``: a batch alone in the pipeline with nothing queued (low load) is told not to leave
-    device work running (it is launched at once, on the collect thread); one taken with inputs still queued
-    behind it is told it may (``--decode gpu``'s hardware decode then runs while the collector scans on)."""
-    lock = threading.Lock()
-    overlaps = []
-
-    class RecordingTower(FakeTower):
-        def host(self, payloads, overlap=False):
-            overlaps.append(overlap)
-            return payloads
-
-    batcher = TowerBatcher("image", RecordingTower(), lambda x: x, max_batch=1, max_wait=0.01, lock=lock,
-                           on_dequeue=lambda count: None, launch_alone=True)
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        alone = EmbeddingJob(loop, 1, time.monotonic() + 30)
-        with lock:
-            batcher.put_locked([QueuedInputs(alone, [0], [0])], time.monotonic())
-        await asyncio.wait_for(alone.future, 10)
-        queued = [EmbeddingJob(loop, 1, time.monotonic() + 30) for _ in range(2)]
-        with lock:  # max_batch 1: the first is taken with the second still queued
-            batcher.put_locked([QueuedInputs(job, [0], [0]) for job in queued], time.monotonic())
-        await asyncio.wait_for(asyncio.gather(*(job.future for job in queued)), 10)
-        return [alone] + queued
-
-    try:
-        jobs = asyncio.run(main())
-    finally:
-        batcher.close()
-    assert overlaps[:2] == [False, True]
-    assert [float(job.results[0].raw[0]) for job in jobs] == [0.0, 0.0, 0.0]
 
 
 def test_text_graphs_per_doubling_reaches_the_config_and_is_checked():

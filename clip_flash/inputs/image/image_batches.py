@@ -3,7 +3,6 @@ decoded batch (:class:`DecodedImages`, with its pixels laid out for the resize k
 the model-ready batch (:class:`PreparedImages`)."""
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -63,9 +62,6 @@ class DecodedImages:
     on_gpu: Optional[PackedJpegs] = None  # decode="gpu": JPEGs the hardware decoder did here (see decode())
     # decode="gpu": ``packed`` and ``on_gpu`` already resized, in one group, by the decoding thread (see decode())
     ahead: Optional[RowsOnDevice] = None
-    # decode="gpu" with ``hardware_in_background``: the hardware decode and the resize ahead, still running in
-    # another thread (they set ``on_gpu`` and ``ahead``); :meth:`ImagePreprocessor.prepare` waits for it first.
-    pending: Optional["Future[None]"] = None
 
     @property
     def indices(self) -> List[int]:

@@ -154,7 +154,6 @@ class ImagePreprocessor:
         self._lock = threading.Lock()
         self._threads: Optional[ThreadPoolExecutor] = None
         self._hardware_threads: Optional[ThreadPoolExecutor] = None
-        self._finishing: Optional[ThreadPoolExecutor] = None
         if executor == "native" and self._native_decoder() is None:
             raise RuntimeError("executor='native' asked for, but the native batch decoder cannot run here "
                                "(clip_flash._C is not built, or Pillow's libjpeg does not open; see the log)")
@@ -211,7 +210,7 @@ class ImagePreprocessor:
         return self.resize.output_size
 
     # ----- the two steps ------------------------------------------------------------------
-    def decode(self, items: Sequence[ImageInput], hardware_in_background: bool = False) -> DecodedImages:
+    def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
         """The CPU step: read and decode every input (one native call for the batch's files and bytes; Python
         threads for what Pillow prepares its own way). Never raises for a bad input.
 
@@ -219,13 +218,7 @@ class ImagePreprocessor:
         (see :mod:`.nvjpeg_packed`), decodes the baseline colour ones straight into the resize kernel's
         layout on the device, ahead of the batch, since that call releases the GIL; it then queues the resize
         of what lies in the kernel's layouts (those, and the exact share's) on this thread's stream
-        (:meth:`_resize_ahead`). :meth:`prepare` runs torchvision's nvJPEG decode on whatever is left.
-
-        ``hardware_in_background``: that hardware decode and resize run in a thread of this preparer's instead
-        (one of ``nvjpeg_decoders``), and this returns once the CPU's share is done; :meth:`prepare` waits for
-        them (and raises what they raised). For a caller whose one thread takes batches one after another (the
-        server's collector): it scans the next batch while the hardware decodes this one, and two batches can
-        decode at once. The rows are the same either way."""
+        (:meth:`_resize_ahead`). :meth:`prepare` runs torchvision's nvJPEG decode on whatever is left."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
             raise TypeError("pass a sequence of images (a list), not a single image")
         items = list(items)
@@ -244,9 +237,6 @@ class ImagePreprocessor:
         for item in decoded.items:
             for note in item.notes:
                 logger.debug("input %d: %s", item.index, note)
-        if hardware and hardware_in_background:
-            decoded.pending = self._finishing_threads().submit(self._finish_on_device, decoded, started)
-            return decoded
         if started is not None:
             decoded.on_gpu = started.result()
         elif hardware:
@@ -254,21 +244,6 @@ class ImagePreprocessor:
         if self.decoder == "gpu" and self.device.type == "cuda":
             self._resize_ahead(decoded)
         return decoded
-
-    def _finishing_threads(self) -> ThreadPoolExecutor:
-        """The threads finishing batches :meth:`decode` left to the background: apart from the hardware threads,
-        since a batch with an exact share waits here for its hardware decode running there."""
-        with self._lock:
-            if self._finishing is None:
-                self._finishing = ThreadPoolExecutor(self.nvjpeg_decoders, thread_name_prefix="clip_flash-finish")
-            return self._finishing
-
-    def _finish_on_device(self, decoded: DecodedImages, started: "Optional[Future[Optional[PackedJpegs]]]") -> None:
-        """The end of :meth:`decode` for ``hardware_in_background``: the hardware decode (or the wait for the one
-        already started) and the resize ahead, on this thread's stream."""
-        with torch.inference_mode():
-            decoded.on_gpu = started.result() if started is not None else self._decode_on_hardware(decoded.items)
-            self._resize_ahead(decoded)
 
     def _resize_ahead(self, decoded: DecodedImages) -> None:
         """Resize and assemble what lies in the kernel's layouts (the hardware decoder's, and the native
@@ -315,9 +290,6 @@ class ImagePreprocessor:
         step and the packing on side streams. torchvision's decode runs here, on the thread that also launches
         the model, not ahead on a decoding thread: its batched call takes the GIL again for each image, so beside
         a thread running Python (launches) both crawl."""
-        if decoded.pending is not None:  # the hardware decode :meth:`decode` left to the background
-            pending, decoded.pending = decoded.pending, None
-            pending.result()
         failures = list(decoded.failures)
         route_of = {item.index: str(item.route) for item in decoded.items}
         groups: List[Tuple[List[int], torch.Tensor]] = []
@@ -436,8 +408,8 @@ class ImagePreprocessor:
     def close(self) -> None:
         """Let the decoder's threads go (a later call makes them again)."""
         with self._lock:
-            pools = (self._finishing, self._threads, self._hardware_threads)
-            self._finishing = self._threads = self._hardware_threads = None
+            pools = (self._threads, self._hardware_threads)
+            self._threads = self._hardware_threads = None
             self._native, self._native_decided = None, self.executor == "thread"
         for threads in pools:
             if threads is not None:
