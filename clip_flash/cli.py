@@ -28,7 +28,7 @@ class Subcommand:
 SUBCOMMANDS: Dict[str, Subcommand] = {
     "embed": Subcommand("clip_flash.jobs.cli", "embed a folder, WebDataset tars or a caption file into "
                         "clip-retrieval's layout, resumably"),
-    "serve": Subcommand("clip_flash.serve.cli", "an OpenAI-compatible embedding server (needs clip_flash[serve])"),
+    "serve": Subcommand("clip_flash.serve.cli", "an OpenAI-compatible embedding server (needs the serve extra)"),
     "bench": Subcommand("benchmarks.bench_clip", "time stock vs patched OpenCLIP on your model and batch sizes "
                         "(from a source checkout)"),
     "info": Subcommand("clip_flash.info", "which kernels and attention backends this machine runs, and why"),
@@ -55,20 +55,30 @@ def _entry(name: str) -> Callable[[List[str]], int]:
     try:
         module = importlib.import_module(SUBCOMMANDS[name].module)
     except ImportError as error:
-        hint = ' (pip install "clip_flash[serve]")' if name == "serve" else ""
+        hint = ' (pip install -e ".[serve]" in the checkout)' if name == "serve" else ""
         raise SystemExit(f"clip-flash {name} cannot start: {error}{hint}") from None
     if hasattr(module, "add_arguments"):
         def run_with_parser(argv: List[str]) -> int:
-            parser = argparse.ArgumentParser(prog=f"clip-flash {name}", description=module.__doc__,
+            parser = argparse.ArgumentParser(prog=f"clip-flash {name}",
+                                             description=getattr(module, "DESCRIPTION", module.__doc__),
                                              formatter_class=argparse.RawDescriptionHelpFormatter)
             module.add_arguments(parser)
             return module.run(parser.parse_args(argv))
         return run_with_parser
-    return module.main
+
+    def run_main(argv: List[str]) -> int:
+        # These build their own parser, which names the program after sys.argv[0]: "clip-flash NAME" in its usage.
+        program = sys.argv[0]
+        sys.argv[0] = f"clip-flash {name}"
+        try:
+            return module.main(argv)
+        finally:
+            sys.argv[0] = program
+    return run_main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clip-flash", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="clip-flash", description=__doc__.split("\n\n")[0].replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(f"  {name:<18} {sub.summary}"
                                                        for name, sub in SUBCOMMANDS.items()))

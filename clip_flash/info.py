@@ -1,6 +1,7 @@
 """What this machine can run: ``python -m clip_flash.info``."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import platform
@@ -70,8 +71,13 @@ def environment() -> Dict[str, object]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``clip-flash info [--json]`` (also ``python -m clip_flash.info``)."""
+    parser = argparse.ArgumentParser(description="Which kernels and attention backends this machine runs, and "
+                                                 "why: the device, versions, each backend's availability and the "
+                                                 "attention table backend='auto' reads.")
+    parser.add_argument("--json", action="store_true", help="print the same as one JSON object")
+    args = parser.parse_args(argv)
     info = environment()
-    if "--json" in (sys.argv[1:] if argv is None else argv):
+    if args.json:
         print(json.dumps(info, indent=2))
         return 0
     backends = info.pop("backends")

@@ -333,17 +333,20 @@ def render_markdown(table: Dict[str, Any]) -> str:
 # -- command line ---------------------------------------------------------------------------------------------
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", "'"),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="OpenCLIP model names")
-    parser.add_argument("--vision-batch-sizes", nargs="+", type=int, default=list(DEFAULT_VISION_BATCHES))
-    parser.add_argument("--text-batch-sizes", nargs="+", type=int, default=list(DEFAULT_TEXT_BATCHES))
+    parser.add_argument("--vision-batch-sizes", nargs="+", type=int, default=list(DEFAULT_VISION_BATCHES),
+                        help="image batch sizes to time (default " + " ".join(map(str, DEFAULT_VISION_BATCHES)) + ")")
+    parser.add_argument("--text-batch-sizes", nargs="+", type=int, default=list(DEFAULT_TEXT_BATCHES),
+                        help="caption batch sizes to time (default " + " ".join(map(str, DEFAULT_TEXT_BATCHES)) + ")")
     parser.add_argument("--text-seqs", nargs="+", type=int, default=None,
                         help="padded text lengths to time (default: each model's context length, 77)")
     parser.add_argument("--varlen-lengths", nargs=2, type=int, default=(8, 40), metavar=("MIN", "MAX"),
                         help="packed text: caption lengths drawn uniformly in [MIN, MAX] (default 8 40)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the packed lengths (default 0)")
-    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=list(DEFAULT_DTYPES))
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=list(DEFAULT_DTYPES),
+                        help="precisions to time (default " + " ".join(DEFAULT_DTYPES) + ")")
     parser.add_argument("--backends", nargs="+", default=None,
                         help=f"backends to time (default: the available ones of {', '.join(PADDED_BACKENDS)}; "
                              f"packed shapes: {', '.join(VARLEN_BACKENDS)})")

@@ -84,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --decode gpu: the share of each batch decoded exactly on the CPU beside nvJPEG's "
                              "hardware decoder (those rows are exact; default 0)")
     parser.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw embeddings")
-    parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16")
+    parser.add_argument("--out-dtype", choices=("float16", "float32"), default="float16",
+                        help="the .npy files' dtype (default float16, as clip-retrieval writes them)")
     parser.add_argument("--no-captions", dest="captions", action="store_false", default=None,
                         help="ignore captions (by default they are read where they exist: .txt beside images, "
                              "txt/json in tars; an image without one gets an empty caption)")
@@ -94,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CSV/parquet column of the captions (default: caption, text, captions or txt)")
     parser.add_argument("--repeat", type=positive_int, default=1,
                         help="embed the input list this many times (steady-state speed on a small folder)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
                         help="run on a Ray cluster, one model per GPU: ADDRESS (HOST:6379), or none for "
                              "RAY_ADDRESS, a running local cluster, or a new local Ray")

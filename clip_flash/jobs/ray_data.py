@@ -1,6 +1,6 @@
 """Embedding on a Ray cluster (Ray Data): one patched model per GPU, the same output folder and rules.
 
-Two ways in (``pip install clip_flash[ray]``):
+Two ways in (the ``ray`` extra: ``pip install -e ".[ray]"`` in the checkout):
 
 1. The job, ``scripts/embed.py --ray [ADDRESS]`` or :func:`embed_with_ray`. The driver plans the shards
    exactly as the one-GPU job does (same settings check, same skipping of finished shards) and makes a

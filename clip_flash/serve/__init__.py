@@ -7,7 +7,7 @@ Pieces: ``config`` (every setting), ``jobs`` (a request's items), ``inputs`` (de
 ``batcher`` (one dynamic batcher per tower), ``engine`` (a model on a device; the pool of them), ``protocol``
 (OpenAI's request and response shapes), ``app`` (the routes), ``metrics``, ``cli``, ``frontends`` (several HTTP
 processes feeding one engine process), ``ray`` (a Ray Serve deployment). Needs the ``serve`` extra:
-``pip install "clip_flash[serve]"``.
+``pip install -e ".[serve]"`` in the checkout.
 """
 from .config import ServeConfig
 

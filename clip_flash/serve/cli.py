@@ -17,6 +17,26 @@ from .config import DEFAULT_MODEL, TEXT_GROUPINGS, ServeConfig
 
 logger = logging.getLogger("clip_flash.serve")
 
+# What `clip-flash serve --help` opens with.
+DESCRIPTION = """An OpenAI-compatible CLIP embedding server: captions and images to embeddings, batched across requests.
+
+    clip-flash serve --model ViT-L-14::laion2b_s32b_b82k --port 8000
+    clip-flash serve                      # ViT-B-32, random-init weights, on whatever device is here
+
+Routes: POST /v1/embeddings (OpenAI's shape; an image as a data:image/... URI), POST /v1/embeddings/image (raw
+image bytes or multipart files), GET /health, /ready, /v1/models, /metrics. Stops on SIGTERM or Ctrl-C after
+answering every request it accepted. Needs the serve extra: pip install -e ".[serve]" in a checkout."""
+
+# The `serve` extra's packages (pyproject.toml) the server imports, checked before it starts.
+SERVE_EXTRA = ("uvicorn", "starlette", "orjson", "prometheus_client")
+
+
+def missing_serve_packages() -> list:
+    """The `serve` extra's packages this environment lacks."""
+    import importlib.util
+
+    return [name for name in SERVE_EXTRA if importlib.util.find_spec(name) is None]
+
 
 def _devices(text: str):
     try:
@@ -102,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a clean shutdown, 1 when the model cannot be loaded."""
     from clip_flash.models import RANDOM_INIT_NOTE, parse_model_spec
 
+    missing = missing_serve_packages()
+    if missing:
+        print(f"clip-flash serve needs the serve extra, which lacks {', '.join(missing)} here: "
+              'pip install -e ".[serve]" in a checkout of clip_flash', file=sys.stderr)
+        return 2
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("clip_flash").setLevel(args.log_level.upper())
     try:
@@ -156,7 +182,7 @@ def uvicorn_config(app, config: ServeConfig, **overrides):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="clip-flash serve", description="An OpenAI-compatible CLIP embedding "
-                                     "server: captions and images to embeddings, batched across requests.")
+    parser = argparse.ArgumentParser(prog="clip-flash serve", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -586,7 +586,7 @@ def test_info_lists_the_table_in_use(tmp_path, fake_gpu, capsys):
         write_table(tmp_path / "t.json", [entry(1, 50, {"sdpa:cudnn": 1.0}),
                                                                            entry(4, 50, {"sdpa:cudnn": 1.0})]))
     assert info._attention_table() == {"path": table.source, "gpu": FAKE_GPU[0], "entries": 2, "note": None}
-    info.main()
+    info.main([])
     assert f"attention table: {table.source} ({FAKE_GPU[0]}, 2 entries)" in capsys.readouterr().out
 
 
