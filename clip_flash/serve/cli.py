@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from .config import DEFAULT_MODEL, TEXT_GROUPINGS, ServeConfig
 
@@ -31,7 +31,7 @@ answering every request it accepted. Needs the serve extra: pip install -e ".[se
 SERVE_EXTRA = ("uvicorn", "starlette", "orjson", "prometheus_client")
 
 
-def missing_serve_packages() -> list:
+def missing_serve_packages() -> List[str]:
     """The `serve` extra's packages this environment lacks."""
     import importlib.util
 
@@ -119,7 +119,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT; 0 after a clean shutdown, 1 when the model cannot be loaded."""
+    """Serve until SIGTERM/SIGINT; 0 after a clean shutdown, 1 when the model cannot be loaded, 2 when the serve
+    extra is not installed."""
     from clip_flash.models import RANDOM_INIT_NOTE, parse_model_spec
 
     missing = missing_serve_packages()
