@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA GPU here", file=sys.stderr)
         return 2
-    files = image_files(args.photos)[:args.batch]
+    paths = image_files(args.photos)
+    files = [paths[index % len(paths)] for index in range(args.batch)]  # cycled when fewer
     # ViT-B-32's eval transform: the layout's tables depend on it, not the decode.
     with ImagePreprocessor(image_transform(224, is_train=False), device="cuda", decode="gpu", executor="thread",
                            workers=4, nvjpeg_hardware=False) as prep:
