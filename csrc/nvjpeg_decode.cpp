@@ -194,12 +194,13 @@ std::string acquire_decoder(DeviceDecoders& decoders, int64_t wanted, HardwareDe
 // Decodes the 3-component JPEGs the hardware decoder takes (baseline Huffman) straight into `out`, a 1-D uint8
 // CUDA buffer (the resize kernel's packed layout): input i's (H, W, 3) RGB pixels at byte slots[3i], where
 // slots[3i + 1], slots[3i + 2] give the H and W its header scan found. Written on the current CUDA stream, and
-// waited for. Returns, per input, 1 where it wrote the pixels and 0 where it left them (slot -1, progressive,
-// grayscale, unparsable, or a frame size other than the slot's), and why the batch failed (empty: it did not;
-// "nvJPEG unavailable: ..." when it cannot run here). With `wait` false it returns once the decode is queued: work
-// the caller queues on the same stream runs after it, and the decoder keeps `encoded` alive until its next call. It runs without the GIL and throws nothing: a throw from
-// such a call crashed the process on the H100 machine. It allocates nothing: a CUDA tensor allocated per image
-// took the GIL back each time (measured beside a busy Python thread), as torchvision's call does.
+// waited for unless `wait` is false. Returns, per input, 1 where it wrote the pixels and 0 where it left them
+// (slot -1, progressive, grayscale, unparsable, or a frame size other than the slot's), and why the batch failed
+// (empty: it did not; "nvJPEG unavailable: ..." when it cannot run here). With `wait` false it returns once the
+// decode is queued: work the caller queues on the same stream runs after it, and the decoder keeps `encoded` alive
+// until its next call has waited for it. It runs without the GIL and throws nothing: a throw from such a call
+// crashed the process on the H100 machine. It allocates nothing: a CUDA tensor allocated per image took the GIL
+// back each time (measured beside a busy Python thread), as torchvision's call does.
 std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
                                                                const at::Tensor& out,
                                                                const std::vector<int64_t>& slots,
