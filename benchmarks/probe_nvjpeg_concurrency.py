@@ -9,11 +9,6 @@ the resize kernel's buffer, the chroma step), on JPEGs already in memory: no fil
 (``ImagePreprocessor(nvjpeg_decoders=N)``), every thread decoding ``--batches`` batches of ``--batch`` photos,
 alternated over ``--rounds``; the medians over rounds are reported. The rate with one thread and one decoder is
 the route's own ceiling; what more threads add shows whether the decoder (the hardware) or the threads bound it.
-
-``--wait yes no`` also runs each case with the route not waiting for its decode (``decode_into_layout(...,
-wait=False)``, the default of the package's callers): the thread then goes on to its next batch at once, and only
-the end of the measurement waits. Each row also gives the median time a call held its thread (ms): the host cost
-of a batch on a thread such as the server's collector.
 """
 from __future__ import annotations
 
@@ -25,7 +20,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,34 +33,27 @@ from clip_flash.inputs.image.transform_spec import ImageTransformSpec  # noqa: E
 from open_clip.transform import image_transform  # noqa: E402
 
 
-def rate(items, spec: ImageTransformSpec, threads: int, decoders: int, batches: int,
-         wait: bool = True) -> Tuple[float, float]:
-    """Photos/s of ``threads`` threads each decoding ``batches`` batches through the route, and the median
-    milliseconds a call held its thread."""
+def rate(items, spec: ImageTransformSpec, threads: int, decoders: int, batches: int) -> float:
+    """Photos/s of ``threads`` threads each decoding ``batches`` batches through the route."""
     device = torch.device("cuda", torch.cuda.current_device())
-    calls: List[float] = []
 
     def work(_: int) -> int:
         done = 0
         for _ in range(batches):
-            started = time.perf_counter()
-            packed = nvjpeg_packed.decode_into_layout(items, device, spec, "libjpeg", decoders, wait=wait)
-            calls.append(time.perf_counter() - started)
+            packed = nvjpeg_packed.decode_into_layout(items, device, spec, "libjpeg", decoders)
             if packed is None:
                 raise RuntimeError(f"the hardware route did not run: {nvjpeg_packed._HARDWARE['unavailable']}")
-            if wait:
-                packed.ready.synchronize()
+            packed.ready.synchronize()
             done += len(packed.decoded)
         return done
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(work, range(threads)))  # warm-up: each thread's stream and decoder state
         torch.cuda.synchronize()
-        calls.clear()
         started = time.perf_counter()
         decoded = sum(pool.map(work, range(threads)))
         torch.cuda.synchronize()
-    return decoded / (time.perf_counter() - started), statistics.median(calls) * 1000
+    return decoded / (time.perf_counter() - started)
 
 
 def main(argv=None) -> int:
@@ -76,8 +63,6 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=20, help="batches each thread decodes per measurement")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--wait", choices=["yes", "no"], nargs="+", default=["yes"],
-                        help="whether each call waits for its decode (no: decode_into_layout(wait=False))")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -91,23 +76,18 @@ def main(argv=None) -> int:
         decoded = prep.decode(files)
         spec = prep.resize.spec
     items = [item for item in decoded.items if nvjpeg_packed.takes(item)]
-    cases = [(threads, decoders, wait == "yes") for threads in args.threads for decoders in sorted({1, threads})
-             for wait in args.wait]
+    cases = [(threads, decoders) for threads in args.threads for decoders in sorted({1, threads})]
     runs = {case: [] for case in cases}
     for _ in range(args.rounds):
-        for case in cases:
-            runs[case].append(rate(items, spec, *case[:2], args.batches, wait=case[2]))
+        for threads, decoders in cases:
+            runs[(threads, decoders)].append(rate(items, spec, threads, decoders, args.batches))
     command = "python " + " ".join(shlex.quote(arg) for arg in [sys.argv[0], *(argv or sys.argv[1:])])
     rows = []
-    for (threads, decoders, wait), measured in runs.items():
-        rates = [photos for photos, _ in measured]
-        call_ms = statistics.median(ms for _, ms in measured)
-        rows.append({"threads": threads, "decoders": decoders, "wait": wait,
-                     "photos_per_s_median": statistics.median(rates), "photos_per_s_runs": rates,
-                     "call_ms_median": call_ms})
-        print(f"{len(items)} photos per batch, {threads} thread(s), {decoders} decoder(s), "
-              f"{'waiting' if wait else 'not waiting'}: median {statistics.median(rates):,.0f} photos/s "
-              f"(runs {', '.join(f'{r:,.0f}' for r in rates)}); a call held its thread {call_ms:.2f} ms")
+    for (threads, decoders), rates in runs.items():
+        rows.append({"threads": threads, "decoders": decoders, "photos_per_s_median": statistics.median(rates),
+                     "photos_per_s_runs": rates})
+        print(f"{len(items)} photos per batch, {threads} thread(s), {decoders} decoder(s): "
+              f"median {statistics.median(rates):,.0f} photos/s (runs {', '.join(f'{r:,.0f}' for r in rates)})")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({**environment_record(torch.device("cuda"), command), "photos": len(items),
                                      "batches_per_thread": args.batches, "rows": rows}, indent=1) + "\n")

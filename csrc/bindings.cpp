@@ -203,8 +203,7 @@ std::string jpeg_chroma_packed(const at::Tensor& pixels, const at::Tensor& image
 std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
                                                                const at::Tensor& out,
                                                                const std::vector<int64_t>& slots,
-                                                               const std::string& library_path, int64_t decoders,
-                                                               bool wait);
+                                                               const std::string& library_path, int64_t decoders);
 
 // Defined in jpeg_dct_binding.cpp.
 std::string jpeg_dct_to_pixels(const at::Tensor& coefficients, const at::Tensor& table, const at::Tensor& planes,
@@ -257,10 +256,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("nvjpeg_hw_decode", &clip_flash::nvjpeg_hw_decode, "Baseline 3-component JPEGs decoded by nvJPEG's "
              "hardware decoder straight into out (1-D CUDA uint8), input i's (H, W, 3) RGB at byte slots[3i] when "
              "its frame is slots[3i+1] x slots[3i+2]; returns (1 per input written, 0 per input left; why the batch "
-             "failed, empty if it did not). Without the GIL, on the current stream; waits for the decode unless "
-             "`wait` is false (work queued after it on that stream then follows it); calls from several threads use "
-             "up to `decoders` decoder states at once.", py::arg("encoded"), py::arg("out"), py::arg("slots"),
-             py::arg("library_path"), py::arg("decoders") = 1, py::arg("wait") = true, NO_GIL);
+             "failed, empty if it did not). Waits for them, without the GIL, on the current stream; calls from several threads "
+             "use up to `decoders` decoder states at once.", py::arg("encoded"), py::arg("out"), py::arg("slots"),
+             py::arg("library_path"), py::arg("decoders") = 1, NO_GIL);
   module.def("jpeg_dct_to_pixels", &clip_flash::jpeg_dct_to_pixels, "The rest of libjpeg-turbo's decode on the GPU, "
              "bit for bit, for the images a table describes; returns why it could not (empty: queued).",
              py::arg("coefficients"), py::arg("table"), py::arg("planes"), py::arg("pixels"), py::arg("max_blocks"),

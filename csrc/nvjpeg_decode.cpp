@@ -52,11 +52,6 @@ struct HardwareDecoder {
   nvjpegJpegState_t state = nullptr;
   nvjpegJpegStream_t stream = nullptr;
   std::mutex busy;
-  // A call that did not wait (wait=false) leaves its decode running: `done` is recorded after it on its stream,
-  // and `held` keeps that call's encoded inputs alive until the next call on this decoder has waited for it.
-  cudaEvent_t done = nullptr;
-  bool pending = false;
-  std::vector<at::Tensor> held;
 };
 
 struct DeviceDecoders {
@@ -135,14 +130,8 @@ std::string add_decoder(DeviceDecoders& device) {
   return "";
 }
 
-// Whether a decoder's last decode (if it did not wait for it) is done on the device. Called with its `busy` held.
-bool settled(const HardwareDecoder& decoder) {
-  return !decoder.pending || cudaEventQuery(decoder.done) != cudaErrorNotReady;
-}
-
-// A decoder for this call, locked in `lock`: a free one among the first `wanted` whose last decode is done, else
-// a new one if fewer exist, else a free one still decoding (this call then waits for it); when all are busy, the
-// one after the last handed out (each call waits behind one other at most).
+// A decoder for this call, locked in `lock`: a free one among the first `wanted`, made if fewer
+// exist; when all are busy, the one after the last handed out (each call waits behind one other at most).
 std::string acquire_decoder(DeviceDecoders& decoders, int64_t wanted, HardwareDecoder** chosen,
                             std::unique_lock<std::mutex>* lock) {
   static size_t next = 0;
@@ -154,23 +143,11 @@ std::string acquire_decoder(DeviceDecoders& decoders, int64_t wanted, HardwareDe
         candidates.push_back(decoder.get());
       }
     }
-    HardwareDecoder* still_decoding = nullptr;
     for (HardwareDecoder* decoder : candidates) {
       std::unique_lock<std::mutex> attempt(decoder->busy, std::try_to_lock);
       if (attempt.owns_lock()) {
-        if (!settled(*decoder)) {
-          still_decoding = still_decoding != nullptr ? still_decoding : decoder;
-          continue;
-        }
         *chosen = decoder;
         *lock = std::move(attempt);
-        return "";
-      }
-    }
-    if (still_decoding != nullptr && static_cast<int64_t>(candidates.size()) >= wanted) {
-      *chosen = still_decoding;
-      *lock = std::unique_lock<std::mutex>(still_decoding->busy, std::try_to_lock);
-      if (lock->owns_lock()) {
         return "";
       }
     }
@@ -194,18 +171,15 @@ std::string acquire_decoder(DeviceDecoders& decoders, int64_t wanted, HardwareDe
 // Decodes the 3-component JPEGs the hardware decoder takes (baseline Huffman) straight into `out`, a 1-D uint8
 // CUDA buffer (the resize kernel's packed layout): input i's (H, W, 3) RGB pixels at byte slots[3i], where
 // slots[3i + 1], slots[3i + 2] give the H and W its header scan found. Written on the current CUDA stream, and
-// waited for unless `wait` is false. Returns, per input, 1 where it wrote the pixels and 0 where it left them
-// (slot -1, progressive, grayscale, unparsable, or a frame size other than the slot's), and why the batch failed
-// (empty: it did not; "nvJPEG unavailable: ..." when it cannot run here). With `wait` false it returns once the
-// decode is queued: work the caller queues on the same stream runs after it, and the decoder keeps `encoded` alive
-// until its next call has waited for it. It runs without the GIL and throws nothing: a throw from such a call
-// crashed the process on the H100 machine. It allocates nothing: a CUDA tensor allocated per image took the GIL
-// back each time (measured beside a busy Python thread), as torchvision's call does.
+// waited for. Returns, per input, 1 where it wrote the pixels and 0 where it left them (slot -1, progressive,
+// grayscale, unparsable, or a frame size other than the slot's), and why the batch failed (empty: it did not;
+// "nvJPEG unavailable: ..." when it cannot run here). It runs without the GIL and throws nothing: a throw from
+// such a call crashed the process on the H100 machine. It allocates nothing: a CUDA tensor allocated per image
+// took the GIL back each time (measured beside a busy Python thread), as torchvision's call does.
 std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
                                                                const at::Tensor& out,
                                                                const std::vector<int64_t>& slots,
-                                                               const std::string& library_path, int64_t decoders,
-                                                               bool wait) {
+                                                               const std::string& library_path, int64_t decoders) {
   std::vector<int64_t> written(encoded.size(), 0);
   if (!(out.is_cuda() && out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous())) {
     return {written, "out must be a contiguous 1-D CUDA uint8 tensor"};
@@ -251,14 +225,6 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
   }
   const nvjpegHandle_t handle = on_device->handle;
   HardwareDecoder& decoder = *chosen;
-  if (decoder.pending) {  // the decoder's state and that call's inputs are free once its decode is done
-    const cudaError_t waited = cudaEventSynchronize(decoder.done);
-    decoder.pending = false;
-    decoder.held.clear();  // (their bytes' owners are released under the GIL: see hold() in the decoder binding)
-    if (waited != cudaSuccess) {
-      return {written, std::string("an earlier nvJPEG decode failed on the device: ") + cudaGetErrorString(waited)};
-    }
-  }
 
   std::vector<const unsigned char*> data;
   std::vector<size_t> lengths;
@@ -301,19 +267,6 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
   if (status != NVJPEG_STATUS_SUCCESS) {
     return {none, "nvjpegDecodeBatched failed: " + std::to_string(status)};
   }
-  if (!wait) {
-    // Work queued after this on `stream` runs after the decode; the next call on this decoder waits for it.
-    cudaError_t recorded = decoder.done == nullptr ? cudaEventCreateWithFlags(&decoder.done, cudaEventDisableTiming)
-                                                   : cudaSuccess;
-    if (recorded == cudaSuccess) {
-      recorded = cudaEventRecord(decoder.done, stream);
-    }
-    if (recorded == cudaSuccess) {
-      decoder.pending = true;
-      decoder.held = encoded;
-      return {written, ""};
-    }  // else wait here, as below
-  }
   // The inputs and the decoder's state are reused by the next call: it starts after this batch is decoded.
   const cudaError_t waited = cudaStreamSynchronize(stream);
   if (waited != cudaSuccess) {
@@ -326,7 +279,7 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
 
 std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector<at::Tensor>& encoded,
                                                                const at::Tensor&, const std::vector<int64_t>&,
-                                                               const std::string&, int64_t, bool) {
+                                                               const std::string&, int64_t) {
   return {std::vector<int64_t>(encoded.size(), 0), "nvJPEG unavailable: the extension was built without <nvjpeg.h>"};
 }
 

@@ -10,11 +10,8 @@ interval: a per-image route (decode, then per-image chroma and packing) pays tha
 
 The decode call releases the GIL for the whole batch (torchvision's batched call takes it back per image, so
 beside a busy Python thread it crawls), so :meth:`decode` runs it on a decoding thread, ahead of the batch on
-the device; it returns once the decode is queued (the next call on the same decoder state waits for it), so the
-thread's next batch overlaps this one's decode. A failure the device reports for a decode not waited for
-surfaces at that decoder's next call, whose batch torchvision then decodes. Each decoding thread queues its
-batch on a stream of its own, and the extension gives concurrent calls separate decoder states (up to
-``HARDWARE_DECODERS``). Two threads decode faster than one, as the
+the device. Each decoding thread queues its batch on a stream of its own, and the extension gives concurrent
+calls separate decoder states (up to ``HARDWARE_DECODERS``). Two threads decode faster than one, as the
 second's host work overlaps the first's decode (``benchmarks/probe_nvjpeg_concurrency.py`` measures it).
 
 It takes baseline 3-component JPEGs; the rest (progressive, grayscale) and anything it leaves go to
@@ -89,15 +86,10 @@ def takes(item: DecodedItem) -> bool:
 
 
 def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: ImageTransformSpec,
-                       chroma: str, decoders: int = HARDWARE_DECODERS, wait: bool = False) -> Optional[PackedJpegs]:
+                       chroma: str, decoders: int = HARDWARE_DECODERS) -> Optional[PackedJpegs]:
     """Decode the items :func:`takes` into a new packed buffer on ``device`` and, with ``chroma="libjpeg"``,
     refine their chroma in place. None when there are none, or the hardware route cannot run (the reason
-    is logged; torchvision's decoder then takes them all).
-
-    The decode is queued on this thread's stream and not waited for (unless ``wait``): the chroma step and what
-    the caller queues after it follow it on that stream, ``ready`` marks its end, and the extension keeps the
-    encoded bytes alive until that decoder's next call has waited for it. The thread goes on to its next batch
-    meanwhile (the wait was most of the server's collect thread under load)."""
+    is logged; torchvision's decoder then takes them all)."""
     candidates = [item for item in items if takes(item)]
     if not candidates or not hardware_decoder_usable():
         return None
@@ -118,7 +110,7 @@ def decode_into_layout(items: List[DecodedItem], device: torch.device, spec: Ima
         slots = np.stack([offsets, plan.meta[:, 1], plan.meta[:, 2]], axis=1).reshape(-1).tolist()
         # The calls say why they could not, rather than raise from where the GIL is released.
         written, failure = extension.nvjpeg_hw_decode([item.encoded for item in candidates], buffer, slots,
-                                                      _nvjpeg_library(), decoders, wait)
+                                                      _nvjpeg_library(), decoders)
         if not failure and chroma == "libjpeg":
             failure = _refine_chroma_in_place(extension, buffer, candidates, written, offsets, plan)
         if failure:

@@ -215,8 +215,8 @@ class ImagePreprocessor:
         threads for what Pillow prepares its own way). Never raises for a bad input.
 
         With ``decode="gpu"`` it reads the JPEGs and their headers and, where nvJPEG's hardware decoder runs
-        (see :mod:`.nvjpeg_packed`), queues the decode of the baseline colour ones straight into the resize
-        kernel's layout on the device, ahead of the batch, without waiting for it; it then queues the resize
+        (see :mod:`.nvjpeg_packed`), decodes the baseline colour ones straight into the resize kernel's
+        layout on the device, ahead of the batch, since that call releases the GIL; it then queues the resize
         of what lies in the kernel's layouts (those, and the exact share's) on this thread's stream
         (:meth:`_resize_ahead`). :meth:`prepare` runs torchvision's nvJPEG decode on whatever is left."""
         if isinstance(items, (str, bytes, bytearray, memoryview, Image.Image, torch.Tensor, np.ndarray)):
