@@ -101,3 +101,31 @@ def test_try_it_command_embeds_the_sample_photos(tmp_path):
     assert embeddings.shape == (len(photos), 512)
     assert sorted(Path(path).stem for path in metadata["image_path"]) == photos
     assert sum(1 for caption in metadata["caption"] if caption) == 3  # three photos have a caption beside them
+
+
+def _serve_options_table() -> str:
+    return README[README.index("### Options"):README.index("### Metrics")]
+
+
+def test_serve_options_table_lists_every_option_with_its_default():
+    """Every option of ``clip-flash serve`` has a row in the README's table, and a row whose default is a plain
+    number says the parser's."""
+    import argparse
+
+    from clip_flash.serve.cli import add_arguments
+
+    parser = add_arguments(argparse.ArgumentParser())
+    table = _serve_options_table()
+    rows = {}
+    for line in table.splitlines():
+        cells = line.strip("|").split("|") if line.startswith("| `--") else []
+        for option in re.findall(r"`(--[a-z0-9-]+)", cells[0] if cells else ""):
+            rows[option] = cells[1].strip()
+    for action in parser._actions:
+        for option in action.option_strings:
+            if option in ("-h", "--help"):
+                continue
+            assert option in rows or option in table, f"README's serve options table lacks {option}"
+            default = rows.get(option, "")
+            if re.fullmatch(r"\d+", default):
+                assert int(default) == action.default, f"{option}: README says {default}, the parser {action.default}"
