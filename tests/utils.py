@@ -6,6 +6,7 @@ import functools
 import hashlib
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -87,7 +88,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) { clip_flash::register_image_batch
 def cpu_native_decoder_extension() -> Tuple[Optional[Any], str]:
     """(module, "") with ``ImageBatchDecoder`` compiled for the CPU from ``csrc/`` (once per source version, in the
     user's cache, shared by the processes of one test run), or (None, why not). The package builds the decoder
-    only into its CUDA extension; this lets a machine without CUDA test the same C++ code."""
+    only into its CUDA extension; this lets a machine without CUDA test the same C++ code. Kept under
+    the package's extension cache (``cache_root()``)."""
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return None, "no C++ compiler"
     try:
@@ -95,12 +97,16 @@ def cpu_native_decoder_extension() -> Tuple[Optional[Any], str]:
 
         if not is_ninja_available():
             raise RuntimeError("ninja is not installed")
+        from clip_flash.ops.jit_build import cache_root
+
         csrc = REPO / "csrc"
-        digest = hashlib.sha256(_NATIVE_DECODER_MODULE.encode())
+        # The build depends on the sources, and on the torch and Python it links against (a per-user cache
+        # outlives an upgrade of either).
+        digest = hashlib.sha256(f"{torch.__version__};{sys.implementation.cache_tag};".encode()
+                                + _NATIVE_DECODER_MODULE.encode())
         for name in sorted(path.name for path in csrc.glob("*.h")) + list(NATIVE_DECODER_SOURCES):
             digest.update(name.encode() + (csrc / name).read_bytes())
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        directory = Path(base) / "clip_flash-tests" / f"native_cpu_{digest.hexdigest()[:16]}"
+        directory = cache_root() / "tests" / f"native_cpu_{digest.hexdigest()[:16]}"
         directory.mkdir(parents=True, exist_ok=True)
         module_source = directory / "module.cpp"
         if not module_source.exists():  # written whole, then renamed: the test processes build it at once
