@@ -76,6 +76,27 @@ def single_threaded_host_ops(device: Any) -> bool:
     return True
 
 
+def without_cudnn_attention(device: Any) -> bool:
+    """On a CUDA device, PyTorch's cuDNN attention is turned off in this process
+    (``torch.backends.cuda.enable_cudnn_sdp(False)``); True when it was on.
+
+    ``scaled_dot_product_attention`` then takes its flash (or memory-efficient) kernel where it would have taken
+    cuDNN's. cuDNN builds an execution plan for each new shape it meets, 60-130 ms each on an H200, and the
+    server meets hundreds at start-up, one per graph: ViT-L-14's 224 padded caption graphs and 16 image graphs
+    took 47.2 s to load with it and 24.7 s without (under cProfile, whose own time in cuDNN's plan building
+    was 21.5 s), with the caption graphs' replays no slower (927 and 918 ms summed over the 224)
+    (``benchmarks/results/h200/startup_cudnn_attention``). Process-wide, so graphs and eager calls, and the
+    engines of ``--devices 0,1``, all run the same kernels."""
+    import torch
+
+    if torch.device(device).type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    logger.info("PyTorch's cuDNN attention is off in the engine process: it builds a plan for each new shape "
+                "(60-130 ms), and capturing the graphs meets hundreds; SDPA takes its flash kernel instead")
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
+
+
 def _inputs(runs: Sequence[QueuedInputs]) -> int:
     return sum(len(run.indices) for run in runs)
 
@@ -132,6 +153,7 @@ class Engine:
 
         config = self.config
         started = time.perf_counter()
+        without_cudnn_attention(device)
         precision = config.precision or ("fp16" if device.type == "cuda" else "fp32")
         spec = parse_model_spec(config.model)
         loaded = load_model(spec, device, precision)
