@@ -30,7 +30,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -44,7 +44,7 @@ class Stopwatch:
         self.seconds: Dict[str, float] = defaultdict(float)
         self.calls: Dict[str, int] = defaultdict(int)
 
-    def wrap(self, owner: Any, attribute: str, name: str, replace: Callable = None) -> None:
+    def wrap(self, owner: Any, attribute: str, name: str, replace: Optional[Callable] = None) -> None:
         original = getattr(owner, attribute)
         target = replace or original
 

@@ -78,6 +78,10 @@ class ServeConfig:
         inputs: ``"fast"`` (clip_flash's exact image preparer and tokenizer) or ``"stock"`` (OpenCLIP's own
             ``preprocess`` and tokenizer: a baseline).
         cuda_graphs: replay CUDA graphs (``clip_flash.GraphedEncoder``) on CUDA.
+        cudnn_attention: let PyTorch's attention take its cuDNN kernel where it picks it. False
+            (``--no-cudnn-attention``): flash instead, a ViT-L-14 engine ready in about half the time (no per-shape
+            plans to build for the hundreds of graphs) and replays a few percent slower
+            (``engine.without_cudnn_attention``).
         decode_workers: image decoding workers (None: the preparer's default, a thread per core; with several
             ``devices`` the cores shared out between their engine processes).
         split_jpegs: a batch of few JPEGs (at low load, one) splits each one's entropy decode across the decoding
@@ -111,6 +115,7 @@ class ServeConfig:
     patch: bool = True
     inputs: str = "fast"
     cuda_graphs: bool = True
+    cudnn_attention: bool = True
     decode_workers: Optional[int] = None
     split_jpegs: bool = True
     workers: Optional[int] = None

@@ -77,22 +77,24 @@ def single_threaded_host_ops(device: Any) -> bool:
 
 
 def without_cudnn_attention(device: Any) -> bool:
-    """On a CUDA device, PyTorch's cuDNN attention is turned off in this process
-    (``torch.backends.cuda.enable_cudnn_sdp(False)``); True when it was on.
+    """On a CUDA device, turn PyTorch's cuDNN attention off in this process
+    (``torch.backends.cuda.enable_cudnn_sdp(False)``); True when it was on. ``--no-cudnn-attention`` asks for it.
 
     ``scaled_dot_product_attention`` then takes its flash (or memory-efficient) kernel where it would have taken
-    cuDNN's. cuDNN builds an execution plan for each new shape it meets, 60-130 ms each on an H200, and the
-    server meets hundreds at start-up, one per graph: ViT-L-14's 224 padded caption graphs and 16 image graphs
-    took 47.2 s to load with it and 24.7 s without (under cProfile, whose own time in cuDNN's plan building
-    was 21.5 s), with the caption graphs' replays no slower (927 and 918 ms summed over the 224)
-    (``benchmarks/results/h200/startup_cudnn_attention``). Process-wide, so graphs and eager calls, and the
-    engines of ``--devices 0,1``, all run the same kernels."""
+    cuDNN's. cuDNN builds an execution plan for each new shape it meets, and a server meets hundreds at start-up,
+    one per graph. On an H200 (``benchmarks/results/h200/startup_cudnn_bef6db5``) the engine loaded in 22.9 s
+    instead of 41.8 for ViT-L-14 and in 15.5 instead of 29.3 for ViT-B-32, but cuDNN's kernels replay faster in
+    most shapes: without them ViT-L-14's image graphs took 2-5% longer and its caption graphs up to 8%, ViT-B-32's
+    caption graphs 7-19% longer at 16-1,024 rows (its image graphs 4-19% shorter), and a ViT-L-14 server passed
+    2,497 one-JPEG requests/s against 2,667 with cuDNN (64 captions a request: 94,336 and 94,343 captions/s). So
+    it stays on unless start-up matters more. Process-wide, so graphs and eager calls, and the engines of
+    ``--devices 0,1``, all run the same kernels."""
     import torch
 
     if torch.device(device).type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
         return False
-    logger.info("PyTorch's cuDNN attention is off in the engine process: it builds a plan for each new shape "
-                "(60-130 ms), and capturing the graphs meets hundreds; SDPA takes its flash kernel instead")
+    logger.info("PyTorch's cuDNN attention is off in the engine process (--no-cudnn-attention): no per-shape "
+                "plans to build at start-up; SDPA takes its flash kernel instead")
     torch.backends.cuda.enable_cudnn_sdp(False)
     return True
 
@@ -153,7 +155,8 @@ class Engine:
 
         config = self.config
         started = time.perf_counter()
-        without_cudnn_attention(device)
+        if not config.cudnn_attention:
+            without_cudnn_attention(device)
         precision = config.precision or ("fp16" if device.type == "cuda" else "fp32")
         spec = parse_model_spec(config.model)
         loaded = load_model(spec, device, precision)

@@ -585,6 +585,26 @@ def test_no_split_jpegs_reaches_the_image_preparer():
         inputs.close()
 
 
+def test_no_cudnn_attention_reaches_the_config_and_turns_it_off_on_cuda_only():
+    import argparse
+
+    from clip_flash.serve.cli import add_arguments, config_from_args
+    from clip_flash.serve.engine import without_cudnn_attention
+
+    parser = add_arguments(argparse.ArgumentParser())
+    assert config_from_args(parser.parse_args([])).cudnn_attention is True
+    assert config_from_args(parser.parse_args(["--no-cudnn-attention"])).cudnn_attention is False
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert without_cudnn_attention("cpu") is False and torch.backends.cuda.cudnn_sdp_enabled()
+        assert without_cudnn_attention(torch.device("cuda", 0)) is True
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert without_cudnn_attention("cuda") is False  # already off
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
 def test_text_graphs_are_captured_largest_first_with_the_end_of_text_at_each_length():
     from clip_flash.serve.text_graphs import capture_text_graphs
 

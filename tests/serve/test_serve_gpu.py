@@ -122,6 +122,32 @@ def test_one_engine_process_per_gpu(reference):
         assert process.stop() == 0
 
 
+def test_no_cudnn_attention_server_answers_as_stock():
+    """fp16 (where SDPA would take cuDNN's kernel) with it turned off: captions and images within twice stock
+    fp16's error against stock fp32."""
+    from tests.utils import assert_within_twice_stock
+
+    process = ServerProcess(["--device", "cuda", "--precision", "fp16", "--max-text-batch", "64", "--max-batch", "8",
+                             "--no-cudnn-attention"])
+    try:
+        process.wait_ready(timeout=300)
+        assert "cuDNN attention is off" in process.output()
+        photos = [jpeg_bytes(n, (640, 480)) for n in range(4)]
+        captions = [" ".join(["word"] * (1 + (n * 7) % 50)) + f" {n}" for n in range(64)] + CAPTIONS
+        body = post(process, {"input": captions + [data_uri(p) for p in photos], "normalize": False}).json()
+        got = torch.from_numpy(vectors(body))
+        reference, stock = StockReference("ViT-B-32", "cuda", "fp32"), StockReference("ViT-B-32", "cuda", "fp16")
+        for rows, expected, stock_rows, what in (
+                (got[:len(captions)], reference.texts(captions, normalize=False),
+                 stock.texts(captions, normalize=False), "captions"),
+                (got[len(captions):], reference.images(photos, normalize=False),
+                 stock.images(photos, normalize=False), "images")):
+            assert_within_twice_stock(rows, torch.from_numpy(stock_rows), torch.from_numpy(expected),
+                                      f"--no-cudnn-attention server fp16, {what}")
+    finally:
+        assert process.stop() == 0
+
+
 def test_cost_packed_server_answers_as_stock():
     """fp16 (the packed kernels' dtypes): every caption within twice stock fp16's error against stock fp32; an
     fp32 server with cost-packed says why it replays padded graphs only."""
