@@ -79,7 +79,7 @@ class ServeConfig:
             ``preprocess`` and tokenizer: a baseline).
         cuda_graphs: replay CUDA graphs (``clip_flash.GraphedEncoder``) on CUDA.
         cudnn_attention: let PyTorch's attention take its cuDNN kernel where it picks it. False
-            (``--no-cudnn-attention``): flash instead, a ViT-L-14 engine ready in about half the time (no per-shape
+            (``--no-cudnn-attention``): flash instead, a ViT-L-14 engine loaded in about half the time (no per-shape
             plans to build for the hundreds of graphs) and replays a few percent slower
             (``engine.without_cudnn_attention``).
         decode_workers: image decoding workers (None: the preparer's default, a thread per core; with several
