@@ -6,7 +6,6 @@ import functools
 import hashlib
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -97,23 +96,20 @@ def cpu_native_decoder_extension() -> Tuple[Optional[Any], str]:
 
         if not is_ninja_available():
             raise RuntimeError("ninja is not installed")
-        from clip_flash.ops.jit_build import cache_root
+        from clip_flash.ops.jit_build import cache_key, cache_root, probe_toolchain
 
         csrc = REPO / "csrc"
-        # The build depends on the sources, and on the torch and Python it links against (a per-user cache
-        # outlives an upgrade of either).
-        digest = hashlib.sha256(f"{torch.__version__};{sys.implementation.cache_tag};".encode()
-                                + _NATIVE_DECODER_MODULE.encode())
-        for name in sorted(path.name for path in csrc.glob("*.h")) + list(NATIVE_DECODER_SOURCES):
-            digest.update(name.encode() + (csrc / name).read_bytes())
-        directory = cache_root() / "tests" / f"native_cpu_{digest.hexdigest()[:16]}"
+        # The package's own key (the sources, torch, Python, the flags: a per-user cache outlives an upgrade),
+        # and this module's text.
+        key = cache_key(probe_toolchain(), REPO) + hashlib.sha256(_NATIVE_DECODER_MODULE.encode()).hexdigest()[:8]
+        directory = cache_root() / "tests" / f"native_cpu_{key}"
         directory.mkdir(parents=True, exist_ok=True)
         module_source = directory / "module.cpp"
         if not module_source.exists():  # written whole, then renamed: the test processes build it at once
             partial = directory / f"module.cpp.{os.getpid()}"
             partial.write_text(_NATIVE_DECODER_MODULE)
             os.replace(partial, module_source)
-        module = load(f"clip_flash_native_cpu_{digest.hexdigest()[:8]}",
+        module = load(f"clip_flash_native_cpu_{key[:8]}",
                       [str(module_source)] + [str(csrc / name) for name in NATIVE_DECODER_SOURCES],
                       extra_include_paths=[str(csrc), str(csrc / "third_party")],
                       extra_cflags=["-O2", "-std=c++17"], build_directory=str(directory), verbose=False)

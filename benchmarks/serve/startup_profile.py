@@ -13,7 +13,7 @@ included, summed by tower and text length.
 
 ``--variant no-empty-cache`` loads with ``torch.cuda.empty_cache`` and ``torch._C._host_emptyCache`` made no-ops
 (what capturing without them would save; the memory the device then holds is reported beside);
-``no-cudnn-attention`` with PyTorch's cuDNN attention turned off (``torch.backends.cuda.enable_cudnn_sdp(False)``:
+``no-cudnn-attention`` with PyTorch's cuDNN attention turned off (``clip-flash serve --no-cudnn-attention``:
 ``scaled_dot_product_attention`` then picks among its other kernels, which build no per-shape plan). Each variant
 runs in a fresh process, in the order given. ``--cprofile N``: the N functions with the most own time in each
 run's ``engine.load()`` (``cProfile``), to say what a stage spends its seconds on.
@@ -83,9 +83,7 @@ def profile_once(model: str, variant: str, cprofile_top: int = 0) -> Dict[str, A
     watch.wrap(torch.cuda, "empty_cache", "torch.cuda.empty_cache", no_op)
     watch.wrap(torch._C, "_host_emptyCache", "torch._C._host_emptyCache", no_op)
 
-    if variant == "no-cudnn-attention":
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    engine = Engine(ServeConfig(model=model))
+    engine = Engine(ServeConfig(model=model, cudnn_attention=variant != "no-cudnn-attention"))
     profiler = None
     if cprofile_top:
         import cProfile
