@@ -35,7 +35,9 @@ class StockReference:
         self.model.eval()
         self.tokenizer = open_clip.get_tokenizer(name)
         self.device = device
-        self.dtype = next(self.model.parameters()).dtype
+        # precision="fp16" leaves some parameters (e.g. logit_scale) in fp32: the image tower's input takes its
+        # patch embedding's dtype
+        self.dtype = self.model.visual.conv1.weight.dtype
 
     @torch.inference_mode()
     def texts(self, captions, normalize: bool = True) -> np.ndarray:
