@@ -35,8 +35,8 @@ class StockReference:
         self.model.eval()
         self.tokenizer = open_clip.get_tokenizer(name)
         self.device = device
-        # precision="fp16" leaves some parameters (e.g. logit_scale) in fp32: the image tower's input takes its
-        # patch embedding's dtype
+        # precision="fp16" leaves some parameters in fp32 (positional_embedding, the first): the image tower's
+        # input takes its patch embedding's dtype
         self.dtype = self.model.visual.conv1.weight.dtype
 
     @torch.inference_mode()
