@@ -96,7 +96,7 @@ def cpu_native_decoder_extension() -> Tuple[Optional[Any], str]:
 
         if not is_ninja_available():
             raise RuntimeError("ninja is not installed")
-        from clip_flash.ops.jit_build import cache_key, cache_root, probe_toolchain
+        from clip_flash.ops.jit_build import _drop_abandoned_lock, cache_key, cache_root, probe_toolchain
 
         csrc = REPO / "csrc"
         # The package's own key (the sources, torch, Python, the flags: a per-user cache outlives an upgrade),
@@ -109,6 +109,7 @@ def cpu_native_decoder_extension() -> Tuple[Optional[Any], str]:
             partial = directory / f"module.cpp.{os.getpid()}"
             partial.write_text(_NATIVE_DECODER_MODULE)
             os.replace(partial, module_source)
+        _drop_abandoned_lock(directory)  # as the package's own build: a killed run's lock, once older than any build
         module = load(f"clip_flash_native_cpu_{key[:8]}",
                       [str(module_source)] + [str(csrc / name) for name in NATIVE_DECODER_SOURCES],
                       extra_include_paths=[str(csrc), str(csrc / "third_party")],
