@@ -635,6 +635,15 @@ def test_script_plans_distinct_shapes_with_their_models():
     assert not notes
 
 
+def test_script_times_padded_captions_at_short_lengths_and_the_context_by_default():
+    shapes, _ = measure_attention.plan_shapes(["ViT-B-32", "ViT-B-16-SigLIP"], ["float16"], [], [4],
+                                              measure_attention.DEFAULT_TEXT_SEQS, (8, 40), 0)
+    padded = {(s.causal, s.seq) for s in shapes if not s.varlen}
+    assert padded == {(True, 8), (True, 16), (True, 32), (True, 77), (False, 8), (False, 16), (False, 32), (False, 64)}
+    longer, _ = measure_attention.plan_shapes(["ViT-B-16-SigLIP"], ["float16"], [], [4], [100], (8, 40), 0)
+    assert [s.seq for s in longer] == [64]  # no length past the context
+
+
 def test_script_entries_parse_as_a_table_and_render():
     shape = measure_attention.Shape("float16", True, True, 3, 9, 8, 64, (4, 9, 7))
     result = measure_attention.Measurement(shape, ["ViT-B-32"], {"sdpa": 0.2, "flash_attn": 0.1},
