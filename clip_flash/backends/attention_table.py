@@ -29,7 +29,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -114,34 +114,6 @@ class TableEntry:
         if self.errors:
             data["errors"] = dict(self.errors)
         return data
-
-
-# (heads, log batch, log seq, backend name) of an entry, for the nearest-shape search.
-Point = Tuple[int, float, float, str]
-
-
-def _point(entry: TableEntry, name: str) -> Point:
-    return entry.heads, math.log(max(entry.batch, 1)), math.log(max(entry.seq, 1)), name
-
-
-def nearest(points: Sequence[Point], heads: int, batch: int, seq: int) -> Optional[str]:
-    """The name of the point nearest to (log batch, log seq), among those with ``heads`` if any, else all.
-
-    Pure Python on ints and floats (no tensors, no device sync), so torch.compile traces it and CUDA-graph
-    capture is unaffected. Equally near points keep their order, so the choice is deterministic.
-    """
-    same_heads = [point for point in points if point[0] == heads]
-    pool = same_heads or points
-    if not pool:
-        return None
-    log_batch, log_seq = math.log(max(batch, 1)), math.log(max(seq, 1))
-    best, best_distance = None, math.inf
-    for _, point_batch, point_seq, name in pool:
-        d_batch, d_seq = point_batch - log_batch, point_seq - log_seq
-        distance = d_batch * d_batch + d_seq * d_seq
-        if distance < best_distance:
-            best, best_distance = name, distance
-    return best
 
 
 @dataclass
@@ -376,5 +348,5 @@ def active_table() -> Optional[AttentionTable]:
 __all__ = [
     "TABLE_ENV", "SHIPPED_TABLE_DIR", "MEASURE_HINT", "AttentionTable", "AttentionTableError", "TableEntry",
     "parse_table", "read_table", "load_attention_table", "clear_attention_tables", "candidate_tables",
-    "shipped_table_paths", "current_gpu", "active_table", "dtype_name", "nearest", "on_tables_changed",
+    "shipped_table_paths", "current_gpu", "active_table", "dtype_name", "on_tables_changed",
 ]

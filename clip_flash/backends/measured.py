@@ -1,6 +1,7 @@
 """``backend="auto"`` from measured numbers: per GPU and attention shape, the kernel that was fastest there.
 
-The numbers come from a measured table (``attention_table.py``: schema, parsing, which table applies here).
+The numbers come from a measured table (``attention_table.py``: schema, parsing, which table applies here);
+``shape_timings.py`` estimates each backend's time at a call's shape from them and chooses.
 ``MeasuredAutoBackend`` serves one kind of site (dtype, head dim, causal) and picks the backend per call from
 the call's shapes: a thread-local flag and one dict lookup per call once a shape has been seen, pure Python on
 shapes (no device sync), so CUDA-graph capture and ``torch.compile`` see only the chosen kernel. A call warming
@@ -18,10 +19,11 @@ import torch
 
 from . import attention_table
 from .attention_table import (
-    AttentionTable, DtypeLike, Point, _TABLE_DTYPES, _TORCH_DTYPES, _point, active_table, dtype_name, nearest,
+    AttentionTable, DtypeLike, TableEntry, _TABLE_DTYPES, _TORCH_DTYPES, active_table, dtype_name,
 )
 from .base import AttentionBackend, AttentionNeeds, BackendStatus
 from .registry import _BACKENDS, AUTO_ORDER, fallback_backend, get_backend, runnable_on
+from .shape_timings import TimedShape, choose_at, winners
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +79,8 @@ class MeasuredAutoBackend(AttentionBackend):
         # It serves what its fallback serves: any call it cannot give a measured winner runs there.
         self.fallback = fallback_backend()
         self.limits, self.varlen_limits = self.fallback.limits, self.fallback.varlen_limits
-        # Per (causal, varlen, replay): the entries' winners among backends usable here that serve such a call.
-        self._points: Dict[Tuple[bool, bool, bool], List[Point]] = {}
+        # Per (causal, varlen, replay): the entries' timings of backends usable here that serve such a call.
+        self._shapes: Dict[Tuple[bool, bool, bool], List[TimedShape]] = {}
         for call_causal in (False, True):
             for varlen in (False, True):
                 needs = AttentionNeeds(device_type=device_type, dtype=self.dtype, head_dim=head_dim,
@@ -90,17 +92,13 @@ class MeasuredAutoBackend(AttentionBackend):
                     return not get_backend(name).unsupported_reasons(needs)
 
                 for replay in (False, True):
-                    self._points[(call_causal, varlen, replay)] = [
-                        _point(entry, name) for entry in table.kind_entries(self.dtype, call_causal, varlen, head_dim)
-                        for name in [entry.fastest(serves, replay)] if name is not None
+                    self._shapes[(call_causal, varlen, replay)] = [
+                        timed for entry in table.kind_entries(self.dtype, call_causal, varlen, head_dim)
+                        for timed in [_timed_shape(entry, serves, replay)] if timed.ms
                     ]
-        # The backends that win some entry of this site's kind, most wins first.
-        wins: Dict[str, int] = {}
-        for varlen in (False, True):
-            for replay in (False, True):
-                for point in self._points[(causal, varlen, replay)]:
-                    wins[point[3]] = wins.get(point[3], 0) + 1
-        self.winners: List[str] = sorted(wins, key=lambda name: (-wins[name], name))
+        # The backends chosen at some measured shape of this site's kind, most often first.
+        self.winners: List[str] = winners([shape for varlen in (False, True) for replay in (False, True)
+                                           for shape in self._shapes[(causal, varlen, replay)]])
         # patch() reports a site's backend by its name, so the name says what may run there.
         self.name = f"auto(measured: {'|'.join(self.winners) or self.fallback.name})"
         self._decisions: Dict[tuple, AttentionBackend] = {}
@@ -131,7 +129,8 @@ class MeasuredAutoBackend(AttentionBackend):
         if (q.device.type != self.device_type or q.dtype != self.dtype or q.shape[-1] != self.head_dim
                 or kv_seq != seq):
             return self.fallback
-        name = nearest(self._points[(bool(causal), varlen, replay)], q.shape[-2], batch, seq)
+        # A packed call's longest sequence says little of its cost: packed shapes are compared by count alone.
+        name = choose_at(self._shapes[(bool(causal), varlen, replay)], q.shape[-2], batch, 1 if varlen else seq)
         if name is None:
             return self.fallback
         return runnable_on(get_backend(name), q)
@@ -145,6 +144,15 @@ class MeasuredAutoBackend(AttentionBackend):
     def attend_varlen(self, q, k, v, cu_seqlens, max_seqlen, causal):
         backend = self.decision(q, causal, True, cu_seqlens.shape[0] - 1, max_seqlen, max_seqlen)
         return backend.attend_varlen(q, k, v, cu_seqlens, max_seqlen, causal)
+
+
+def _timed_shape(entry: TableEntry, serves: Callable[[str], bool], replay: bool) -> TimedShape:
+    """An entry's timings of the backends ``serves`` allows: its device times for a graph's replay where it has
+    any of them, else its eager times."""
+    device = {name: ms for name, ms in entry.device_ms.items() if ms is not None and serves(name)}
+    eager = {name: ms for name, ms in entry.ms.items() if ms is not None and serves(name)}
+    seq = 1 if entry.varlen else entry.seq
+    return TimedShape(entry.heads, entry.batch, seq, device if replay and device else eager)
 
 
 _for_replay = threading.local()

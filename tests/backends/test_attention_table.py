@@ -2,7 +2,7 @@
 clip_flash/backends/measure_attention.py).
 
 CPU tests fake the GPU (``attention_table.current_gpu``) and the backends (spies registered in the backend registry)
-to check parsing, the nearest-shape choice, which table applies, dispatch and fallbacks. GPU tests (skipped without
+to check parsing, choosing between measured shapes, which table applies, dispatch, fallbacks. GPU tests (skipped without
 CUDA; the flash-attn ones also without flash-attn) check flash_attn against the accuracy rule of
 tests/patching/test_gpu_accuracy.py at head dims 64, 80 and 88, its packed text path, and that ``auto`` runs what a
 table for this GPU says.
@@ -178,7 +178,7 @@ def test_unreadable_table_file_is_an_error_when_loaded_explicitly(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the per-call choice: the nearest measured shape (through MeasuredAutoBackend, the path patched models run)
+# the per-call choice: estimated between measured shapes (through MeasuredAutoBackend, the path patched models run)
 # ---------------------------------------------------------------------------------------------------------------
 
 def _grid_table():
@@ -205,11 +205,11 @@ def _decide(table, *, dtype, causal, varlen, heads, head_dim, batch, seq, usable
 
 @pytest.mark.parametrize("query, expected", [
     (dict(batch=1, seq=257), "spy:a"),           # exact entry
-    (dict(batch=2, seq=257), "spy:a"),           # log2 = 1 from b1, 7 from b256
-    (dict(batch=128, seq=257), "spy:b"),         # nearest is b256 s257
-    (dict(batch=256, seq=60), "spy:a"),          # nearest is b256 s50
+    (dict(batch=2, seq=257), "spy:a"),           # an eighth of the way (log scale) from b1 to b256
+    (dict(batch=128, seq=257), "spy:b"),         # seven eighths of the way
+    (dict(batch=256, seq=60), "spy:a"),          # near s50 (one b256 entry) rather than s257
     (dict(batch=200, seq=257, heads=12), "spy:b"),  # same heads preferred even when farther
-    (dict(batch=200, seq=257, heads=8), "spy:b"),   # no entry with 8 heads: any heads, nearest b256 s257
+    (dict(batch=200, seq=257, heads=8), "spy:b"),   # no entry with 8 heads: the nearest head count's (12)
     (dict(batch=1, seq=77, causal=True), "spy:b"),
     (dict(batch=16, seq=30, causal=True, varlen=True), "spy:a"),
     (dict(batch=1, seq=257, dtype="bfloat16"), "spy:b"),
@@ -217,7 +217,7 @@ def _decide(table, *, dtype, causal, varlen, heads, head_dim, batch, seq, usable
     (dict(batch=1, seq=257, dtype=torch.float32), "sdpa"),
     (dict(batch=1, seq=257, causal=True, varlen=True, head_dim=80), "sdpa"),
 ])
-def test_choice_takes_the_nearest_shape_in_log_space(spies, query, expected):
+def test_choice_estimates_between_measured_shapes(spies, query, expected):
     args = dict(dtype=torch.float16, causal=False, varlen=False, heads=16, head_dim=64)
     args.update(query)
     assert _decide(_grid_table(), **args) == expected
@@ -231,15 +231,15 @@ def test_choice_skips_backends_unavailable_here(monkeypatch, sdpa_cuda_kernels):
         entry(16, 257, {"flash_attn": 0.1, "sdpa:flash": 0.3, "sdpa:cudnn": 0.2, "reference": 0.01,
                         "no-such-backend": 0.001}),
         entry(64, 257, {"flash_attn": 0.1}),  # nearest to b64, but nothing in it can run here
-        entry(256, 257, {"flash_attn": 0.5, "sdpa:flash": 0.3, "sdpa:cudnn": 0.4}),
+        entry(256, 257, {"flash_attn": 0.5, "sdpa:flash": 0.3, "sdpa:cudnn": 0.6}),
     ]))
     # The pinned kernels serve CUDA sites only: ask as one would, with CPU tensors let through to the pick.
     monkeypatch.setattr(measured, "runnable_on", lambda backend, q: backend)
     decide = lambda batch: _decide(table, dtype=torch.float16, causal=False, varlen=False, heads=16,  # noqa: E731
                                    head_dim=64, batch=batch, seq=257, usable=measured.backend_usable, site="cuda")
     assert decide(16) == "sdpa:cudnn"   # not flash_attn (unavailable), not reference (never automatic)
-    # The b64 entry is passed over; b16 and b256 are equally near b64 and the first in the table wins.
-    assert decide(64) == "sdpa:cudnn" and decide(80) == "sdpa:flash"
+    # The b64 entry is passed over: between b16 and b256, cuDNN is estimated faster at b32, flash at b64.
+    assert decide(32) == "sdpa:cudnn" and decide(64) == "sdpa:flash"
     # Names the registry does not know are never chosen, whatever ``usable`` says.
     assert _decide(table, dtype=torch.float16, causal=False, varlen=False, heads=16, head_dim=64, batch=16,
                    seq=257, site="cuda") == "reference"
