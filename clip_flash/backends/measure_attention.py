@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from clip_flash.backends import AttentionNeeds, available_backends, get_backend
+from clip_flash.backends import shape_timings
 from clip_flash.info import environment as clip_flash_environment
 from clip_flash.backends.attention_table import SHIPPED_TABLE_DIR, parse_table
 
@@ -285,6 +286,11 @@ def _fmt(ms: Optional[float]) -> str:
     return "-" if ms is None else f"{ms:.4f}"
 
 
+def _auto_cell(timings: Dict[str, Optional[float]]) -> str:
+    chosen = shape_timings.choose({name: ms for name, ms in timings.items() if ms is not None})
+    return f"**{chosen}**" if chosen else "-"
+
+
 def render_markdown(table: Dict[str, Any]) -> str:
     """The summary: header (GPU, versions, command), then per shape each backend's ms and the winner."""
     entries = table["entries"]
@@ -305,9 +311,11 @@ def render_markdown(table: Dict[str, Any]) -> str:
         "- ms: eager calls (the launch included); device ms: the kernel alone, the device kept busy ahead of it "
         "(what a CUDA graph's replay pays; `auto` chooses by these while capturing a graph)" if replayed else
         "- ms: eager calls (the launch included)",
+        f"- auto: what `backend=\"auto\"` runs at this shape: the fastest, unless one of torch's own kernels is "
+        f"within {shape_timings.TIE_MARGIN:.0%} of it (`clip_flash/backends/shape_timings.py`)",
         "",
-        "| dtype | kind | models | batch | seq | tokens | heads | head_dim | " + " | ".join(names) + " | best |"
-        + ("".join(f" {name} device ms |" for name in names) + " best replayed |" if replayed else ""),
+        "| dtype | kind | models | batch | seq | tokens | heads | head_dim | " + " | ".join(names) + " | auto |"
+        + ("".join(f" {name} device ms |" for name in names) + " auto replayed |" if replayed else ""),
         "|---" * (9 + len(names) + (len(names) + 1 if replayed else 0)) + "|",
     ]
     for entry in entries:
@@ -316,10 +324,10 @@ def render_markdown(table: Dict[str, Any]) -> str:
         cells = [entry["dtype"], kind, " ".join(entry.get("models", [])), str(entry["batch"]), str(entry["seq"]),
                  str(tokens), str(entry["heads"]), str(entry["head_dim"])]
         cells += [_fmt(entry["ms"].get(name)) for name in names]
-        cells.append(f"**{entry['best']}**" if entry.get("best") else "-")
+        cells.append(_auto_cell(entry["ms"]))
         if replayed:
             cells += [_fmt(entry.get("device_ms", {}).get(name)) for name in names]
-            cells.append(f"**{entry['best_replayed']}**" if entry.get("best_replayed") else "-")
+            cells.append(_auto_cell(entry.get("device_ms", {})))
         lines.append("| " + " | ".join(cells) + " |")
     skipped = [(entry, name, why) for entry in entries for name, why in entry.get("errors", {}).items()]
     if skipped:

@@ -666,6 +666,13 @@ def test_script_entries_parse_as_a_table_and_render():
     assert ("| float16 | full | ViT-B-32 | 4 | 50 | 200 | 12 | 64 | - | - | 0.3000 | 0.3500 | **sdpa:cudnn** | - | - | "
             "0.0200 | 0.0100 | **sdpa:flash** |") in text
     assert "flash_attn: skipped: not installed" in text
+    near_tie = measure_attention.Measurement(measure_attention.Shape("float16", True, False, 16, 77, 12, 64),
+                                             ["ViT-L-14"], {"sdpa:cudnn": 0.0926, "sdpa:flash": 0.0766},
+                                             {}, {"sdpa:cudnn": 0.0108, "sdpa:flash": 0.0104})
+    text = measure_attention.render_markdown(table_dict([near_tie.to_entry()]))
+    # what auto runs: flash eagerly (17% faster), cuDNN replayed (flash within the margin of torch's first kernel)
+    assert "| 0.0926 | 0.0766 | **sdpa:flash** | 0.0108 | 0.0104 | **sdpa:cudnn** |" in text
+    assert near_tie.best_replayed == "sdpa:flash"  # the table keeps the raw fastest
     assert measure_attention.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
