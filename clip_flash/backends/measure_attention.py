@@ -43,8 +43,8 @@ from clip_flash.backends.attention_table import SHIPPED_TABLE_DIR, parse_table
 DEFAULT_MODELS = ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-g-14")
 DEFAULT_VISION_BATCHES = (1, 4, 16, 64, 256)
 DEFAULT_TEXT_BATCHES = (1, 16, 256, 1024)
-# Padded caption lengths timed: short captions fill the graphs' small length buckets, where another kernel can win
-# than at the full context (an H200: memory-efficient at 8-32 tokens, cuDNN at 77); None is the model's context.
+# Padded caption lengths timed: short captions replay the graphs' small length buckets, whose fastest kernel can differ
+# from the full context's (an H200: memory-efficient at 8-32 tokens, cuDNN at 77); None is the model's context.
 DEFAULT_TEXT_SEQS: Tuple[Optional[int], ...] = (8, 16, 32, None)
 DEFAULT_DTYPES = ("float16", "bfloat16")
 # The padded kernels a user can pin. Plain "sdpa" (torch's own pick) is one of these, "sdpa:math" and
@@ -292,7 +292,7 @@ def _auto_cell(timings: Dict[str, Optional[float]]) -> str:
 
 
 def render_markdown(table: Dict[str, Any]) -> str:
-    """The summary: header (GPU, versions, command), then per shape each backend's ms and the winner."""
+    """The summary: header (GPU, versions, command), then per shape each backend's ms and what ``auto`` runs."""
     entries = table["entries"]
     names = []
     for entry in entries:
