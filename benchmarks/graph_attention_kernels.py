@@ -27,28 +27,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import clip_flash  # noqa: E402
 from benchmarks.harness.results import parse_kernel_benchmark_args, write_microbenchmark  # noqa: E402
+from benchmarks.harness.timing import back_to_back_ms  # noqa: E402
 from benchmarks.profile_tower import kernel_times, kind_of  # noqa: E402
 from clip_flash.backends.measured import describe_auto_choice  # noqa: E402
 from clip_flash.ops.cuda_timing import median_cuda_ms  # noqa: E402
 
 ATTENTION = "attention"  # profile_tower's kind for attention kernels
-
-
-def back_to_back_ms(function: Callable[[], object], calls: int, rounds: int = 5) -> float:
-    """Milliseconds a call of ``function`` when ``calls`` of them are queued back to back (the median over
-    ``rounds``): the device's time a call where the host keeps ahead, else the host's."""
-    function()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            function()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
 
 
 def caption_tokens(tokenizer, rows: int, length: int) -> torch.Tensor:

@@ -16,7 +16,10 @@ included, summed by tower and text length.
 ``no-cudnn-attention`` with PyTorch's cuDNN attention turned off (``clip-flash serve --no-cudnn-attention``:
 ``scaled_dot_product_attention`` then picks among its other kernels, which build no per-shape plan). Each variant
 runs in a fresh process, in the order given. ``--cprofile N``: the N functions with the most own time in each
-run's ``engine.load()`` (``cProfile``), to say what a stage spends its seconds on.
+run's ``engine.load()`` (``cProfile``), to say what a stage spends its seconds on. ``--retime-text``: once the
+engine is loaded, its padded text graphs timed again as the engine timed them (each alone) and back to back (the
+mean of 10 queued replays, the median of 3 rounds), to show how repeatable the cost table that cuts caption batches
+is and how much of a replay timed alone is the host's.
 
 Writes ``startup_profile.json`` and ``startup_profile.md`` under ``--results``.
 """
@@ -59,7 +62,7 @@ class Stopwatch:
         setattr(owner, attribute, timed)
 
 
-def profile_once(model: str, variant: str, cprofile_top: int = 0) -> Dict[str, Any]:
+def profile_once(model: str, variant: str, cprofile_top: int = 0, retime_text: bool = False) -> Dict[str, Any]:
     """Load one engine as ``clip-flash serve --model MODEL`` does (its defaults) and time it."""
     started = time.perf_counter()
     import torch
@@ -76,7 +79,14 @@ def profile_once(model: str, variant: str, cprofile_top: int = 0) -> Dict[str, A
     watch.wrap(open_clip, "create_model_and_transforms", "build model (OpenCLIP)")
     watch.wrap(clip_flash, "patch", "patch")
     watch.wrap(text_graphs, "capture_text_graphs", "capture padded text graphs")
-    watch.wrap(text_graphs, "time_text_replays", "time padded text replays")
+    timing_call: Dict[str, Any] = {}
+    time_text_replays = text_graphs.time_text_replays
+
+    def remember_timing_call(*args, **kwargs):  # the encoder and graphs the engine timed, to time them again
+        timing_call.update(args=args, kwargs=kwargs)
+        return time_text_replays(*args, **kwargs)
+
+    watch.wrap(text_graphs, "time_text_replays", "time padded text replays", remember_timing_call)
     watch.wrap(text_graphs, "with_packed_graphs", "capture and time packed text graphs")
     watch.wrap(torch.cuda, "synchronize", "torch.cuda.synchronize")
     no_op = (lambda *args, **kwargs: None) if variant == "no-empty-cache" else None
@@ -130,8 +140,29 @@ def profile_once(model: str, variant: str, cprofile_top: int = 0) -> Dict[str, A
         "padded_text_replay_ms": {f"{rows}x{length}": ms for (rows, length), ms in sorted(engine.text_costs.ms.items())}
         if engine.text_costs is not None else {},
     }
+    if retime_text and timing_call:
+        record.update(retimed_text(time_text_replays, timing_call["args"], timing_call["kwargs"]))
     engine.close()
     return record
+
+
+def retimed_text(time_text_replays: Callable, args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
+    """The engine's padded text graphs timed again as it timed them, and back to back (ms by "rows x length")."""
+    import torch
+
+    from benchmarks.harness.timing import back_to_back_ms
+    from clip_flash.serve.text_graphs import token_rows_of_length
+
+    encoder, sizes, lengths, context_length = args[:4]
+    again = time_text_replays(*args, **kwargs)
+    queued = {}
+    with torch.inference_mode():
+        for rows in sizes:
+            for length in lengths:
+                tokens = token_rows_of_length(rows, length, context_length)
+                queued[(rows, length)] = back_to_back_ms(lambda: encoder.encode_text(tokens), 10, rounds=3)
+    return {"padded_text_replay_ms_again": {f"{r}x{n}": ms for (r, n), ms in sorted(again.items())},
+            "padded_text_back_to_back_ms": {f"{r}x{n}": ms for (r, n), ms in sorted(queued.items())}}
 
 
 IMAGE_ROWS = (1, 16, 64, 128, 256)
@@ -184,6 +215,12 @@ def render(results: Dict[str, Any]) -> str:
             lines += ["", f"Padded text graph replays: {len(replays)}, {sum(replays.values()):.1f} ms summed; "
                           + ", ".join(f"{key} {replays[key]:.3f} ms" for key in ("1x16", "64x32", "256x32", "1024x77")
                                       if key in replays) + "."]
+        for name, label in (("padded_text_replay_ms_again", "timed alone again"),
+                            ("padded_text_back_to_back_ms", "back to back")):
+            other = run.get(name) or {}
+            if replays and other:
+                lines.append("")
+                lines.append(describe_retimed(replays, other, label))
         lines += ["", f"Device memory after loading: {run['memory_reserved_mib']:,.0f} MiB reserved, "
                       f"{run['memory_allocated_mib']:,.0f} MiB allocated.", ""]
         if run.get("cprofile_top"):
@@ -195,6 +232,27 @@ def render(results: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def describe_retimed(first: Dict[str, float], other: Dict[str, float], label: str) -> str:
+    """One sentence: how another timing of the padded text graphs compares with the engine's own, graph by graph,
+    and how often a graph measured costlier than the next larger one of its length (which the cost table then
+    believes)."""
+    import statistics
+
+    ratios = sorted(other[key] / first[key] for key in first if key in other and first[key] > 0)
+
+    def inversions(times: Dict[str, float]) -> int:
+        by_length: Dict[int, List[tuple]] = defaultdict(list)
+        for key, ms in times.items():
+            rows, length = (int(part) for part in key.split("x"))
+            by_length[length].append((rows, ms))
+        pairs = [(a, b) for series in by_length.values() for a, b in zip(sorted(series), sorted(series)[1:])]
+        return sum(1 for (_, ms_small), (_, ms_large) in pairs if ms_small > ms_large)
+
+    return (f"Padded text graphs {label}: {len(ratios)} graphs, the engine's time x {statistics.median(ratios):.3f} "
+            f"(median; {ratios[0]:.3f}-{ratios[-1]:.3f}); a graph costlier than the next larger of its length: "
+            f"{inversions(first)} in the engine's table, {inversions(other)} {label}.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="ViT-L-14", help="model spec, as clip-flash serve --model takes it")
@@ -202,10 +260,12 @@ def main() -> None:
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
                         help="list the N functions with the most own time in each run (default 0: no profiler)")
+    parser.add_argument("--retime-text", action="store_true",
+                        help="time the padded text graphs again once loaded, alone and back to back")
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # the child process's own run
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(profile_once(args.model, args.one, args.cprofile)))
+        print(json.dumps(profile_once(args.model, args.one, args.cprofile, args.retime_text)))
         return
     import torch
 
@@ -218,7 +278,8 @@ def main() -> None:
     results = {**environment_record(torch.device("cuda"), command), "runs": []}
     for variant in args.variant:
         child = subprocess.run([sys.executable, __file__, "--model", args.model, "--one", variant,
-                                "--cprofile", str(args.cprofile), "--results", str(args.results)],
+                                "--cprofile", str(args.cprofile), "--results", str(args.results)]
+                               + (["--retime-text"] if args.retime_text else []),
                                capture_output=True, text=True)
         if child.returncode != 0:
             raise SystemExit(f"{variant}: exit {child.returncode}\n{child.stderr[-3000:]}")
