@@ -21,9 +21,10 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-# A faster kernel must save this share of the preferred one's time to be chosen over it.
+# A kernel torch prefers stays chosen while its estimate is at most this much above the fastest one's.
 TIE_MARGIN = 0.10
-# The order torch 2.11's SDPA tries its fused kernels in on sm_80+ (it runs the first that serves a call).
+# The order torch 2.11's SDPA tries its fused kernels in on Hopper (it runs the first that serves a call); ties on
+# other GPUs follow it too.
 SDPA_PREFERENCE: Tuple[str, ...] = ("sdpa:cudnn", "sdpa:flash", "sdpa:efficient")
 
 
