@@ -38,18 +38,11 @@ def synchronize(device: torch.device) -> None:
 def back_to_back_ms(function: Callable[[], object], calls: int, rounds: int = 5) -> float:
     """Milliseconds a call of ``function`` when ``calls`` of them are queued back to back (the median over
     ``rounds``): the device's time a call where the host keeps ahead, else the host's."""
-    function()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    def queued() -> None:
         for _ in range(calls):
             function()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
+
+    return median_cuda_ms(queued, rounds) / calls
 
 
 @dataclass

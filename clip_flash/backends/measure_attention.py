@@ -18,7 +18,8 @@ skipped, with the reason recorded. Packed shapes time ``sdpa`` (torch's
 ``varlen_attn``: pinning an SDPA kernel does not apply to it) and ``flash_attn``.
 
 Writes the JSON table (default ``clip_flash/backends/attention_tables/<gpu slug>.json``, which ships with the package
-and is used by ``clip_flash.patch(model, backend="auto")`` on this GPU) and a markdown summary next to it.
+and is used by ``clip_flash.patch(model, backend="auto")`` on this GPU) and a markdown summary next to it
+(``attention_table_summary.py``).
 """
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from clip_flash.backends import AttentionNeeds, available_backends, get_backend
-from clip_flash.backends import shape_timings
 from clip_flash.info import environment as clip_flash_environment
 from clip_flash.backends.attention_table import SHIPPED_TABLE_DIR, parse_table
+from clip_flash.backends.attention_table_summary import format_ms, render_markdown
 
 DEFAULT_MODELS = ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-g-14")
 DEFAULT_VISION_BATCHES = (1, 4, 16, 64, 256)
@@ -282,65 +283,6 @@ def environment(command: str) -> Dict[str, Any]:
     return header
 
 
-def _fmt(ms: Optional[float]) -> str:
-    return "-" if ms is None else f"{ms:.4f}"
-
-
-def _auto_cell(timings: Dict[str, Optional[float]]) -> str:
-    chosen = shape_timings.choose({name: ms for name, ms in timings.items() if ms is not None})
-    return f"**{chosen}**" if chosen else "-"
-
-
-def render_markdown(table: Dict[str, Any]) -> str:
-    """The summary: header (GPU, versions, command), then per shape each backend's ms and what ``auto`` runs."""
-    entries = table["entries"]
-    names = []
-    for entry in entries:
-        names += [name for name in entry["ms"] if name not in names]
-    replayed = any(entry.get("device_ms") for entry in entries)
-    lines = [
-        f"# Attention timings: {table['gpu']}",
-        "",
-        f"- GPU: {table['gpu']} (capability {'.'.join(map(str, table.get('capability') or [])) or '?'})",
-        f"- torch {table.get('torch')}, CUDA {table.get('cuda')}, cuDNN {table.get('cudnn')}, "
-        f"flash-attn {table.get('flash_attn') or 'not installed'}",
-        f"- command: `{table.get('command')}`",
-        f"- created: {table.get('created')}; median of {table.get('repeats')} CUDA-event-timed calls per backend "
-        f"after {table.get('warmup')} warm-up calls, backends in alternating order",
-        "- packed (varlen) rows: batch = sequences, seq = the longest; `sdpa` there is torch's varlen_attn",
-        "- ms: eager calls (the launch included); device ms: the kernel alone, the device kept busy ahead of it "
-        "(what a CUDA graph's replay pays; `auto` chooses by these while capturing a graph)" if replayed else
-        "- ms: eager calls (the launch included)",
-        f"- auto: what `backend=\"auto\"` runs at this shape: the fastest, unless one of torch's own kernels is "
-        f"within {shape_timings.TIE_MARGIN:.0%} of it (`clip_flash/backends/shape_timings.py`)",
-        "",
-        "| dtype | kind | models | batch | seq | tokens | heads | head_dim | " + " | ".join(names) + " | auto |"
-        + ("".join(f" {name} device ms |" for name in names) + " auto replayed |" if replayed else ""),
-        "|---" * (9 + len(names) + (len(names) + 1 if replayed else 0)) + "|",
-    ]
-    for entry in entries:
-        kind = "varlen causal" if entry["varlen"] else ("causal" if entry["causal"] else "full")
-        tokens = entry.get("tokens", entry["batch"] * entry["seq"])
-        cells = [entry["dtype"], kind, " ".join(entry.get("models", [])), str(entry["batch"]), str(entry["seq"]),
-                 str(tokens), str(entry["heads"]), str(entry["head_dim"])]
-        cells += [_fmt(entry["ms"].get(name)) for name in names]
-        cells.append(_auto_cell(entry["ms"]))
-        if replayed:
-            cells += [_fmt(entry.get("device_ms", {}).get(name)) for name in names]
-            cells.append(_auto_cell(entry.get("device_ms", {})))
-        lines.append("| " + " | ".join(cells) + " |")
-    skipped = [(entry, name, why) for entry in entries for name, why in entry.get("errors", {}).items()]
-    if skipped:
-        lines += ["", "## Skipped", ""]
-        for entry, name, why in skipped:
-            lines.append(f"- {entry['dtype']} {'varlen ' if entry['varlen'] else ''}b{entry['batch']} "
-                         f"s{entry['seq']} h{entry['heads']} d{entry['head_dim']}: {name}: {why}")
-    notes = table.get("notes") or []
-    if notes:
-        lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
-    return "\n".join(lines) + "\n"
-
-
 # -- command line ---------------------------------------------------------------------------------------------
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -426,7 +368,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         names = varlen_names if shape.varlen else padded_names
         measurement = measure_shape(shape, models, names, args.repeats, args.warmup, device)
         measurements.append(measurement)
-        timings = ", ".join(f"{n} {_fmt(ms)}/{_fmt(measurement.device_ms.get(n))}" for n, ms in measurement.ms.items())
+        timings = ", ".join(f"{n} {format_ms(ms)}/{format_ms(measurement.device_ms.get(n))}"
+                            for n, ms in measurement.ms.items())
         print(f"[{index}/{len(shapes)}] {shape.dtype} {'varlen ' if shape.varlen else ''}"
               f"{'causal ' if shape.causal else ''}b{shape.batch} s{shape.seq} h{shape.heads} d{shape.head_dim}: "
               f"eager/device ms {timings} -> {measurement.best} eager, {measurement.best_replayed} replayed",
