@@ -116,12 +116,20 @@ def patch_option_arg(text: str) -> tuple:
     return key, raw
 
 
+class DefaultsWhereSetFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` only where the default is set: a None default is chosen at run time and its help
+    says how (``[default: 100 on CUDA, 3 on CPU]``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     published = ", ".join(f"{name}::{tag}" for name, tag in PUBLISHED_TAGS.items())
     parser = argparse.ArgumentParser(
         description="Time OpenCLIP encode_text/encode_image stock vs clip_flash.patch on the same weights.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsWhereSetFormatter,
     )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", type=model_spec_arg, metavar="SPEC",
@@ -149,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", default="auto", help="clip_flash.patch(model, backend=...)")
     parser.add_argument("--patch-option", type=patch_option_arg, action="append", default=[],
                         metavar="KEY=VALUE", help="extra keyword for clip_flash.patch (repeatable), "
-                                                  "e.g. cuda_graphs=true")
+                                                  "e.g. skip_padding=false")
     parser.add_argument("--text-input", choices=tuple(TEXT_INPUT_NOTES), default="random",
                         help="random: token ids as in the published table; captions: realistic "
                              "ImageNet prompts, timed from strings (tokenizer included); caption-ids: the same "

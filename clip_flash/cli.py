@@ -91,7 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.error("a subcommand is needed: " + ", ".join(SUBCOMMANDS) + " (clip-flash SUBCOMMAND --help)")
+    args = parser.parse_args(argv)
     return int(_entry(args.subcommand)(list(args.args)) or 0)
 
 

@@ -39,3 +39,11 @@ def test_the_serve_extra_is_installed_where_the_tests_run():
     from clip_flash.serve.cli import missing_serve_packages
 
     assert missing_serve_packages() == []
+
+
+def test_no_subcommand_names_them_all(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "a subcommand is needed: " + ", ".join(cli.SUBCOMMANDS) in err and "args" not in err

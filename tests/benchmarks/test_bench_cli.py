@@ -319,3 +319,14 @@ def test_images_folder_missing_fails_before_loading(tmp_path, capsys):
     assert bench_clip.main(["--model", "ViT-B-32", "--device", "cpu", "--images", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "not a directory" in err and "loading" not in err
+
+
+def test_the_patch_option_example_is_a_keyword_of_patch():
+    import inspect
+
+    import clip_flash
+
+    action = next(a for a in bench_clip.build_parser()._actions if "--patch-option" in a.option_strings)
+    key, value = bench_clip.patch_option_arg(re.search(r"e\.g\. (\S+)", action.help).group(1))
+    assert key in inspect.signature(clip_flash.patch).parameters, action.help
+    assert "(default: None)" not in bench_clip.build_parser().format_help()
