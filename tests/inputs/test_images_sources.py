@@ -149,3 +149,12 @@ def test_packed_batch_for_the_kernel(vit_b32_preprocess, photo, monkeypatch):
                              dtype=torch.float16)
     assert prepared.routes == {"jpeg": 1, "png": 1, "pillow-preprocess": 1, "tensor": 1, "pillow-pixels": 1,
                                "failed": 1}
+
+
+def test_device_and_dtype_default_to_what_this_machine_runs(vit_b32_preprocess, photo):
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, workers=2) as prep:
+        cuda = torch.cuda.is_available()
+        assert prep.device.type == ("cuda" if cuda else "cpu")
+        assert prep.dtype == (torch.float16 if cuda else torch.float32)
+        out = prep([photo])
+        assert out.pixels.device.type == prep.device.type and out.pixels.dtype == prep.dtype

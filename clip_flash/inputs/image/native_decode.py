@@ -23,12 +23,12 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from ...ops._extension import load_extension
+from ...ops._extension import extension_unavailable_reason, load_extension
 
 logger = logging.getLogger(__name__)
 
@@ -125,15 +125,22 @@ class NativeBatchDecoder:
     @staticmethod
     def create(threads: int) -> Optional["NativeBatchDecoder"]:
         """A decoder where the extension is built with it and Pillow's libjpeg opens, else None (logged)."""
+        return NativeBatchDecoder.create_or_reason(threads)[0]
+
+    @staticmethod
+    def create_or_reason(threads: int) -> Tuple[Optional["NativeBatchDecoder"], Optional[str]]:
+        """(``create(threads)``, why it is None: None when it is not)."""
         extension = load_extension()
-        if extension is None or not hasattr(extension, "ImageBatchDecoder"):
-            return None
+        if extension is None:
+            return None, f"the compiled extension is not loaded ({extension_unavailable_reason()})"
+        if not hasattr(extension, "ImageBatchDecoder"):
+            return None, "the compiled extension was built without the native batch decoder"
         decoder = NativeBatchDecoder(extension, threads)
         failure = decoder._native().failure
         if failure:
             logger.info("images decode in Python threads: the native decoder cannot run here (%s)", failure)
-            return None
-        return decoder
+            return None, failure
+        return decoder, None
 
     def _native(self) -> Any:
         with self._lock:

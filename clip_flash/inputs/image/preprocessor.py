@@ -52,16 +52,18 @@ class ImagePreprocessor:
         preprocess: the transform ``open_clip.create_model_and_transforms`` returned (Resize /
             CenterCrop or OpenCLIP's ResizeKeepRatio / CenterCropOrPad, ToTensor, Normalize). One it
             does not understand is refused (``UnsupportedTransformError``), never approximated.
-        device: where the batch goes (``"cuda"`` or ``"cpu"``; the same exact arithmetic on both).
-        dtype: of the batch; fp32 is the reference bit for bit, fp16/bf16 the reference cast.
+        device: where the batch goes (``"cuda"`` or ``"cpu"``; the same exact arithmetic on both). None (default):
+            CUDA where there is one, else the CPU.
+        dtype: of the batch; fp32 is the reference bit for bit, fp16/bf16 the reference cast. None (default):
+            fp16 on CUDA, fp32 on the CPU (the precisions ``clip-flash embed`` and ``serve`` load models in there).
         decode: ``"cpu"`` (exact: libjpeg-turbo, Pillow's own pixels) or ``"gpu"``: nvJPEG decodes
             the JPEGs, which is faster and NOT exact (nvJPEG repeats chroma samples where libjpeg-turbo
             interpolates: up to tens of levels apart; see ``gpu_chroma``;
             ``benchmarks/image_fast_path_deviation.py`` measures it). Other formats take the exact path.
         workers: native decoding threads (default: the cores this process may use).
         executor: ``"auto"`` (default: the native batch decoder where the extension is built, else Python
-            threads), ``"native"`` (required: raises where it cannot run) or ``"thread"`` (Python threads with
-            Pillow and torchvision's CPU decoders: the same rows, capped by the GIL).
+            threads), ``"native"`` (required: ``ValueError`` where it cannot run, saying why) or ``"thread"``
+            (Python threads with Pillow and torchvision's CPU decoders: the same rows, capped by the GIL).
         start: make the decoder now (see :meth:`start`); False: on first use.
         resize: ``"auto"`` (the CUDA kernel on a GPU, Pillow on the CPU), ``"kernel"``, ``"torch"``
             (clip_flash's fixed-point arithmetic in PyTorch on the CPU) or ``"pillow"``: the same bits.
@@ -99,11 +101,16 @@ class ImagePreprocessor:
     thread-safe, so a pipeline can decode the next batch while the device works on this one.
     """
 
-    def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor], device: Union[str, torch.device] = "cuda",
-                 dtype: torch.dtype = torch.float16, decode: str = "cpu", workers: Optional[int] = None,
+    def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor],
+                 device: Optional[Union[str, torch.device]] = None, dtype: Optional[torch.dtype] = None,
+                 decode: str = "cpu", workers: Optional[int] = None,
                  executor: str = "auto", resize: str = "auto", gpu_chroma: str = "libjpeg",
                  start: bool = True, dct_route: bool = True, nvjpeg_hardware: bool = True,
                  nvjpeg_decoders: int = 2, exact_share: float = 0.0, split_jpegs: bool = True) -> None:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype is None:
+            dtype = torch.float16 if torch.device(device).type == "cuda" else torch.float32
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available here; use device='cpu'")
@@ -154,9 +161,12 @@ class ImagePreprocessor:
         self._lock = threading.Lock()
         self._threads: Optional[ThreadPoolExecutor] = None
         self._hardware_threads: Optional[ThreadPoolExecutor] = None
-        if executor == "native" and self._native_decoder() is None:
-            raise RuntimeError("executor='native' asked for, but the native batch decoder cannot run here "
-                               "(clip_flash._C is not built, or Pillow's libjpeg does not open; see the log)")
+        if executor == "native":
+            with self._lock:
+                self._native, reason = NativeBatchDecoder.create_or_reason(self.workers)
+                self._native_decided = True
+            if self._native is None:
+                raise ValueError(f"executor='native' asked for, but the native batch decoder cannot run here: {reason}")
         if start:
             self.start()
 
