@@ -214,9 +214,13 @@ class GraphedEncoder:
                     if setup.text_plan is not None else [width]
                 keys += [GraphKey("text", b, (width,), token_dtype, length)
                          for b in reversed(self.batch_sizes) for length in lengths]
+            towers_by_reason: Dict[str, List[str]] = {}
             for name, reason in setup.no_graphs.items():
                 if reason is not None:
-                    self._log_once(logging.WARNING, f"{name} tower runs eager: {reason}")
+                    towers_by_reason.setdefault(reason, []).append(name)
+            for reason, names in towers_by_reason.items():
+                towers = " and ".join(names) + (" towers run" if len(names) > 1 else " tower runs")
+                self._log_once(logging.WARNING, f"{towers} eager: {reason}", key=reason)
             for key in keys:
                 if key not in setup.graphs and len(setup.graphs) < self.max_graphs:
                     self._capture(setup, key)
@@ -383,7 +387,7 @@ class GraphedEncoder:
                reason: str) -> torch.Tensor:
         # Batches past the buckets are expected, and failed captures were already warned about when they failed.
         level = logging.INFO if reason.startswith("batch size") or "capture" in reason else logging.WARNING
-        self._log_once(level, f"running eager: {reason}")
+        self._log_once(level, f"running eager: {reason}", key=reason)
         with self._logged_lock:
             self._eager_calls += 1
         if x.device.type == "cpu" and setup.device.type != "cpu":
@@ -391,11 +395,13 @@ class GraphedEncoder:
         return encode(x, normalize=normalize)
 
     # -- reporting ----------------------------------------------------------------------------------------------
-    def _log_once(self, level: int, message: str) -> None:
+    def _log_once(self, level: int, message: str, key: Optional[str] = None) -> None:
+        """Log ``message`` unless one with the same ``key`` (default: the message) was logged already."""
+        key = message if key is None else key
         with self._logged_lock:
-            if message in self._logged:
+            if key in self._logged:
                 return
-            self._logged.add(message)
+            self._logged.add(key)
         logger.log(level, "GraphedEncoder: %s", message)
 
     def _default_image_shape(self) -> Tuple[int, ...]:

@@ -58,14 +58,17 @@ def images_for(model: nn.Module, batch: int, seed: int = 0) -> torch.Tensor:
 # CPU: fallback, buckets, the captured text function, staleness
 # ---------------------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("capture_first", [False, True], ids=["lazy", "capture_all"])
 @pytest.mark.parametrize("patched", [True, False], ids=["patched", "stock"])
-def test_cpu_model_runs_eager_with_the_reason_logged_once(caplog, patched):
+def test_cpu_model_runs_eager_with_the_reason_logged_once(caplog, patched, capture_first):
     model = tiny_clip()
     if patched:
         clip_flash.patch(model)
     encoder = GraphedEncoder(model)
     images, tokens = images_for(model, 3), edge_case_tokens()
     caplog.set_level(logging.INFO, logger=LOGGER)
+    if capture_first:  # the README's order: capture_all(), then the calls
+        assert encoder.capture_all().graphs == 0
     with torch.no_grad():
         for normalize in (False, True, False):
             assert torch.equal(encoder.encode_image(images, normalize), model.encode_image(images, normalize))
