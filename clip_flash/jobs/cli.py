@@ -30,9 +30,16 @@ from pathlib import Path
 from typing import Iterator, List
 
 from .job import DEFAULT_SHARD_SIZE
+from .writer import STATE_DIR
 
-STOPPED_MESSAGE = "stopped; run the same command to resume"
+STOPPED_MESSAGE = "run the same command to resume"
 DEFAULT_MODEL = "ViT-B-32"
+
+
+def stopped_message(out: Path) -> str:
+    """What a stopped job prints last: the finished shards its output folder keeps, and how to go on."""
+    finished = len(list((Path(out) / STATE_DIR / "done").glob("*.json")))
+    return f"stopped with {finished} finished shard{'' if finished == 1 else 's'} kept in {out}; {STOPPED_MESSAGE}"
 
 
 def positive_int(text: str) -> int:
@@ -156,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 summary = embed(args.input, args.out, args.model, **options)
     except KeyboardInterrupt as stopped:
-        print(STOPPED_MESSAGE, file=sys.stderr)
+        print(stopped_message(args.out), file=sys.stderr)
         return 128 + getattr(stopped, "signal_number", signal.SIGINT)
     except (SourceError, OutputError, ModelLoadError, ValueError) as error:
         message = str(error)

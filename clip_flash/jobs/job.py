@@ -66,9 +66,19 @@ RANDOM_INIT_WARNING = (
 
 
 def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+    """The job's device: CUDA where there is one when ``device`` is None; ``ValueError`` for a CUDA device this
+    machine does not have (before anything starts on it)."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but CUDA is not available here "
+                             "(torch.cuda.is_available() is False); leave the device out to run on the CPU")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} "
+                             "CUDA device(s)")
+    return resolved
 
 
 def job_settings(source: Source, plan: List[Shard], model: str, precision: str,
@@ -164,7 +174,8 @@ def embed(input: Union[str, Path], out: Union[str, Path], model: str = "ViT-B-32
 
     Raises:
         SourceError, OutputError (including SettingsMismatchError, InputChangedError), ModelLoadError: with one
-        clear message. The settings are recorded in ``out`` only once the model has loaded.
+        clear message. The settings are recorded in ``out`` only once the model has loaded. ValueError: a setting
+        out of range, or a CUDA device this machine does not have.
     """
     setup_started = time.perf_counter()
     if executor not in EXECUTORS:

@@ -1,6 +1,7 @@
 """What a job checks in its output folder, and what it says: weights identified by their bytes, edited inputs
 refused by name, a failed start that locks nothing, refusals that print only what differs, a progress bar that
-moves per batch, and a word about what it ignored or what its weights are."""
+moves per batch, a word about what it ignored or what its weights are, and settings this machine cannot run
+refused in one line."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 import clip_flash
 from clip_flash.jobs import OutputError, SettingsMismatchError, weights_identity
@@ -158,3 +160,33 @@ def test_random_weights_and_ignored_inputs_are_said_once(tmp_path, caplog):
                                    progress=False)
     assert summary.shards_planned == 1 and summary.rows == 1  # named twice, read once
     assert any("given more than once" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_a_cuda_device_on_a_machine_without_one_is_refused_before_anything_starts(tmp_path, capsys):
+    from clip_flash.jobs.cli import main
+
+    write_photos(tmp_path / "photos", count=1)
+    with pytest.raises(ValueError, match=r"device 'cuda' asked for, but CUDA is not available here"):
+        clip_flash.embed(tmp_path / "photos", tmp_path / "out", MODEL, device="cuda", progress=False)
+    assert main(["--model", MODEL, "--input", str(tmp_path / "photos"), "--out", str(tmp_path / "out2"),
+                 "--device", "cuda:1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: device 'cuda:1' asked for"), err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_a_native_executor_that_cannot_run_says_why_in_one_line(tmp_path, capsys, monkeypatch):
+    from clip_flash.inputs.image import native_decode
+    from clip_flash.jobs.cli import main
+
+    monkeypatch.setattr(native_decode, "load_extension", lambda: None)
+    write_photos(tmp_path / "photos", count=1)
+    status = main(["--model", MODEL, "--input", str(tmp_path / "photos"), "--out", str(tmp_path / "out"),
+                   "--device", "cpu", "--executor", "native", "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "executor='native' asked for, but the native batch decoder cannot run here: " \
+        "the compiled extension is not loaded" in lines[0], err
+    assert "Traceback" not in err

@@ -13,7 +13,7 @@ from typing import Set
 
 import pytest
 
-from clip_flash.jobs.cli import STOPPED_MESSAGE
+from clip_flash.jobs.cli import stopped_message
 from clip_flash.inputs.image.native_decode import NativeBatchDecoder
 from clip_flash.jobs.job import EXECUTORS
 from tests.utils import child_env
@@ -127,7 +127,9 @@ def test_ctrl_c_and_sigterm_stop_with_one_line_then_the_same_command_resumes(tmp
     process.wait(timeout=60)
     stderr = assert_nothing_outlives(process, started)
     assert process.returncode == 128 + stop, stderr
-    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == STOPPED_MESSAGE, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert "Traceback" not in stderr and last == stopped_message(tmp_path / "out"), stderr
+    assert last.startswith("stopped with ") and not last.startswith("stopped with 0 "), stderr  # a shard was done
     if stop != signal.SIGINT:
         return  # resuming is the same after either (and after SIGKILL: test_job_resume.py)
     resumed = start_job(tmp_path, executor)
