@@ -2,8 +2,9 @@
 ``POST /v1/embeddings/image``, ``/health``, ``/ready``, ``/v1/models`` and ``/metrics``.
 
 A request is answered whatever happens: 200 (with per-item ``errors`` if some inputs failed), 400 (every input
-failed, or a malformed body), 401, 404 (a model not served), 413, 415, 429 (the queue is full; ``Retry-After``),
-503 (loading, shutting down, or past ``--request-timeout``: its queued inputs are then dropped, never computed).
+failed, or a malformed body or query), 401, 404 (a model not served, or no such route), 405 (a method the route
+does not take; ``Allow``), 413, 415, 429 (the queue is full; ``Retry-After``), 503 (loading, shutting down, or
+past ``--request-timeout``: its queued inputs are then dropped, never computed). Every error is in OpenAI's shape.
 A client that goes away has its queued inputs dropped too.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Un
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -26,7 +28,10 @@ from .config import ServeConfig
 from .engine import FAILED, LOADING, READY, EnginePool
 from .jobs import IMAGE, TEXT, EmbeddingJob, ItemError, NotReady, QueuedInputs, ServerBusy
 from .metrics import CONTENT_TYPE, ServeMetrics
-from .protocol import Input, RequestError, embeddings_response, error_body, parse_embeddings_request
+from .protocol import (
+    ENCODING_FORMATS, Input, RequestError, check_dimensions, embeddings_response, error_body,
+    parse_embeddings_request, query_choice, query_flag,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -252,6 +257,21 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         message = pool.error if pool.state == FAILED else "the model is still loading; see GET /ready"
         return refuse(route, started, RequestError(503, message, kind="server_error", headers={"Retry-After": "1"}))
 
+    async def check_width(dimensions: int) -> None:
+        """``RequestError`` unless ``dimensions`` is the model's embedding width (400), or while that width is not
+        known yet (503: the engine is still loading)."""
+        width = pool.embedding_width
+        if width is None and remote:  # this frontend's view may lag the engine's by a poll: ask it now
+            await pool.refresh_state()
+            width = pool.embedding_width
+        if width is None:
+            if pool.state == READY:
+                raise RequestError(400, "this server cannot tell its model's embedding width, so it takes no "
+                                        "'dimensions': leave it out", param="dimensions")
+            raise RequestError(503, "the model is still loading; see GET /ready", kind="server_error",
+                               headers={"Retry-After": "1"})
+        check_dimensions(dimensions, width, state.model_id)
+
     async def embeddings(request: Request) -> Response:
         started = time.perf_counter()
         denied = unauthorized(request)
@@ -272,6 +292,11 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         not_ready = check_ready(EMBEDDINGS_ROUTE, started)
         if not_ready is not None:
             return not_ready
+        if parsed.dimensions is not None:
+            try:
+                await check_width(parsed.dimensions)
+            except RequestError as error:
+                return refuse(EMBEDDINGS_ROUTE, started, error)
         return await embed(request, EMBEDDINGS_ROUTE, started, parsed.inputs, parsed.encoding_format,
                            parsed.normalize)
 
@@ -282,11 +307,11 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
             return finish(IMAGE_ROUTE, started, denied)
         content_type = request.headers.get("content-type", "")
         query = request.query_params
-        encoding_format = query.get("encoding_format", "float")
-        normalize = query.get("normalize", "true").lower() not in ("false", "0", "no")
-        if encoding_format not in ("float", "base64"):
-            return refuse(IMAGE_ROUTE, started, RequestError(400, "encoding_format must be float or base64",
-                                                             param="encoding_format"))
+        try:
+            encoding_format = query_choice(query, "encoding_format", ENCODING_FORMATS)
+            normalize = query_flag(query, "normalize", True)
+        except RequestError as error:
+            return refuse(IMAGE_ROUTE, started, error)
         try:
             body = await read_body(request, config.max_request_bytes)
         except BodyTooLarge:
@@ -330,9 +355,24 @@ def build_app(config: ServeConfig, pool: Optional[EnginePool] = None, *, load: b
         Route(EMBEDDINGS_ROUTE, embeddings, methods=["POST"]),
         Route(IMAGE_ROUTE, image_upload, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.serve = state
     return app
+
+
+async def http_error(request: Request, error: HTTPException) -> Response:
+    """Starlette's own refusals (404: no such route; 405: a method the route does not take, with ``Allow``) in
+    OpenAI's error shape, as every other error of this server."""
+    if error.status_code == 404:
+        message = (f"no route {request.method} {request.url.path} on this server; its routes: POST {EMBEDDINGS_ROUTE}, "
+                   f"POST {IMAGE_ROUTE}, GET /health, /ready, /v1/models, /metrics")
+    elif error.status_code == 405:
+        allowed = (error.headers or {}).get("Allow")
+        message = (f"method {request.method} is not allowed on {request.url.path}"
+                   + (f"; it takes {allowed}" if allowed else ""))
+    else:
+        message = str(error.detail)
+    return json_response(error.status_code, error_body(message), error.headers)
 
 
 def _too_large(config: ServeConfig) -> RequestError:

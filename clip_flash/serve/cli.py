@@ -109,6 +109,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def check_devices(config: ServeConfig) -> None:
+    """``ValueError`` (one line, naming the option) when the devices asked for are not here: ``--device cuda``,
+    ``--devices 0,1`` or ``--decode gpu`` without CUDA, a CUDA index past this machine's devices, ``--decode
+    gpu`` with ``--device cpu``, a device torch cannot parse. Checked before anything starts, so the server
+    exits with status 2 and that line, not after uvicorn has started with a traceback."""
+    asked = []
+    if config.devices:
+        asked.append("--devices " + ",".join(str(index) for index in config.devices))
+    elif config.device is not None and not config.device.startswith("cuda") and config.decode == "gpu":
+        raise ValueError(f"--decode gpu decodes on a CUDA device, but --device {config.device} is not one")
+    elif config.device is not None and config.device.startswith("cuda"):
+        asked.append(f"--device {config.device}")
+    if config.decode == "gpu":
+        asked.append("--decode gpu")
+    if config.device is not None and not config.devices:
+        import torch
+
+        try:
+            torch.device(config.device)
+        except RuntimeError:
+            raise ValueError(f"--device {config.device!r} is not a device: give cuda, cuda:N or cpu") from None
+    if not asked:
+        return
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:  # e.g. a driver too old: said on the same line
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+        count = torch.cuda.device_count() if available else 0
+    if not available:
+        why = f": {' '.join(str(caught[0].message).split())}" if caught else ""
+        raise ValueError(f"{' and '.join(asked)} asked for, but CUDA is not available here "
+                         f"(torch.cuda.is_available() is False{why})")
+    indices = list(config.devices)
+    if not indices and config.device is not None and config.device.startswith("cuda"):
+        index = torch.device(config.device).index
+        indices = [index] if index is not None else []
+    missing = [index for index in indices if not 0 <= index < count]
+    if missing:
+        have = f"{count} (0-{count - 1})" if count > 1 else "1 (0)"
+        raise ValueError(f"{asked[0]}: no CUDA device {', '.join(map(str, missing))} here; this machine has {have}")
+
+
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         model=args.model, host=args.host, port=args.port, device=args.device, devices=args.devices,
@@ -125,7 +170,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a clean shutdown, 1 when the model cannot be loaded, 2 when the serve
-    extra is not installed."""
+    extra is not installed or the options cannot be served here (``check_devices``)."""
     from clip_flash.models import RANDOM_INIT_NOTE, parse_model_spec
 
     missing = missing_serve_packages()
@@ -139,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         spec = parse_model_spec(config.model)
+        check_devices(config)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -158,7 +158,8 @@ class EngineServer:
             pool = self.pool
             pool.metrics.apply(message[2])
             connection.outbox.send(("state", message[1], pool.state, pool.error, pool.description,
-                                    {tower: pool.queue_depth(tower) for tower in TOWERS}, pool.text_tokenizer))
+                                    {tower: pool.queue_depth(tower) for tower in TOWERS}, pool.text_tokenizer,
+                                    pool.embedding_width))
         elif kind == "metrics":
             self.pool.metrics.apply(message[2])
             connection.outbox.send(("metrics", message[1], self.pool.metrics.render()))

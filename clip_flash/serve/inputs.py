@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -29,9 +30,24 @@ MIN_TEXT_GROUP = 16
 TEXT_LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64)
 
 
+# What the fast path (``clip_flash.inputs.image.image_decoding``) says of bytes Pillow cannot read as an image;
+# --inputs stock says the same.
+UNIDENTIFIED_IMAGE = "UnidentifiedImageError: Pillow cannot identify an image format in it"
+# An object's default repr, as Pillow puts the file it was given in its messages: "<_io.BytesIO object at 0x7f...>"
+OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
 def describe_error(error: BaseException) -> str:
-    text = " ".join(str(error).split())
+    """``Type: message`` on one line, for a client: without the object reprs (addresses) a message may hold."""
+    text = " ".join(OBJECT_REPR.sub("", str(error)).split())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def describe_image_error(error: BaseException) -> str:
+    """``describe_error``, with the fast path's words for an image Pillow cannot identify."""
+    from PIL import UnidentifiedImageError
+
+    return UNIDENTIFIED_IMAGE if isinstance(error, UnidentifiedImageError) else describe_error(error)
 
 
 class FastImageInputs:
@@ -76,7 +92,7 @@ class StockImageInputs:
                 rows.append(self.preprocess(Image.open(io.BytesIO(payload))))
                 positions.append(position)
             except Exception as error:  # noqa: BLE001 - one bad image never fails its neighbours
-                failures.append((position, describe_error(error)))
+                failures.append((position, describe_image_error(error)))
         return positions, rows, failures
 
     def device(self, host: Tuple[List[int], List[torch.Tensor], Failures]) -> Tuple[List[Group], Failures]:

@@ -48,16 +48,61 @@ def error_body(message: str, kind: str = "invalid_request_error", param: Optiona
 
 
 class EmbeddingsRequest:
-    """A parsed ``POST /v1/embeddings`` body."""
+    """A parsed ``POST /v1/embeddings`` body. ``dimensions``: OpenAI's field, None when absent (or null); the
+    routes compare it with the model's embedding width (``check_dimensions``)."""
 
-    __slots__ = ("model", "inputs", "encoding_format", "normalize")
+    __slots__ = ("model", "inputs", "encoding_format", "normalize", "dimensions")
 
     def __init__(self, model: Optional[str], inputs: List[Union[Input, ItemError]], encoding_format: str,
-                 normalize: bool) -> None:
+                 normalize: bool, dimensions: Optional[int] = None) -> None:
         self.model = model
         self.inputs = inputs
         self.encoding_format = encoding_format
         self.normalize = normalize
+        self.dimensions = dimensions
+
+
+def check_dimensions(dimensions: Optional[int], width: int, model: str) -> None:
+    """OpenAI's ``dimensions`` shortens text-embedding-3's vectors, trained to be cut (Matryoshka); a CLIP
+    embedding is not, so only the model's own width is taken: ``RequestError`` (400) for any other."""
+    if dimensions is not None and dimensions != width:
+        raise RequestError(400, f"the model '{model}' gives embeddings of {width} dimensions and cannot be "
+                                f"shortened (CLIP embeddings are not trained for truncation): leave 'dimensions' "
+                                f"out or send {width}, not {dimensions}", param="dimensions")
+
+
+QUERY_TRUE, QUERY_FALSE = ("true", "1"), ("false", "0")
+
+
+def query_flag(query: Any, name: str, default: bool) -> bool:
+    """A true/false query parameter (``true``/``false`` or ``1``/``0``, any case); ``RequestError`` (400) for
+    any other value or a parameter given twice."""
+    values = query.getlist(name)
+    if not values:
+        return default
+    if len(values) > 1:
+        raise RequestError(400, f"query parameter '{name}' is given {len(values)} times; give it once", param=name)
+    value = values[0].lower()
+    if value in QUERY_TRUE:
+        return True
+    if value in QUERY_FALSE:
+        return False
+    raise RequestError(400, f"query parameter '{name}' must be true or false (or 1 or 0), got {values[0]!r}",
+                       param=name)
+
+
+def query_choice(query: Any, name: str, choices: Sequence[str]) -> str:
+    """A query parameter that takes one of ``choices`` (the first is the default); ``RequestError`` (400) for any
+    other value or a parameter given twice."""
+    values = query.getlist(name)
+    if not values:
+        return choices[0]
+    if len(values) > 1:
+        raise RequestError(400, f"query parameter '{name}' is given {len(values)} times; give it once", param=name)
+    if values[0] not in choices:
+        raise RequestError(400, f"query parameter '{name}' must be one of {list(choices)}, got {values[0]!r}",
+                           param=name)
+    return values[0]
 
 
 def decode_data_uri(text: str) -> bytes:
@@ -113,7 +158,12 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     normalize = payload.get("normalize", True)
     if not isinstance(normalize, bool):
         raise RequestError(400, "'normalize' must be true or false", param="normalize")
-    return EmbeddingsRequest(model, [classify(value) for value in raw], encoding_format, normalize)
+    dimensions = payload.get("dimensions")
+    if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
+        shown = orjson.dumps(dimensions).decode()
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise RequestError(400, f"'dimensions' must be a positive integer, got {shown}", param="dimensions")
+    return EmbeddingsRequest(model, [classify(value) for value in raw], encoding_format, normalize, dimensions)
 
 
 def embeddings_response(model: str, results: Sequence[Optional[Result]], encoding_format: str,

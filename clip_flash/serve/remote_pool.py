@@ -56,6 +56,7 @@ class RemotePool:
         self._preloaded = preloaded
         self.metrics = RelayedMetrics()
         self.state, self.error, self.description = "loading", None, ""
+        self.embedding_width: Optional[int] = None  # floats per embedding, as the engine last said
         self.depths = {tower: 0 for tower in TOWERS}
         self.tokenizer: Optional[Tuple[Any, int]] = None  # (the engine's tokenizer, its context length)
         self._tokenizer_spec: Optional[Tuple[str, int]] = None  # the tokenizer loaded here
@@ -160,7 +161,8 @@ class RemotePool:
             pass
 
     def _apply_state(self, reply: Tuple[Any, ...]) -> None:
-        self.state, self.error, self.description, self.depths, self._named_tokenizer = reply
+        (self.state, self.error, self.description, self.depths, self._named_tokenizer,
+         self.embedding_width) = reply
 
     async def _poll_state(self) -> None:
         while True:

@@ -23,7 +23,7 @@ Engine to frontend:
   features (only what the request asked for travels: at 64 captions a request the rows are most of the bytes).
   ``errors`` is ``[(id, index, message)]``.
 - ``("refused", id, "busy"|"not_ready", message)``; ``("state", id, state, error, description, depths,
-  text_tokenizer)``; ``("metrics", id, text)``.
+  text_tokenizer, embedding_width)``; ``("metrics", id, text)``.
 """
 from __future__ import annotations
 

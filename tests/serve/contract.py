@@ -239,3 +239,65 @@ def test_64_concurrent_clients_mixing_good_and_bad(server):
     assert set(statuses) <= {200, 400}, sorted(set(statuses))
     all_bad = sum(1 for n in range(64) for step in range(2) if (n + step) % 4 == 2 and n % 16 != 0)
     assert statuses.count(400) == all_bad  # exactly the requests whose every input was bad
+
+
+def test_dimensions_only_the_model_width(server):
+    """OpenAI's ``dimensions`` shortens embeddings trained to be cut; CLIP's are not: the model's own width is
+    taken (and answered at that width), any other is a 400 in OpenAI's shape, as is a value that is no width."""
+    width = len(post(server, {"input": ["a cat"]}).json()["data"][0]["embedding"])
+    response = post(server, {"model": "ViT-B-32", "input": ["a cat"], "dimensions": width})
+    assert response.status_code == 200, response.text
+    assert len(response.json()["data"][0]["embedding"]) == width
+    assert post(server, {"input": ["a cat"], "dimensions": None}).status_code == 200  # null: not given
+    response = post(server, {"model": "ViT-B-32", "input": ["a cat"], "dimensions": width // 2})
+    assert response.status_code == 400, response.text[:200]
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "dimensions"
+    assert f"{width} dimensions" in error["message"] and "cannot be shortened" in error["message"]
+    for bad in (0, -3, 1.5, float(width), "256", True, [width]):
+        response = post(server, {"input": ["a cat"], "dimensions": bad})
+        assert response.status_code == 400, (bad, response.text[:200])
+        assert response.json()["error"]["param"] == "dimensions", bad
+
+
+def test_image_route_query_parameters_are_strict(server):
+    """``?normalize=`` takes true/false or 1/0 (any case) and ``?encoding_format=`` float or base64, as the JSON
+    route's fields; anything else (or a parameter given twice) is a 400 in OpenAI's shape, not a guess."""
+    photo = jpeg_bytes(0)
+
+    def upload(query: str) -> httpx.Response:
+        return httpx.post(server.url + "/v1/embeddings/image" + query, content=photo,
+                          headers={**server.headers, "Content-Type": "image/jpeg"}, timeout=60)
+
+    normalized = vectors(upload("").json())[0]
+    raw = vectors(upload("?normalize=FALSE").json())[0]
+    assert abs(np.linalg.norm(normalized) - 1) < 1e-5 and abs(np.linalg.norm(raw) - 1) > 1e-3
+    np.testing.assert_array_equal(vectors(upload("?normalize=0").json())[0], raw)
+    np.testing.assert_array_equal(vectors(upload("?normalize=True").json())[0], normalized)
+    np.testing.assert_array_equal(vectors(upload("?normalize=1").json())[0], normalized)
+    encoded = upload("?encoding_format=base64").json()["data"][0]["embedding"]
+    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(encoded), dtype="<f4"), normalized)
+    for query, param in (("?normalize=maybe", "normalize"), ("?normalize=", "normalize"),
+                         ("?normalize=no", "normalize"), ("?normalize=true&normalize=false", "normalize"),
+                         ("?encoding_format=int8", "encoding_format"), ("?encoding_format=", "encoding_format")):
+        response = upload(query)
+        assert response.status_code == 400, (query, response.text[:200])
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == param, (query, error)
+
+
+def test_wrong_method_405_and_unknown_path_404_in_openai_shape(server):
+    for method, path, allowed in (("GET", "/v1/embeddings", "POST"), ("PUT", "/v1/embeddings/image", "POST"),
+                                  ("POST", "/v1/models", "GET")):
+        response = httpx.request(method, server.url + path, headers=server.headers)
+        assert response.status_code == 405, (method, path, response.text)
+        assert response.headers["content-type"] == "application/json"
+        assert allowed in response.headers["allow"]
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and method in error["message"], error
+    for method, path in (("GET", "/v1/no-such-route"), ("POST", "/v2/embeddings")):
+        response = httpx.request(method, server.url + path, headers=server.headers)
+        assert response.status_code == 404
+        assert response.headers["content-type"] == "application/json"
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and path in error["message"], error

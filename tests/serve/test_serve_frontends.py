@@ -12,7 +12,8 @@ pytest.importorskip("starlette", reason="the serve extra is not installed: pip i
 import httpx  # noqa: E402
 
 from tests.serve.contract import (  # noqa: E402,F401 - shared contract tests run against this server
-    StockReference, test_models_and_metrics, test_per_item_errors_keep_good_items,
+    StockReference, test_dimensions_only_the_model_width, test_models_and_metrics,
+    test_per_item_errors_keep_good_items,
 )
 from tests.serve.server_process import ServerProcess, data_uri, jpeg_bytes  # noqa: E402
 

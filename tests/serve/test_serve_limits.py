@@ -118,3 +118,51 @@ def test_unknown_model_exits_with_the_reason():
                            "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "unknown OpenCLIP model 'ViT-B-33'" in done.stderr and "ViT-B-32" in done.stderr  # a close match
+
+
+def test_cuda_options_without_cuda_exit_2_before_starting():
+    """``--device cuda``, ``--devices 0,1``, ``--decode gpu`` on a machine without CUDA: status 2 and one line on
+    stderr saying so, before uvicorn or any engine starts (not status 1 and a traceback after)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.serve.server_process import ROOT, free_port
+    from tests.utils import child_env
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    options = (["--device", "cuda"], ["--devices", "0,1"], ["--decode", "gpu"],
+               ["--device", "cuda:1", "--workers", "2"])
+    runs = [subprocess.Popen([sys.executable, "-m", "clip_flash.serve", *args, "--port", str(free_port())], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+            for args in options]
+    for args, run in zip(options, runs):
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 2, (args, out, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, (args, err)
+        assert lines[0].startswith(f"error: {' '.join(args[:2])} asked for, but CUDA is not available here"), lines
+        assert "torch.cuda.is_available() is False" in lines[0] and not out
+
+
+def test_device_checks_name_the_option(monkeypatch):
+    """What ``check_devices`` refuses, CUDA or not: a device index this machine lacks, ``--decode gpu`` on the
+    CPU, a device torch cannot parse; what it takes passes."""
+    import torch
+
+    from clip_flash.serve.cli import check_devices
+    from clip_flash.serve.config import ServeConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for config in (ServeConfig(device="cpu"), ServeConfig(), ServeConfig(device="cuda:1"),
+                   ServeConfig(devices=(0, 1)), ServeConfig(device="cuda", decode="gpu")):
+        check_devices(config)
+    for config, words in ((ServeConfig(devices=(0, 2)), "--devices 0,2: no CUDA device 2 here; this machine has 2"),
+                          (ServeConfig(device="cuda:5"), "--device cuda:5: no CUDA device 5 here"),
+                          (ServeConfig(device="cpu", decode="gpu"), "--decode gpu decodes on a CUDA device"),
+                          (ServeConfig(device="gpu0"), "--device 'gpu0' is not a device")):
+        with pytest.raises(ValueError, match=words):
+            check_devices(config)
