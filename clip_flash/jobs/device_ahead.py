@@ -106,7 +106,10 @@ class DeviceFirstUses(BesideModelLoad):
     def _vision_tower(self, embed_dim: int, vision: Dict[str, Any], quick_gelu: bool) -> None:
         tower = stand_in_vision_tower(embed_dim, vision, quick_gelu, self.precision, self.device, self.patch)
         size = _pair(vision["image_size"])
-        with torch.inference_mode():
+        from ..backends import choosing_for_replay
+
+        # the attention kernels the run's image batches choose (jobs.pipeline: as a capture does)
+        with torch.inference_mode(), choosing_for_replay():
             for rows in (self.batch_size, 1):  # the run's full batches' shapes, and the warm-up's one row
                 tower(torch.zeros((rows, 3, *size), dtype=_input_dtype(self.precision), device=self.device))
         torch.cuda.current_stream(self.device).synchronize()

@@ -19,6 +19,7 @@ handed to the writer as soon as its last batch lands.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -26,7 +27,7 @@ import time
 from collections import deque
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -126,9 +127,10 @@ class EmbeddingPipeline:
         from ..patching.text_fast_path import takes_host_token_ids  # here: decoding workers import this module
 
         self.host_tokens = self.cuda and tokenizer is not None and takes_host_token_ids(model)
-        # Full image batches replay one CUDA graph (the same work; attention kernels chosen for a replay, so rows
-        # within fp16 rounding of eager). An eager ViT forward is hundreds of launches, each releasing the GIL to
-        # the decoding threads and waiting to take it back, which can bound the whole job; a replay is one launch.
+        # Full image batches replay one CUDA graph (the same work and, as every batch chooses its attention
+        # kernels as a replay does (_encode_image), the same rows). An eager ViT forward is hundreds of launches,
+        # each releasing the GIL to the decoding threads and waiting to take it back, which can bound the whole
+        # job; a replay is one launch.
         self.image_graphs = None
         if self.cuda and cuda_graphs and image_preparer is not None:
             from ..graphs import GraphedEncoder
@@ -219,7 +221,25 @@ class EmbeddingPipeline:
     def _encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
         """``model.encode_image``, from the graph when the batch is full and the graph is kept (partial batches
         run eager: padding them into the graph could change their rows' last bits, as a GEMM's kernel depends
-        on its row count). The full batches before the choice run eager, the probe among them timed."""
+        on its row count). The full batches before the choice run eager, the probe among them timed.
+
+        On CUDA every batch, eager or replayed, chooses its attention kernels as a capture does
+        (``choosing_for_replay``): a graph's rows are then the eager rows bit for bit, so a run's rows do not
+        depend on whether its graph was kept (a choice made on timings), nor on ``cuda_graphs``; two runs over the
+        same inputs (one device, or Ray actors) write the same rows."""
+        with self.image_kernel_choice():
+            return self._encode_image_as_chosen(pixels)
+
+    def image_kernel_choice(self) -> ContextManager[None]:
+        """The context every image encode of this pipeline runs in (warm-ups too, so that they load the kernels
+        the run's batches use): choosing as a capture does on CUDA (``_encode_image``)."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        from ..backends import choosing_for_replay
+
+        return choosing_for_replay()
+
+    def _encode_image_as_chosen(self, pixels: torch.Tensor) -> torch.Tensor:
         if self.image_graphs is not None and pixels.shape[0] == self.batch_size:
             if self.image_graphs_decided:
                 return self.image_graphs.encode_image(pixels)

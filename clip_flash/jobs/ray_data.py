@@ -40,6 +40,7 @@ on a cluster is not measured.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -53,6 +54,7 @@ import torch
 from .beside_load_work import device_first_uses, inputs_ahead, reserve_pinned_blocks
 from .job import DEFAULT_SHARD_SIZE, default_batch_size, finish_job, load_job_model, plan_job
 from .runner import OUTPUT_DTYPES, build_inputs, make_runner
+from ..backends import choosing_for_replay
 from ..models import import_model_library
 from .pinned_reserve import first_images
 from .pipeline import finish_features
@@ -376,7 +378,9 @@ class ClipEmbedder:
                 indices = prepared.indices
                 keep = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
                 if keep:
-                    features = self.loaded.model.encode_image(prepared.pixels)
+                    # the kernels the job chooses for its image batches (jobs.pipeline), so the rows are the job's
+                    with choosing_for_replay() if self.device.type == "cuda" else contextlib.nullcontext():
+                        features = self.loaded.model.encode_image(prepared.pixels)
                     embeddings[keep] = finish_features(features, self.normalize, self.out_dtype).cpu().numpy()
                 for index, reason in prepared.failures:
                     errors[index] = str(reason) or "unreadable image"

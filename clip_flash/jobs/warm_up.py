@@ -141,7 +141,8 @@ def _image_row_shape(preparer: Any) -> "tuple | None":
 
 
 def _encode_images(pipeline: Any, pixels: torch.Tensor) -> None:
-    pipeline._to_host(pipeline._finish(pipeline.model.encode_image(pixels)))
+    with pipeline.image_kernel_choice():  # the kernels the run's batches choose
+        pipeline._to_host(pipeline._finish(pipeline.model.encode_image(pixels)))
     torch.cuda.current_stream(pipeline.device).synchronize()
 
 

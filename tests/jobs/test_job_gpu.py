@@ -2,7 +2,6 @@
 flight) writes the rows the same model gives on the same batches without any pipelining."""
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 
@@ -19,9 +18,9 @@ pytestmark = pytest.mark.gpu
 GPU_MODEL = "ViT-B-32"
 
 
-def _reference_rows(paths, captions, batches, decode="cpu", replayed=()):
-    """The same model (same seed), patched, fp16, fed batch by batch with no pipelining at all; the image batches
-    at the positions ``replayed`` (those the job ran from a CUDA graph) choosing kernels as a graph's capture does."""
+def _reference_rows(paths, captions, batches, decode="cpu"):
+    """The same model (same seed), patched, fp16, fed batch by batch with no pipelining at all; every image batch
+    choosing its attention kernels as a graph's capture does, as the job's batches do, replayed or eager."""
     from clip_flash.backends import choosing_for_replay
     from clip_flash.models.model_spec import load_model, parse_model_spec
     from clip_flash.inputs.image.preprocessor import ImagePreprocessor
@@ -33,10 +32,10 @@ def _reference_rows(paths, captions, batches, decode="cpu", replayed=()):
     with ImagePreprocessor(loaded.preprocess, device="cuda", dtype=torch.float16, decode=decode,
                            workers=4, executor="thread") as prep, \
             torch.inference_mode():
-        for position, (start, stop) in enumerate(batches):
+        for start, stop in batches:
             prepared = prep(paths[start:stop])
             assert not prepared.failures
-            with choosing_for_replay() if position in replayed else contextlib.nullcontext():
+            with choosing_for_replay():
                 images.append(loaded.model.encode_image(prepared.pixels).float().cpu())
             if captions is not None:
                 texts.append(loaded.model.encode_text(tokenizer(captions[start:stop]).cuda()).float().cpu())
@@ -49,8 +48,10 @@ def _batches(count, shard_size, batch_size):
             for start in range(shard_start, min(shard_start + shard_size, count), batch_size)]
 
 
-@pytest.mark.parametrize("cuda_graphs", [True, False])
-def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cuda_graphs):
+@pytest.mark.parametrize("cuda_graphs, graph_kept", [(True, True), (True, False), (False, False)],
+                         ids=["graph-kept", "graph-dropped", "no-cuda-graphs"])
+def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cuda_graphs, graph_kept):
+    """The same rows whether the run's image graph is kept, dropped on its timings, or not asked for."""
     from clip_flash.graphs import GraphedEncoder
 
     replayed = []
@@ -62,6 +63,8 @@ def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cud
 
     monkeypatch.setattr(GraphedEncoder, "encode_image", counted)
     monkeypatch.setattr(warm_up, "GRAPH_MIN_BATCHES_LEFT", 0)  # a run this short would not capture at all
+    # the probe's launch share against 0 (always above: kept) or 2 (always below: dropped)
+    monkeypatch.setattr(warm_up, "GRAPH_LAUNCH_SHARE", 0.0 if graph_kept else 2.0)
     paths = write_photos(tmp_path / "photos", count=45)
     ordered = sorted(paths, key=lambda path: path.relative_to(tmp_path / "photos").as_posix())
     captions = [path.with_suffix(".txt").read_text() for path in ordered]
@@ -69,17 +72,16 @@ def test_pipelined_gpu_job_equals_unpipelined_batches(tmp_path, monkeypatch, cud
                                out_dtype="float32", shard_size=20, batch_size=8, cuda_graphs=cuda_graphs,
                                progress=False)
     assert summary.rows == 45 and summary.precision == "fp16" and summary.patched and summary.gpu_peak_mib > 0
-    # Full batches (two per shard of 20, batches of 8): the first runs eager, the second eager and timed (a small
-    # model at batch 8 spends most of it launching, so the graph is kept), the third captures the graph and it
-    # and the fourth go through it; the rest run eager. Rows equal either way.
-    assert replayed == ([8] * 2 if cuda_graphs else [])
+    # Full batches (two per shard of 20, batches of 8): the first runs eager, the second eager and timed (kept:
+    # the third captures the graph and it and the fourth go through it; the rest run eager). Rows equal any way.
+    assert replayed == ([8] * 2 if graph_kept else [])
     recorded = json.loads(open(summary.record_path).read())["options"]
-    assert recorded["image_cuda_graphs"] is cuda_graphs
+    assert recorded["image_cuda_graphs"] is graph_kept
     assert recorded["first_batches_decoded_beside_the_load"]  # the rows below are those of the feed made ahead
     output = read_output(tmp_path / "out")
-    # Batches (0, 8) (8, 16) (16, 20) | (20, 28) (28, 36) (36, 40) | (40, 45): the full ones at 3 and 4 replayed.
-    images, texts = _reference_rows([str(path) for path in ordered], captions, _batches(45, 20, 8),
-                                    replayed=(3, 4) if cuda_graphs else ())
+    # Batches (0, 8) (8, 16) (16, 20) | (20, 28) (28, 36) (36, 40) | (40, 45): the full ones at 3 and 4 replayed
+    # where the graph is kept, all eager otherwise; the same rows.
+    images, texts = _reference_rows([str(path) for path in ordered], captions, _batches(45, 20, 8))
     np.testing.assert_array_equal(output["img_emb"], images)
     np.testing.assert_array_equal(output["text_emb"], texts)
     assert output["metadata"]["image_path"] == [str(path) for path in ordered]
