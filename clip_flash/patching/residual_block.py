@@ -26,6 +26,7 @@ from open_clip.transformer import (
 from torch import nn
 
 from ..backends import AttentionBackend, fallback_backend, runnable_on
+from ..backends.sdpa import single_query_attention
 from ..ops import fused_ops
 from ..ops.experimental import gemm_epilogue
 from ..ops.packed_attention import kernel_takes as packed_kernel_takes
@@ -201,7 +202,8 @@ class FlashResidualAttentionBlock(ResidualAttentionBlock):
         q = F.linear(h_rows, w_q, b_q).view(rows, heads, 1, head_dim)
         kv = F.linear(h, w_kv, b_kv)  # (B, L, 2E)
         k, v = kv.unflatten(-1, (2, heads, head_dim)).transpose(1, 3).unbind(2)  # (B, H, L, D) each
-        attended = F.scaled_dot_product_attention(q, k, v).view(rows, embed)
+        # one query a row: a kernel whose bits repeat (torch's own pick, cuDNN on an H200, does not)
+        attended = single_query_attention(q, k, v).view(rows, embed)
         return self._after_attention(_rows_at(x, pooled, None), attended, None)[0]
 
     def _after_attention(self, x: torch.Tensor, attended: torch.Tensor,
