@@ -118,7 +118,7 @@ def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     """SDPA of one query a row ((B, H, 1, D) against (B, H, L, D)) by a kernel that gives the same bits call
     after call: on CUDA the memory-efficient one. Left to itself torch picks cuDNN there on an H200 (cuDNN 9.19),
     whose single-query kernel gave 4-12 of 256 rows other last bits from one call to the next, where the flash,
-    efficient and math kernels gave none (benchmarks/results/h200/single_query_attention_728e633/)."""
+    efficient and math kernels gave none (benchmarks/results/h200x2/ray_repeatable_416d4f4/probes/)."""
     if not q.is_cuda:
         return F.scaled_dot_product_attention(q, k, v)
     with _flags_held("efficient"):
