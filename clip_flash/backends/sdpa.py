@@ -119,7 +119,8 @@ def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     after call: on CUDA the memory-efficient one. Left to itself torch picks cuDNN there on an H200 (cuDNN 9.19),
     whose single-query kernel gave 4-12 of 256 rows other last bits from one call to the next, where the flash,
     efficient and math kernels gave none (benchmarks/results/h200x2/ray_repeatable_416d4f4/probes/)."""
-    if not q.is_cuda:
+    # the efficient kernel takes head dims in multiples of 8 (16-bit) or 4 (fp32); other towers keep torch's pick
+    if not q.is_cuda or q.shape[-1] % (4 if q.dtype == torch.float32 else 8):
         return F.scaled_dot_product_attention(q, k, v)
     with _flags_held("efficient"):
         return F.scaled_dot_product_attention(q, k, v)
