@@ -8,16 +8,24 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import clip_flash
 from clip_flash.jobs import OutputError, SettingsMismatchError, weights_identity
+from clip_flash.inputs.image.native_decode import NativeBatchDecoder
 from clip_flash.jobs.writer import InputChangedError
 from clip_flash.models import ModelLoadError
+from tests.utils import child_env
+
 from .job_helpers import MODEL, read_output, write_photos
 from .test_job_resume import finished_files
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_checkpoint_replaced_at_the_same_path_and_size_is_refused(tmp_path, checkpoint, monkeypatch):
@@ -162,31 +170,31 @@ def test_random_weights_and_ignored_inputs_are_said_once(tmp_path, caplog):
     assert any("given more than once" in record.getMessage() for record in caplog.records)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
-def test_a_cuda_device_on_a_machine_without_one_is_refused_before_anything_starts(tmp_path, capsys):
-    from clip_flash.jobs.cli import main
+def _embed_command(tmp_path, *options):
+    """``scripts/embed.py`` in a process of its own, as a user runs it: (exit status, stderr)."""
+    command = [sys.executable, str(REPO / "scripts" / "embed.py"), "--model", MODEL, "--input",
+               str(tmp_path / "photos"), "--no-progress", *options]
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stderr
 
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_a_cuda_device_on_a_machine_without_one_is_refused_before_anything_starts(tmp_path):
     write_photos(tmp_path / "photos", count=1)
     with pytest.raises(ValueError, match=r"device 'cuda' asked for, but CUDA is not available here"):
         clip_flash.embed(tmp_path / "photos", tmp_path / "out", MODEL, device="cuda", progress=False)
-    assert main(["--model", MODEL, "--input", str(tmp_path / "photos"), "--out", str(tmp_path / "out2"),
-                 "--device", "cuda:1", "--no-progress"]) == 2
-    err = capsys.readouterr().err
+    status, err = _embed_command(tmp_path, "--out", str(tmp_path / "out2"), "--device", "cuda:1")
+    assert status == 2, err
     assert err.count("\n") == 1 and err.startswith("error: device 'cuda:1' asked for"), err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
 
 
-def test_a_native_executor_that_cannot_run_says_why_in_one_line(tmp_path, capsys, monkeypatch):
-    from clip_flash.inputs.image import native_decode
-    from clip_flash.jobs.cli import main
-
-    monkeypatch.setattr(native_decode, "load_extension", lambda: None)
+@pytest.mark.skipif(NativeBatchDecoder.create(1) is not None, reason="the native decoder runs here")
+def test_a_native_executor_that_cannot_run_says_why_in_one_line(tmp_path):
     write_photos(tmp_path / "photos", count=1)
-    status = main(["--model", MODEL, "--input", str(tmp_path / "photos"), "--out", str(tmp_path / "out"),
-                   "--device", "cpu", "--executor", "native", "--no-progress"])
-    err = capsys.readouterr().err
+    status, err = _embed_command(tmp_path, "--out", str(tmp_path / "out"), "--device", "cpu", "--executor", "native")
     assert status == 2, err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "executor='native' asked for, but the native batch decoder cannot run here: " \
-        "the compiled extension is not loaded" in lines[0], err
+    assert len(lines) == 1 and "executor='native' asked for, but the native batch decoder cannot run here: " in \
+        lines[0], err
     assert "Traceback" not in err
