@@ -19,7 +19,6 @@ handed to the writer as soon as its last batch lands.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -27,12 +26,13 @@ import time
 from collections import deque
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..backends import choosing_for_replay
 from .batch_feed import DONE, FLUSH, Batch, BatchFeed, ShardEnd, ShardStart, decode_batch
 from .batches import ItemBatch, LazyColumn, RowIds
 from .run_stats import PipelineStats, pinned_allocator_counters
@@ -223,31 +223,19 @@ class EmbeddingPipeline:
         run eager: padding them into the graph could change their rows' last bits, as a GEMM's kernel depends
         on its row count). The full batches before the choice run eager, the probe among them timed.
 
-        On CUDA every batch, eager or replayed, chooses its attention kernels as a capture does
-        (``choosing_for_replay``): a graph's rows are then the eager rows bit for bit, so a run's rows do not
-        depend on whether its graph was kept (a choice made on timings), nor on ``cuda_graphs``; two runs over the
-        same inputs (one device, or Ray actors) write the same rows."""
-        with self.image_kernel_choice():
-            return self._encode_image_as_chosen(pixels)
-
-    def image_kernel_choice(self) -> ContextManager[None]:
-        """The context every image encode of this pipeline runs in (warm-ups too, so that they load the kernels
-        the run's batches use): choosing as a capture does on CUDA (``_encode_image``)."""
-        if not self.cuda:
-            return contextlib.nullcontext()
-        from ..backends import choosing_for_replay
-
-        return choosing_for_replay()
-
-    def _encode_image_as_chosen(self, pixels: torch.Tensor) -> torch.Tensor:
-        if self.image_graphs is not None and pixels.shape[0] == self.batch_size:
-            if self.image_graphs_decided:
-                return self.image_graphs.encode_image(pixels)
-            self._full_image_batches += 1
-            if self._full_image_batches >= GRAPH_PROBE_BATCH:
-                left = None if self._items_left is None else self._items_left // self.batch_size
-                return eager_batch_deciding_graphs(self, pixels, left)
-        return self.model.encode_image(pixels)
+        Every batch, eager or replayed, chooses its attention kernels as a capture does (``choosing_for_replay``;
+        CPU calls ignore it): a graph's rows are then the eager rows bit for bit, so a run's rows do not depend on
+        whether its graph was kept (a choice made on timings), nor on ``cuda_graphs``; two runs over the same
+        inputs (one device, or Ray actors) write the same rows. The warm-ups choose the same way."""
+        with choosing_for_replay():
+            if self.image_graphs is not None and pixels.shape[0] == self.batch_size:
+                if self.image_graphs_decided:
+                    return self.image_graphs.encode_image(pixels)
+                self._full_image_batches += 1
+                if self._full_image_batches >= GRAPH_PROBE_BATCH:
+                    left = None if self._items_left is None else self._items_left // self.batch_size
+                    return eager_batch_deciding_graphs(self, pixels, left)
+            return self.model.encode_image(pixels)
 
     @property
     def image_graphs_replayed(self) -> bool:

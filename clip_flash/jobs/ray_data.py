@@ -40,7 +40,6 @@ on a cluster is not measured.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import pickle
@@ -379,7 +378,7 @@ class ClipEmbedder:
                 keep = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
                 if keep:
                     # the kernels the job chooses for its image batches (jobs.pipeline), so the rows are the job's
-                    with choosing_for_replay() if self.device.type == "cuda" else contextlib.nullcontext():
+                    with choosing_for_replay():
                         features = self.loaded.model.encode_image(prepared.pixels)
                     embeddings[keep] = finish_features(features, self.normalize, self.out_dtype).cpu().numpy()
                 for index, reason in prepared.failures:

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..backends import choosing_for_replay
+
 logger = logging.getLogger(__name__)
 
 WARM_UP_SIZE = (480, 640)  # (height, width): a common photo size, larger than any model's input
@@ -141,7 +143,7 @@ def _image_row_shape(preparer: Any) -> "tuple | None":
 
 
 def _encode_images(pipeline: Any, pixels: torch.Tensor) -> None:
-    with pipeline.image_kernel_choice():  # the kernels the run's batches choose
+    with choosing_for_replay():  # the kernels the run's batches choose (EmbeddingPipeline._encode_image)
         pipeline._to_host(pipeline._finish(pipeline.model.encode_image(pixels)))
     torch.cuda.current_stream(pipeline.device).synchronize()
 

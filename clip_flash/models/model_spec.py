@@ -21,6 +21,8 @@ import torch
 
 from .weights_fetch import HF_HUB_PREFIX, WeightsUnreachableError, prepared_fetch
 
+logger = logging.getLogger(__name__)
+
 SEPARATOR = "::"
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 
@@ -137,6 +139,11 @@ class LoadedModel:
         return image_size_of(self.model)
 
     @property
+    def embedding_width(self) -> Optional[int]:
+        """Floats per embedding (``embedding_width``)."""
+        return embedding_width(self.model, self.image_size)
+
+    @property
     def context_length(self) -> int:
         """The text tower's context length (77 for CLIP)."""
         return int(self.model.context_length)
@@ -162,6 +169,32 @@ def image_size_of(model: torch.nn.Module) -> Tuple[int, int]:
         return (size, size)
     height, width = size
     return (int(height), int(width))
+
+
+def embedding_width(model: torch.nn.Module, image_size: Optional[Tuple[int, int]] = None) -> Optional[int]:
+    """How many floats the model's embeddings have (its joint space's width), as OpenCLIP built it: the text
+    projection's output (``CLIP``), else the text or vision tower's ``output_dim`` (``CustomTextCLIP``, ViT and
+    ResNet towers); failing those, the width of one eager image embedding of zeros (``image_size``); None if
+    even that fails."""
+    projection = getattr(model, "text_projection", None)
+    if isinstance(projection, torch.nn.Linear):
+        return int(projection.out_features)
+    if isinstance(projection, torch.Tensor) and projection.dim() == 2:
+        return int(projection.shape[1])
+    for tower in ("text", "visual"):
+        width = getattr(getattr(model, tower, None), "output_dim", None)
+        if isinstance(width, int) and width > 0:
+            return width
+    if image_size is None:
+        return None
+    try:
+        parameter = next(model.parameters())
+        with torch.inference_mode():
+            zeros = torch.zeros((1, 3, *image_size), dtype=parameter.dtype, device=parameter.device)
+            return int(model.encode_image(zeros).shape[-1])
+    except Exception:  # noqa: BLE001 - unknown: 'dimensions' is then refused as not checkable
+        logger.warning("could not tell the model's embedding width", exc_info=True)
+        return None
 
 
 @contextmanager

@@ -99,34 +99,6 @@ def without_cudnn_attention(device: Any) -> bool:
     return True
 
 
-def embedding_width(model: Any, image_size: Optional[Tuple[int, int]] = None) -> Optional[int]:
-    """How many floats the model's embeddings have (its joint space's width), as OpenCLIP built it: the text
-    projection's output (``CLIP``), else the text or vision tower's ``output_dim`` (``CustomTextCLIP``, ViT and
-    ResNet towers); failing those, the width of one eager image embedding of zeros (``image_size``); None if
-    even that fails."""
-    import torch
-
-    projection = getattr(model, "text_projection", None)
-    if isinstance(projection, torch.nn.Linear):
-        return int(projection.out_features)
-    if isinstance(projection, torch.Tensor) and projection.dim() == 2:
-        return int(projection.shape[1])
-    for tower in ("text", "visual"):
-        width = getattr(getattr(model, tower, None), "output_dim", None)
-        if isinstance(width, int) and width > 0:
-            return width
-    if image_size is None:
-        return None
-    try:
-        parameter = next(model.parameters())
-        with torch.inference_mode():
-            zeros = torch.zeros((1, 3, *image_size), dtype=parameter.dtype, device=parameter.device)
-            return int(model.encode_image(zeros).shape[-1])
-    except Exception:  # noqa: BLE001 - unknown: 'dimensions' is then refused as not checkable
-        logger.warning("could not tell the model's embedding width", exc_info=True)
-        return None
-
-
 def _inputs(runs: Sequence[QueuedInputs]) -> int:
     return sum(len(run.indices) for run in runs)
 
@@ -191,7 +163,7 @@ class Engine:
         loaded = load_model(spec, device, precision)
         self.loaded = loaded
         model = loaded.model
-        self.embedding_width = embedding_width(model, loaded.image_size)
+        self.embedding_width = loaded.embedding_width
         if config.patch:
             import clip_flash
 
