@@ -209,6 +209,10 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
 std::string jpeg_dct_to_pixels(const at::Tensor& coefficients, const at::Tensor& table, const at::Tensor& planes,
                                const at::Tensor& pixels, int64_t max_blocks, int64_t max_pixels);
 
+// Defined in host_gate_binding.cpp.
+std::string host_gate_wait(const at::Tensor& counter, int64_t ticket, int64_t timeout_ns, int64_t device_index);
+void host_gate_open(const at::Tensor& counter, int64_t ticket);
+
 // Defined in packed_attention_binding.cpp.
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double scale);
@@ -263,5 +267,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "bit for bit, for the images a table describes; returns why it could not (empty: queued).",
              py::arg("coefficients"), py::arg("table"), py::arg("planes"), py::arg("pixels"), py::arg("max_blocks"),
              py::arg("max_pixels"), NO_GIL);
+  module.def("host_gate_wait", &clip_flash::host_gate_wait, "Queue on the device's current stream a wait until "
+             "counter[0] (int64, page-locked host memory) reaches ticket, or timeout_ns passed; returns why it could "
+             "not (empty: queued).", py::arg("counter"), py::arg("ticket"), py::arg("timeout_ns"), py::arg("device_index"));
+  module.def("host_gate_open", &clip_flash::host_gate_open, "counter[0] = ticket, ordered after this thread's "
+             "writes.", py::arg("counter"), py::arg("ticket"));
   clip_flash::register_image_batch_decoder(module);
 }

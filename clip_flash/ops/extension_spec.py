@@ -15,6 +15,8 @@ EXTENSION_SOURCES = (
     "csrc/nvjpeg_decode.cpp",
     "csrc/jpeg_dct_binding.cpp",
     "csrc/jpeg_dct.cu",
+    "csrc/host_gate_binding.cpp",
+    "csrc/host_gate.cu",
     "csrc/image_batch_decoder.cpp",
     "csrc/jpeg_entropy_split.cpp",
     "csrc/png_decoder.cpp",

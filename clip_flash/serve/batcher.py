@@ -27,6 +27,12 @@ waking it would only add to the request's latency. With inputs queued, the colle
 takes the next one: under load the CPU step sets the pace, and launching on the collect thread would add the
 launches to it. On the CPU the device step is the computation itself, so it stays on its thread.
 
+Early launch (images on a GPU, exact path): for a batch alone in the pipeline, the launch thread queues the
+device step, the encoder and the copy back while the collector still decodes, behind a gate
+(``clip_flash.ops.host_gate``) that the collector opens when the decode returns; the device then starts at once
+instead of after about a millisecond of launches. If the decode handed a file to Pillow after all (its rows are
+not the layout's), the early work is dropped and the batch goes the usual way.
+
 A failure in any step fails only the batch's items concerned, as per-item errors; out of device memory retries
 the batch in halves (``encode_in_pieces``). Nothing here can stop the threads but ``close()``.
 """
@@ -37,6 +43,7 @@ import queue
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -83,12 +90,14 @@ class TowerBatcher:
             ``max_wait`` however far behind the device is).
         launch_alone: the collector runs the device step of a batch that is alone in the pipeline itself
             (None: on a CUDA device, where that step only queues work).
+        launch_early: a batch alone in the pipeline is launched while it decodes, behind ``gate`` (default: a
+            ``HostGate`` on a CUDA device whose ``inputs`` can hand out their layout early; otherwise off).
     """
 
     def __init__(self, tower: str, inputs: Any, encode: Callable[[torch.Tensor], torch.Tensor], max_batch: int,
                  max_wait: float, lock: threading.Lock, on_dequeue: Callable[[int], None], metrics: Any = None,
                  device: Optional[torch.device] = None, close_when_idle: bool = True, max_in_flight: int = 2,
-                 launch_alone: Optional[bool] = None) -> None:
+                 launch_alone: Optional[bool] = None, launch_early: bool = True, gate: Any = None) -> None:
         self.tower = tower
         self.inputs = inputs
         self.encode = encode
@@ -110,6 +119,14 @@ class TowerBatcher:
         # 1,024 captions' raw and normalised rows) held the next batch's replay back until it was done. Saturated at
         # 64 captions a request: 1,540 -> 1,556-1,559 req/s (benchmarks/results/h200/copy_stream_b2396ad).
         self._copy_stream = torch.cuda.Stream(self.device) if self.device is not None else None
+        if launch_early and gate is None and getattr(inputs, "launches_early", False):
+            from ..ops.host_gate import HostGate
+
+            gate = HostGate.create(self.device)
+        self._gate = gate if launch_early else None
+        # Early launches run on a stream of their own: a gate waiting on a shared stream would hold the other
+        # tower's work queued there too.
+        self._early_stream = torch.cuda.Stream(self.device) if self._gate is not None and self.device else None
         self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._threads = [threading.Thread(target=self._run, args=(stage,), daemon=True,
@@ -240,6 +257,9 @@ class TowerBatcher:
             return False
         started = time.perf_counter()
         payloads = [payload for run in batch for payload in run.payloads]
+        if self._gate is not None and self._alone():
+            self._collect_early(batch, payloads, started)
+            return True
         try:
             host = self.inputs.host(payloads)
         except Exception as error:  # noqa: BLE001 - a batch the step refuses fails its inputs, not the server
@@ -264,29 +284,101 @@ class TowerBatcher:
         with self.lock:
             return self.in_flight == 1 and self._to_launch.empty() and not self.waiting
 
+    def _collect_early(self, batch: List[QueuedInputs], payloads: List[Any], started: float) -> None:
+        """The CPU step of a batch alone in the pipeline, its device work queued by the launch thread behind the
+        gate meanwhile (from the moment the layout is known); the gate opens when the step returns, whatever
+        happened."""
+        early = _EarlyLaunch(batch, len(payloads), self._gate.next_ticket())
+
+        def on_layout(layout: Any) -> None:
+            early.layout = layout
+            self._to_launch.put(early)  # empty: the batch is alone
+
+        host, error = None, None
+        try:
+            host = self.inputs.host(payloads, on_layout=on_layout)
+        except Exception as caught:  # noqa: BLE001 - a batch the step refuses fails its inputs, not the server
+            error = caught
+        finally:
+            if early.layout is not None:
+                self._gate.open(early.ticket)
+        seconds = time.perf_counter() - started
+        if early.layout is not None:
+            early.outcome.put((host, error, seconds))  # the launch thread owns the batch from here
+        elif error is not None:
+            self._fail(batch, len(payloads), f"preparing the {self.tower} batch failed: {describe_error(error)}")
+        else:  # no layout (e.g. every input left to Pillow): as any lone batch
+            self._launch_batch((batch, len(payloads), host, seconds))
+
     def _launch(self) -> bool:
         work = self._to_launch.get()
         if work is _STOP:
             self._to_answer.put(_STOP)
             return False
-        self._launch_batch(work)
+        if isinstance(work, _EarlyLaunch):
+            self._launch_early(work)
+        else:
+            self._launch_batch(work)
         return True
+
+    def _launch_early(self, early: "_EarlyLaunch") -> None:
+        """Queue a batch's device step, encoder and copy back behind the gate while the collector decodes it; once
+        the decode is done, answer from them, or (the decode did not give the layout's rows, or queuing failed)
+        prepare the batch the usual way."""
+        launched = None
+        try:
+            with torch.cuda.stream(self._early_stream) if self._early_stream is not None else nullcontext():
+                self._gate.wait(early.ticket)
+                launched = self._encode_groups(self.inputs.device_early(early.layout), early.size)
+        except Exception as error:  # noqa: BLE001 - whatever failed here, the usual way still answers the batch
+            logger.debug("%s batch not launched early (%s)", self.tower, describe_error(error))
+        host, error, host_seconds = early.outcome.get()
+        batch, size = early.batch, early.size
+        if error is not None:
+            self._fail(batch, size, f"preparing the {self.tower} batch failed: {describe_error(error)}")
+            return
+        failures = self.inputs.early_failures(host) if launched is not None else None
+        if failures is None:
+            self._launch_batch((batch, size, host, host_seconds))
+            return
+        results, rows, done, covered = launched
+        for position, reason in failures:
+            results[position] = ItemError(reason)
+        prepared = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.batch(self.tower, size, host_seconds)
+        del host
+        self._to_answer.put((batch, size, None, results, rows, covered, done, prepared))
 
     def _launch_batch(self, work: Tuple[List[QueuedInputs], int, Any, float]) -> None:
         """The device step, the encoder and the copy to the host for one batch; then to the answer stage."""
         batch, size, host, host_seconds = work
         started = time.perf_counter()
-        results: List[Optional[Result]] = [None] * size
         try:
             groups, failures = self.inputs.device(host)
         except Exception as error:  # noqa: BLE001
             self._fail(batch, size, f"preparing the {self.tower} batch failed: {describe_error(error)}")
             return
-        for position, reason in failures:
-            results[position] = ItemError(reason)
         prepared = time.perf_counter()
         if self.metrics is not None:
             self.metrics.batch(self.tower, size, host_seconds + prepared - started)
+        try:
+            results, rows, done, covered = self._encode_groups(groups, size)
+        except Exception as error:  # noqa: BLE001 - e.g. out of memory for the copy: these inputs fail
+            self._fail(batch, size, f"copying the {self.tower} batch's embeddings failed: {describe_error(error)}")
+            return
+        for position, reason in failures:
+            results[position] = ItemError(reason)
+        counts = host[1] if self.tower == "text" else None  # captions' token counts; the rest of host can go
+        del host  # (an image batch's host step may hold a reused pixel arena)
+        self._to_answer.put((batch, size, counts, results, rows, covered, done, prepared))
+
+    def _encode_groups(self, groups: List[Tuple[List[int], torch.Tensor]], size: int
+                       ) -> Tuple[List[Optional[Result]], Optional[torch.Tensor], Any, List[List[int]]]:
+        """Encode each group and queue the (raw, normalised) rows' copy to the host: (per-position results, with
+        the encoder's failures; the host rows; the copy's event; the positions with rows). Raises only if the
+        copy cannot be queued."""
+        results: List[Optional[Result]] = [None] * size
         encoded: List[Tuple[List[int], torch.Tensor]] = []
         for positions, tensor in groups:
             try:
@@ -299,15 +391,8 @@ class TowerBatcher:
                 logger.error("%s batch of %d: %s", self.tower, len(positions), reason)
                 for position in positions:
                     results[position] = ItemError(reason)
-        try:
-            rows, done = _to_host(_in_batch_order(encoded, size), self._copy_stream) if encoded else (None, None)
-        except Exception as error:  # noqa: BLE001 - e.g. out of memory for the copy: these inputs fail
-            self._fail(batch, size, f"copying the {self.tower} batch's embeddings failed: {describe_error(error)}")
-            return
-        counts = host[1] if self.tower == "text" else None  # captions' token counts; the rest of host can go
-        del host  # (an image batch's host step may hold a reused pixel arena)
-        covered = [positions for positions, _ in encoded]
-        self._to_answer.put((batch, size, counts, results, rows, covered, done, prepared))
+        rows, done = _to_host(_in_batch_order(encoded, size), self._copy_stream) if encoded else (None, None)
+        return results, rows, done, [positions for positions, _ in encoded]
 
     def _answer(self) -> bool:
         work = self._to_answer.get()
@@ -358,6 +443,18 @@ class TowerBatcher:
             self.ready.notify_all()
         for thread in self._threads:
             thread.join(timeout)
+
+
+class _EarlyLaunch:
+    """A lone batch launched while it decodes: the layout the CPU step handed out, the gate's ticket, and the CPU
+    step's outcome ``(host, error, seconds)`` once it returns."""
+
+    def __init__(self, batch: List[QueuedInputs], size: int, ticket: int) -> None:
+        self.batch = batch
+        self.size = size
+        self.ticket = ticket
+        self.layout: Any = None
+        self.outcome: "queue.Queue[Tuple[Any, Optional[BaseException], float]]" = queue.Queue(maxsize=1)
 
 
 def _waits_per_request(batch: List[QueuedInputs], now: float) -> List[float]:

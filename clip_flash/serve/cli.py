@@ -92,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--no-split-jpegs", dest="split_jpegs", action="store_false",
         help="decode each JPEG on one thread even in a batch of one (default: a batch of few JPEGs splits each "
              "one's entropy decode across the decoding threads: the same pixels, sooner)")
+    add("--no-early-launch", dest="early_launch", action="store_false",
+        help="launch a lone image batch's device work after its decode (default: queued while it decodes, behind a "
+             "gate the decode opens: the same rows, sooner)")
     add("--no-patch", dest="patch", action="store_false", help="serve the stock OpenCLIP model (a baseline)")
     add("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run every batch eager")
     add("--no-cudnn-attention", dest="cudnn_attention", action="store_false",
@@ -165,7 +168,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_request_bytes=args.max_request_bytes, api_key=args.api_key, decode=args.decode, patch=args.patch,
         inputs=args.inputs, cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention,
         decode_workers=args.decode_workers,
-        split_jpegs=args.split_jpegs, workers=args.workers, log_level=args.log_level, served_name=args.served_name)
+        split_jpegs=args.split_jpegs, early_launch=args.early_launch, workers=args.workers,
+        log_level=args.log_level, served_name=args.served_name)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -86,6 +86,9 @@ class ServeConfig:
             ``devices`` the cores shared out between their engine processes).
         split_jpegs: a batch of few JPEGs (at low load, one) splits each one's entropy decode across the decoding
             workers (the same pixels, sooner; ``ImagePreprocessor(split_jpegs=...)``). False: one worker a JPEG.
+        early_launch: on a GPU with the exact path, an image batch alone in the pipeline (low load) has its device
+            step and encoder queued while its JPEGs decode, behind a gate opened when they are decoded
+            (``batcher.TowerBatcher``): the same rows, about a millisecond sooner. False: launched after the decode.
         workers: HTTP frontend processes feeding the engine process(es); 1: one process does everything. None
             (the default): ``default_workers(engines)``, 1 on small machines and up to 4 per engine on large ones:
             one process's event loop shares the GIL with the batchers (one process answered 1,500-2,400
@@ -118,6 +121,7 @@ class ServeConfig:
     cudnn_attention: bool = True
     decode_workers: Optional[int] = None
     split_jpegs: bool = True
+    early_launch: bool = True
     workers: Optional[int] = None
     log_level: str = "info"
     served_name: Optional[str] = None

@@ -193,7 +193,7 @@ class Engine:
                       close_when_idle=not config.wait_when_idle, max_in_flight=config.max_batches_in_flight)
         self.batchers = {
             IMAGE: TowerBatcher(IMAGE, image_inputs, encode_image, config.max_batch, config.max_wait_ms / 1e3,
-                                **shared),
+                                launch_early=config.early_launch, **shared),
             TEXT: TowerBatcher(TEXT, text_inputs, encode_text, config.max_text_batch, config.max_wait_ms / 1e3,
                                **shared),
         }

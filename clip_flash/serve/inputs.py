@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import re
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -62,13 +62,30 @@ class FastImageInputs:
         self.preparer.start(batch_size=batch_size)
         self.output_size = self.preparer.output_size
 
-    def host(self, payloads: Sequence[bytes]) -> Any:
-        return self.preparer.decode(payloads)
+    @property
+    def launches_early(self) -> bool:
+        """Whether ``host`` can hand out the batch's layout before decoding it (see ``device_early``)."""
+        return self.preparer.launches_early
+
+    def host(self, payloads: Sequence[bytes], on_layout: Optional[Callable[[Any], None]] = None) -> Any:
+        return self.preparer.decode(payloads, on_layout=on_layout)
 
     def device(self, host: Any) -> Tuple[List[Group], Failures]:
         prepared = self.preparer.prepare(host)
         groups = [(list(prepared.indices), prepared.pixels)] if prepared.indices else []
         return groups, list(prepared.failures)
+
+    def device_early(self, layout: Any) -> List[Group]:
+        """The device step of the layout ``host`` handed to ``on_layout``, queued behind what the current stream
+        holds (the batcher's gate, opened when ``host`` returns)."""
+        prepared = self.preparer.prepare_layout(layout)
+        return [(list(prepared.indices), prepared.pixels)] if prepared.indices else []
+
+    @staticmethod
+    def early_failures(host: Any) -> Optional[Failures]:
+        """The batch's failures when the layout handed out early was the whole batch as decoded (its rows from
+        ``device_early`` are then the batch's); None when it was not (the batch must go through ``device``)."""
+        return list(host.failures) if host.early_layout_is_batch else None
 
     def close(self) -> None:
         self.preparer.close()

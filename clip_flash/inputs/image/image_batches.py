@@ -62,6 +62,9 @@ class DecodedImages:
     on_gpu: Optional[PackedJpegs] = None  # decode="gpu": JPEGs the hardware decoder did here (see decode())
     # decode="gpu": ``packed`` and ``on_gpu`` already resized, in one group, by the decoding thread (see decode())
     ahead: Optional[RowsOnDevice] = None
+    # The layout ``decode(on_layout=...)`` handed out before decoding is this batch, with nothing else in it:
+    # ``prepare`` computes what ``prepare_layout`` of that layout computes (see ``NativeBatch``).
+    early_layout_is_batch: bool = False
 
     @property
     def indices(self) -> List[int]:

@@ -25,7 +25,7 @@ from .image_decoding import (DctCoefficients, DecodedItem, DecodedPixels, Decode
                              PixelsInLayout, Route, decode_item, describe_error)
 from .exact_share import exact_positions
 from .image_resize import ExactResize
-from .jpeg_dct import ALIGN, plan_dct_batch, table_bytes
+from .jpeg_dct import ALIGN, DctBatch, plan_dct_batch, table_bytes
 from .native_decode import (CHANNELS, FORMAT, HEIGHT, KIND, PROGRESSIVE, SAMPLING, WIDTH,
                             COEFFICIENT_BYTES, DecodeKind, FileFormat, NativeBatchDecoder, ScanMode, takes_natively)
 from .resample_plan import plan_image
@@ -57,12 +57,19 @@ class NativeBatch:
     the JPEGs kept encoded before the CPU decodes the rest, so that their decode (nvJPEG's hardware, in another
     thread) runs beside it; its future is :attr:`encoded_started`. What the native decoder leaves to Pillow at the
     share's positions is decoded with ``exact_options`` (not kept encoded for nvJPEG). ``split_jpegs``: see
-    :meth:`.NativeBatchDecoder.decode`."""
+    :meth:`.NativeBatchDecoder.decode`.
+
+    ``on_layout``, when given, is called with the batch's :class:`PackedPixels` once its page-locked buffers are
+    allocated and before the native decoder writes them, where the whole batch goes through the kernel's layout
+    (every input read natively, none left to Pillow). A caller may queue the layout's device work behind a
+    gate it opens when :meth:`decode` returns; :attr:`DecodedImages.early_layout_is_batch` then says whether that
+    layout is the batch as decoded (False when a file was handed to Pillow after all: its rows differ)."""
 
     def __init__(self, native: NativeBatchDecoder, mode: ScanMode, resize: ExactResize, options: DecodeOptions,
                  threads: Executor, exact_share: float = 0.0,
                  start_encoded: Optional[Callable[[List[DecodedItem]], Future]] = None,
-                 exact_options: Optional[DecodeOptions] = None, split_jpegs: bool = True) -> None:
+                 exact_options: Optional[DecodeOptions] = None, split_jpegs: bool = True,
+                 on_layout: Optional[Callable[[PackedPixels], None]] = None) -> None:
         self.native = native
         self.mode = mode
         self.resize = resize
@@ -72,6 +79,7 @@ class NativeBatch:
         self.start_encoded = start_encoded
         self.exact_options = exact_options or options
         self.split_jpegs = split_jpegs
+        self.on_layout = on_layout
         self.exact_indices: Set[int] = set()  # inputs at the exact share's positions
         self.encoded_started: Optional[Future] = None
         self._fits: Dict[Tuple[int, int], Optional[str]] = {}
@@ -93,6 +101,7 @@ class NativeBatch:
         decoded: List[DecodedItem] = []
         failures: List[Tuple[int, str]] = []
         packed = None
+        early = None
         scanned = None
         pixels: List[int] = []
         coefficients: List[int] = []
@@ -124,16 +133,18 @@ class NativeBatch:
                     self.encoded_started = self.start_encoded(kept)
             retry: List[Tuple[int, Any]] = []
             if pixels or coefficients or (self.resize.packs and _has_pixels(python_items)):
-                more, python_items, packed, retry = self._decode_packed(scanned, native_pairs, pixels, coefficients,
-                                                                        python_items)
+                more, python_items, packed, retry, early = self._decode_packed(scanned, native_pairs, pixels,
+                                                                               coefficients, python_items)
                 decoded += more
             python_items += self._python(sorted(retry, key=lambda pair: pair[0]), failures)
         elif self.resize.packs and _has_pixels(python_items):
-            _, python_items, packed, _ = self._decode_packed(None, [], [], [], python_items)
+            _, python_items, packed, _, _ = self._decode_packed(None, [], [], [], python_items)
         decoded += python_items
         decoded.sort(key=lambda item: item.index)
         failures.sort()
-        return DecodedImages(len(items), decoded, failures, packed)
+        result = DecodedImages(len(items), decoded, failures, packed)
+        result.early_layout_is_batch = early is not None and packed is early and not python_items and not encoded
+        return result
 
     def _python(self, pairs: List[Tuple[int, Any]], failures: List[Tuple[int, str]]) -> List[DecodedItem]:
         """Pillow's way, in the Python threads (the exact share's inputs with ``exact_options``); failures noted,
@@ -163,11 +174,13 @@ class NativeBatch:
 
     def _decode_packed(self, scanned, pairs, pixels: List[int], coefficients: List[int],
                        python_items: List[DecodedItem]
-                       ) -> Tuple[List[DecodedItem], List[DecodedItem], Optional[PackedPixels], List[Tuple[int, Any]]]:
+                       ) -> Tuple[List[DecodedItem], List[DecodedItem], Optional[PackedPixels], List[Tuple[int, Any]],
+                                  Optional[PackedPixels]]:
         """Pixels (and coefficients) decoded into their places; the native items, ``python_items`` again, the
-        packed batch (None: the pixels are plain tensors for a resize on the CPU) and the inputs to hand to
-        Pillow after all. With the kernel's layout, the pixels Pillow gave (``python_items`` with CPU pixels)
-        are copied in after the native images', and their items come back as :class:`PixelsInLayout`."""
+        packed batch (None: the pixels are plain tensors for a resize on the CPU), the inputs to hand to
+        Pillow after all, and the layout handed to ``on_layout`` (None: not called). With the kernel's layout,
+        the pixels Pillow gave (``python_items`` with CPU pixels) are copied in after the native images', and
+        their items come back as :class:`PixelsInLayout`."""
         info = scanned.info if scanned is not None else np.zeros((0, FORMAT + 1), dtype=np.int64)
         shapes = [tuple(int(value) for value in info[position, HEIGHT:CHANNELS + 1]) for position in pixels]
         count = len(pairs)
@@ -193,6 +206,13 @@ class NativeBatch:
         table_room = int(coefficient_bytes.sum())  # the JPEG kernels' table follows, to go up in the same copy
         coefficient_host = torch.empty(max(table_room + table_bytes(len(coefficients)), ALIGN), dtype=torch.uint8,
                                        pin_memory=self.resize.packs and torch.cuda.is_available())
+        early = None
+        if self.on_layout is not None and plan is not None and not python_items and (pixels or coefficients):
+            # Everything the device step needs but the pixels and coefficients is known from the scan.
+            early = PackedPixels(plan, host, [pairs[position][0] for position in pixels + coefficients],
+                                 dct=self._dct_batch(scanned, plan, coefficients, coefficient_host,
+                                                     coefficient_offsets, table_room, len(pixels)))
+            self.on_layout(early)
         declined = [""] * count
         if pixels or coefficients:
             declined = self.native.decode(scanned, host, pixel_offsets, coefficient_host, coefficient_offsets,
@@ -221,7 +241,7 @@ class NativeBatch:
             else:
                 items.append(PixelsInLayout(index, route, image_size, channels, _scan_notes(scanned, position)))
         if plan is None:
-            return items, python_items, None, retry
+            return items, python_items, None, retry, None
         keep += range(len(pixels), len(pixels) + len(joining))
         first_dct = len(pixels) + len(joining)
         for number, position in enumerate(coefficients):
@@ -232,15 +252,26 @@ class NativeBatch:
             keep.append(first_dct + number)
             items.append(DctCoefficients(index, (int(info[position, HEIGHT]), int(info[position, WIDTH])),
                                          int(info[position, CHANNELS]), _scan_notes(scanned, position)))
-        dct = None
-        if coefficients:
-            dct = plan_dct_batch([scanned.layout(position) for position in coefficients],
-                                 [(coefficient_host, coefficient_offsets[coefficients].tolist())], table_room)
-            dct.place(plan.meta[first_dct:, 0])
+        dct = self._dct_batch(scanned, plan, coefficients, coefficient_host, coefficient_offsets, table_room,
+                              first_dct)
         indices = ([pairs[position][0] for position in pixels] + [item.index for item in joining]
                    + [pairs[position][0] for position in coefficients])
         kept = None if len(keep) == len(indices) else keep
-        return items, python_items, PackedPixels(plan, host, indices, dct=dct, keep=kept), retry
+        if early is not None and kept is None and not retry and indices == early.indices and (
+                dct is None or np.array_equal(dct.table, early.dct.table)):
+            return items, python_items, early, retry, early  # the layout handed out early is the batch
+        return items, python_items, PackedPixels(plan, host, indices, dct=dct, keep=kept), retry, early
+
+    @staticmethod
+    def _dct_batch(scanned, plan, coefficients: List[int], coefficient_host: torch.Tensor,
+                   coefficient_offsets: np.ndarray, table_room: int, first_dct: int) -> Optional[DctBatch]:
+        """The GPU JPEG kernels' batch for the ``coefficients`` positions, whose layout rows start at ``first_dct``."""
+        if not coefficients:
+            return None
+        dct = plan_dct_batch([scanned.layout(position) for position in coefficients],
+                             [(coefficient_host, coefficient_offsets[coefficients].tolist())], table_room)
+        dct.place(plan.meta[first_dct:, 0])
+        return dct
 
 
 def _has_pixels(items: List[DecodedItem]) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...ops.image_resample import upload_stream
 from .image_batches import DecodedImages, PackedPixels, PreparedImages, RowsOnDevice
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
@@ -215,14 +216,28 @@ class ImagePreprocessor:
         return self._native_decoder() is not None
 
     @property
+    def launches_early(self) -> bool:
+        """Whether :meth:`decode` can hand out a batch's layout before decoding it (``on_layout``): the exact path
+        on a CUDA device with the native decoder and the kernel's resize."""
+        return (self.decoder == "cpu" and self.device.type == "cuda" and self.resize.packs
+                and self._native_decoder() is not None)
+
+    @property
     def output_size(self) -> Tuple[int, int]:
         """(height, width) of each row."""
         return self.resize.output_size
 
     # ----- the two steps ------------------------------------------------------------------
-    def decode(self, items: Sequence[ImageInput]) -> DecodedImages:
+    def decode(self, items: Sequence[ImageInput],
+               on_layout: Optional[Callable[[PackedPixels], None]] = None) -> DecodedImages:
         """The CPU step: read and decode every input (one native call for the batch's files and bytes; Python
         threads for what Pillow prepares its own way). Never raises for a bad input.
+
+        ``on_layout`` (the exact path on a GPU, with the native decoder): called from this call, once the
+        batch's layout is planned and before the native decoder writes its page-locked buffers, with that
+        layout, where every input goes through it; :meth:`prepare_layout` of it, queued behind a gate the
+        caller opens when this call returns, computes the batch's rows while the CPU still decodes.
+        ``early_layout_is_batch`` of the result says whether they are the batch's (else use :meth:`prepare`).
 
         With ``decode="gpu"`` it reads the JPEGs and their headers and, where nvJPEG's hardware decoder runs
         (see :mod:`.nvjpeg_packed`), decodes the baseline colour ones straight into the resize kernel's
@@ -239,7 +254,8 @@ class ImagePreprocessor:
             batch = NativeBatch(native, self.scan_mode, self.resize, self.options, self._python_threads(),
                                 exact_share=self.exact_share if hardware else 0.0,
                                 start_encoded=self._start_hardware_decode if hardware else None,
-                                exact_options=self._cpu_options, split_jpegs=self.split_jpegs)
+                                exact_options=self._cpu_options, split_jpegs=self.split_jpegs,
+                                on_layout=on_layout if self.launches_early else None)
             decoded = batch.decode(items)
             started = batch.encoded_started
         else:
@@ -349,6 +365,14 @@ class ImagePreprocessor:
         if failures:
             routes["failed"] = len(failures)
         return PreparedImages(pixels, indices, failures, routes)
+
+    def prepare_layout(self, layout: PackedPixels) -> PreparedImages:
+        """The device step of a layout :meth:`decode` handed to ``on_layout``, queued before its buffers are
+        written: its uploads first wait for the work queued on the current stream so far (the caller's gate), then
+        the rows are computed as :meth:`prepare` computes them. Its failures are the decoded batch's."""
+        upload_stream(self.device).wait_stream(torch.cuda.current_stream(self.device))
+        pixels, indices = self._assemble(self._layout_rows(DecodedImages(0, [], [], layout)))
+        return PreparedImages(pixels, indices, [])
 
     def __call__(self, items: Sequence[ImageInput]) -> PreparedImages:
         """``prepare(decode(items))``."""

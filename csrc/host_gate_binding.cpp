@@ -1,0 +1,52 @@
+// Torch-facing side of csrc/host_gate.cu: the counter is a page-locked host tensor (torch's pinned allocator), which
+// CUDA maps into the device's address space; the kernel reads it through the device pointer CUDA gives for it.
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <atomic>
+#include <string>
+
+#include "host_gate.h"
+
+namespace clip_flash {
+namespace {
+
+std::string check_counter(const at::Tensor& counter) {
+  if (counter.is_cuda() || counter.scalar_type() != at::kLong || counter.numel() < 1 || !counter.is_contiguous() ||
+      !counter.is_pinned()) {
+    return "the counter must be a contiguous int64 tensor in page-locked host memory";
+  }
+  return "";
+}
+
+}  // namespace
+
+// Queues, on `device`'s current stream, a wait until counter[0] >= ticket (at most timeout_ns); returns why it
+// could not (empty: queued).
+std::string host_gate_wait(const at::Tensor& counter, int64_t ticket, int64_t timeout_ns, int64_t device_index) {
+  std::string why = check_counter(counter);
+  if (!why.empty()) return why;
+  if (device_index < 0 || timeout_ns <= 0) return "a CUDA device index and a positive timeout are needed";
+  const c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device_index));
+  void* on_device = nullptr;
+  cudaError_t status = cudaHostGetDevicePointer(&on_device, counter.data_ptr(), 0);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return std::string("the counter is not mapped into the device's memory: ") + cudaGetErrorString(status);
+  }
+  launch_host_gate_wait(static_cast<const int64_t*>(on_device), ticket, static_cast<uint64_t>(timeout_ns),
+                        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index)).stream());
+  status = cudaGetLastError();
+  return status == cudaSuccess ? "" : std::string("host gate launch failed: ") + cudaGetErrorString(status);
+}
+
+// counter[0] = ticket, after every write this thread has seen (the data the gated copies read) and ordered for
+// the device's reads over the bus.
+void host_gate_open(const at::Tensor& counter, int64_t ticket) {
+  TORCH_CHECK(check_counter(counter).empty(), check_counter(counter));
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  __atomic_store_n(counter.data_ptr<int64_t>(), ticket, __ATOMIC_SEQ_CST);
+}
+
+}  // namespace clip_flash
