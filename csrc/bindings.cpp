@@ -270,7 +270,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("host_gate_wait", &clip_flash::host_gate_wait, "Queue on the device's current stream a wait until "
              "counter[0] (int64, page-locked host memory) reaches ticket, or timeout_ns passed; returns why it could "
              "not (empty: queued).", py::arg("counter"), py::arg("ticket"), py::arg("timeout_ns"), py::arg("device_index"));
-  module.def("host_gate_open", &clip_flash::host_gate_open, "counter[0] = ticket, ordered after this thread's "
-             "writes.", py::arg("counter"), py::arg("ticket"));
+  module.def("host_gate_open", &clip_flash::host_gate_open, "counter[0] = max(counter[0], ticket), ordered after "
+             "this thread's writes.", py::arg("counter"), py::arg("ticket"));
   clip_flash::register_image_batch_decoder(module);
 }

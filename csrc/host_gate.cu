@@ -14,10 +14,14 @@ __device__ __forceinline__ uint64_t global_nanoseconds() {
   return now;
 }
 
-__global__ void host_gate_wait_kernel(const volatile int64_t* counter, int64_t ticket, uint64_t timeout_ns) {
+__global__ void host_gate_wait_kernel(volatile int64_t* counter, int64_t ticket, uint64_t timeout_ns) {
   const uint64_t started = global_nanoseconds();
-  while (*counter < ticket) {
-    if (global_nanoseconds() - started > timeout_ns) return;
+  while (counter[0] < ticket) {
+    if (global_nanoseconds() - started > timeout_ns) {
+      if (counter[1] < ticket) counter[1] = ticket;  // the host reads it once the work behind has run
+      __threadfence_system();
+      return;
+    }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     __nanosleep(1000);  // a poll a microsecond or so: the bus, not the SM, sets the reaction time
 #endif
@@ -28,7 +32,7 @@ __global__ void host_gate_wait_kernel(const volatile int64_t* counter, int64_t t
 
 }  // namespace
 
-void launch_host_gate_wait(const int64_t* counter, int64_t ticket, uint64_t timeout_ns, cudaStream_t stream) {
+void launch_host_gate_wait(int64_t* counter, int64_t ticket, uint64_t timeout_ns, cudaStream_t stream) {
   host_gate_wait_kernel<<<1, 1, 0, stream>>>(counter, ticket, timeout_ns);
 }
 

@@ -9,8 +9,8 @@
 
 namespace clip_flash {
 
-// Queues the wait on `stream`: work queued behind it starts once *counter >= ticket, or after timeout_ns of
-// waiting (a host that never opens the gate must not hold the stream for ever).
-void launch_host_gate_wait(const int64_t* counter, int64_t ticket, uint64_t timeout_ns, cudaStream_t stream);
+// Queues the wait on `stream`: work queued behind it starts once counter[0] >= ticket, or after timeout_ns of
+// waiting (a host that never opens the gate must not hold the stream for ever); then counter[1] is raised to ticket.
+void launch_host_gate_wait(int64_t* counter, int64_t ticket, uint64_t timeout_ns, cudaStream_t stream);
 
 }  // namespace clip_flash

@@ -4,26 +4,26 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <atomic>
 #include <string>
 
+#include "host_counter.h"
 #include "host_gate.h"
 
 namespace clip_flash {
 namespace {
 
 std::string check_counter(const at::Tensor& counter) {
-  if (counter.is_cuda() || counter.scalar_type() != at::kLong || counter.numel() < 1 || !counter.is_contiguous() ||
+  if (counter.is_cuda() || counter.scalar_type() != at::kLong || counter.numel() < 2 || !counter.is_contiguous() ||
       !counter.is_pinned()) {
-    return "the counter must be a contiguous int64 tensor in page-locked host memory";
+    return "the counter must be a contiguous int64 tensor of 2 in page-locked host memory";
   }
   return "";
 }
 
 }  // namespace
 
-// Queues, on `device`'s current stream, a wait until counter[0] >= ticket (at most timeout_ns); returns why it
-// could not (empty: queued).
+// Queues, on the device's current stream, a wait until counter[0] >= ticket (at most timeout_ns, then counter[1] is
+// raised to ticket); returns why it could not (empty: queued).
 std::string host_gate_wait(const at::Tensor& counter, int64_t ticket, int64_t timeout_ns, int64_t device_index) {
   std::string why = check_counter(counter);
   if (!why.empty()) return why;
@@ -35,18 +35,16 @@ std::string host_gate_wait(const at::Tensor& counter, int64_t ticket, int64_t ti
     cudaGetLastError();  // not sticky: clear it
     return std::string("the counter is not mapped into the device's memory: ") + cudaGetErrorString(status);
   }
-  launch_host_gate_wait(static_cast<const int64_t*>(on_device), ticket, static_cast<uint64_t>(timeout_ns),
+  launch_host_gate_wait(static_cast<int64_t*>(on_device), ticket, static_cast<uint64_t>(timeout_ns),
                         c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index)).stream());
   status = cudaGetLastError();
   return status == cudaSuccess ? "" : std::string("host gate launch failed: ") + cudaGetErrorString(status);
 }
 
-// counter[0] = ticket, after every write this thread has seen (the data the gated copies read) and ordered for
-// the device's reads over the bus.
+// counter[0] = max(counter[0], ticket), after every write this thread has seen (see host_counter.h).
 void host_gate_open(const at::Tensor& counter, int64_t ticket) {
   TORCH_CHECK(check_counter(counter).empty(), check_counter(counter));
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  __atomic_store_n(counter.data_ptr<int64_t>(), ticket, __ATOMIC_SEQ_CST);
+  open_host_counter(counter.data_ptr<int64_t>(), ticket);
 }
 
 }  // namespace clip_flash

@@ -8,9 +8,11 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "host_counter.h"
 #include "image_batch_decoder.h"
 
 namespace py = pybind11;
@@ -118,18 +120,38 @@ void register_image_batch_decoder(py::module& module) {
            py::arg("exact") = std::vector<int64_t>{})
       .def("decode", [](ImageBatchDecoder& decoder, const ScannedBatch& batch, const at::Tensor& pixels,
                         const at::Tensor& pixel_offsets, const at::Tensor& coefficients,
-                        const at::Tensor& coefficient_offsets, bool split_jpegs) {
+                        const at::Tensor& coefficient_offsets, bool split_jpegs,
+                        const std::optional<at::Tensor>& open_counter, int64_t open_ticket) {
         check_host_bytes(pixels, "pixels");
         check_host_bytes(coefficients, "coefficients");
         const int64_t* pixel_at = offsets_of(pixel_offsets, batch.items.size(), "pixel_offsets");
         const int64_t* coefficient_at = offsets_of(coefficient_offsets, batch.items.size(), "coefficient_offsets");
+        int64_t* counter = nullptr;
+        if (open_counter.has_value()) {
+          TORCH_CHECK(!open_counter->is_cuda() && open_counter->scalar_type() == at::kLong &&
+                          open_counter->numel() >= 1 && open_counter->is_contiguous(),
+                      "open_counter must be a contiguous int64 host tensor");
+          counter = open_counter->data_ptr<int64_t>();
+        }
         py::gil_scoped_release released;
-        return decoder.decode(batch, pixels.data_ptr<uint8_t>(), pixels.numel(), pixel_at,
-                              coefficients.data_ptr<uint8_t>(), coefficients.numel(), coefficient_at, split_jpegs);
+        std::vector<std::string> declined;
+        try {
+          declined = decoder.decode(batch, pixels.data_ptr<uint8_t>(), pixels.numel(), pixel_at,
+                                    coefficients.data_ptr<uint8_t>(), coefficients.numel(), coefficient_at,
+                                    split_jpegs);
+        } catch (...) {
+          if (counter != nullptr) open_host_counter(counter, open_ticket);
+          throw;
+        }
+        // Opened here, before the GIL is taken back: the thread waiting behind the gate may hold it.
+        if (counter != nullptr) open_host_counter(counter, open_ticket);
+        return declined;
       }, "Decode the pixel and coefficient items into the buffers at their offsets (-1: skip); per item why not "
          "(empty: written). split_jpegs: a batch of few coefficient items splits each one's entropy decode across "
-         "the threads (the same coefficients).", py::arg("batch"), py::arg("pixels"), py::arg("pixel_offsets"),
-           py::arg("coefficients"), py::arg("coefficient_offsets"), py::arg("split_jpegs") = true)
+         "the threads (the same coefficients). open_counter: a host gate's counter, raised to open_ticket once "
+         "the buffers are written (or the decode failed), without the GIL.", py::arg("batch"), py::arg("pixels"),
+           py::arg("pixel_offsets"), py::arg("coefficients"), py::arg("coefficient_offsets"),
+           py::arg("split_jpegs") = true, py::arg("open_counter") = py::none(), py::arg("open_ticket") = 0)
       .def("split_totals", [](const ImageBatchDecoder& decoder) {
         const ImageBatchDecoder::SplitTotals totals = decoder.split_totals();
         py::dict out;

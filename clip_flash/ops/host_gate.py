@@ -6,6 +6,9 @@
     ...                                    # queue copies from page-locked buffers the CPU is still writing
     gate.open(ticket)                      # once they are written (always, in a ``finally``)
 
+``gate.opener(ticket)`` is what native code opens it with (the batch decoder does, the moment its buffers are
+written, before taking the GIL back).
+
 Why: a lone request's image preparation and encoder cost the host about a millisecond of launches after the
 CPU has decoded the image (``benchmarks/results/h100/handoffs_c49810a``); queued behind a gate while the CPU
 still decodes, they leave the request's critical path, and the device starts the moment the gate opens.
@@ -13,12 +16,17 @@ still decodes, they leave the request's critical path, and the device starts the
 The wait is a one-thread kernel (``csrc/host_gate.cu``) polling a counter in page-locked host memory. Tickets
 only grow and the counter only rises, so a gate opened before its wait is queued lets it through at once, and
 opening a ticket opens every earlier one. A gate never opened lets its stream go after ``timeout`` seconds, so a
-host error cannot hold the device for good; whoever queued that work must then not use its results.
+host error cannot hold the device for good; ``timed_out(ticket)``, read once the work behind the wait has run,
+then says so, and whoever queued that work must not use its results.
+
+Open a gate from another thread than the one queuing work behind it, and without needing the GIL that thread may
+hold: while the gate is closed, a CUDA call that must wait for the device (loading a kernel on its first launch,
+under CUDA's lazy loading; freeing device memory) waits for the gate too, holding its thread (and the GIL).
 """
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -39,10 +47,10 @@ class HostGate:
         self.device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
         self.timeout = timeout
         self._extension = extension
-        self._counter = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        # [0]: the highest ticket opened; [1]: the highest whose wait timed out (written by the device).
+        self._counter = torch.zeros(2, dtype=torch.int64, pin_memory=True)
         self._lock = threading.Lock()
         self._issued = 0
-        self._opened = 0
 
     @classmethod
     def create(cls, device: Optional[torch.device], timeout: float = DEFAULT_TIMEOUT) -> Optional["HostGate"]:
@@ -68,8 +76,13 @@ class HostGate:
 
     def open(self, ticket: int) -> None:
         """Let through the waits for ``ticket`` and every earlier one; ordered after this thread's writes."""
-        with self._lock:
-            if ticket <= self._opened:
-                return
-            self._opened = ticket
-            self._extension.host_gate_open(self._counter, ticket)
+        self._extension.host_gate_open(self._counter, ticket)
+
+    def timed_out(self, ticket: int) -> bool:
+        """Whether the wait for ``ticket`` gave up before the gate opened (read after the work behind it has run,
+        e.g. after synchronizing with an event recorded behind it): its results are then not to be used."""
+        return int(self._counter[1]) >= ticket
+
+    def opener(self, ticket: int) -> Tuple[torch.Tensor, int]:
+        """``(counter, ticket)``: what native code opens ``ticket`` with (``NativeBatchDecoder.decode(opens=...)``)."""
+        return self._counter, ticket

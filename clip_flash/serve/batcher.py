@@ -286,13 +286,15 @@ class TowerBatcher:
 
     def _collect_early(self, batch: List[QueuedInputs], payloads: List[Any], started: float) -> None:
         """The CPU step of a batch alone in the pipeline, its device work queued by the launch thread behind the
-        gate meanwhile (from the moment the layout is known); the gate opens when the step returns, whatever
-        happened."""
+        gate meanwhile (from the moment the layout is known); the gate opens when the pixels are written (the
+        decoder opens it) and again when the step returns, whatever happened."""
         early = _EarlyLaunch(batch, len(payloads), self._gate.next_ticket())
 
-        def on_layout(layout: Any) -> None:
+        def on_layout(layout: Any) -> Any:
             early.layout = layout
             self._to_launch.put(early)  # empty: the batch is alone
+            # The decoder opens the gate itself, before taking the GIL back from the launching thread.
+            return self._gate.opener(early.ticket)
 
         host, error = None, None
         try:
@@ -348,7 +350,7 @@ class TowerBatcher:
         if self.metrics is not None:
             self.metrics.batch(self.tower, size, host_seconds)
         del host
-        self._to_answer.put((batch, size, None, results, rows, covered, done, prepared))
+        self._to_answer.put((batch, size, None, results, rows, covered, done, prepared, early.ticket))
 
     def _launch_batch(self, work: Tuple[List[QueuedInputs], int, Any, float]) -> None:
         """The device step, the encoder and the copy to the host for one batch; then to the answer stage."""
@@ -371,7 +373,7 @@ class TowerBatcher:
             results[position] = ItemError(reason)
         counts = host[1] if self.tower == "text" else None  # captions' token counts; the rest of host can go
         del host  # (an image batch's host step may hold a reused pixel arena)
-        self._to_answer.put((batch, size, counts, results, rows, covered, done, prepared))
+        self._to_answer.put((batch, size, counts, results, rows, covered, done, prepared, None))
 
     def _encode_groups(self, groups: List[Tuple[List[int], torch.Tensor]], size: int
                        ) -> Tuple[List[Optional[Result]], Optional[torch.Tensor], Any, List[List[int]]]:
@@ -398,13 +400,17 @@ class TowerBatcher:
         work = self._to_answer.get()
         if work is _STOP:
             return False
-        batch, size, counts, results, rows, covered, done, prepared = work
+        batch, size, counts, results, rows, covered, done, prepared, ticket = work
         try:
             if done is not None:
                 done.synchronize()
             both = rows.numpy() if rows is not None else np.zeros((2, size, 0), dtype=np.float32)
         except Exception as error:  # noqa: BLE001 - a device error surfacing here fails this batch's inputs
             self._fail(batch, size, f"encoding the {self.tower} batch failed: {describe_error(error)}")
+            return True
+        if ticket is not None and self._gate.timed_out(ticket):  # the device read the inputs before they were written
+            self._fail(batch, size, f"the {self.tower} batch ran before its inputs were decoded (the host gate timed "
+                                    "out); send it again")
             return True
         if self.metrics is not None:
             self.metrics.encoded(self.tower, time.perf_counter() - prepared)

@@ -4,6 +4,8 @@ bit for bit, whenever the decoded batch says it is the batch (``early_layout_is_
 photo corpus alone (as a server's lone request) and for the corpus as one batch."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -13,23 +15,31 @@ from photo_corpus import assert_same_as_reference
 
 
 def _early_and_usual(prep, gate, items):
-    """(decoded, early rows or None, usual prepared batch)."""
+    """(decoded, early rows or None, usual prepared batch, whether the gate timed out). As the server does it:
+    another thread queues the early work behind the gate, which the native decoder opens."""
     stream = torch.cuda.Stream()
     early = {}
 
-    def on_layout(layout):
+    def launch(layout, ticket):
         with torch.cuda.stream(stream):
-            gate.wait(early.setdefault("ticket", gate.next_ticket()))
+            gate.wait(ticket)
             early["rows"] = prep.prepare_layout(layout)
+
+    def on_layout(layout):
+        ticket = early["ticket"] = gate.next_ticket()
+        early["thread"] = threading.Thread(target=launch, args=(layout, ticket))
+        early["thread"].start()
+        return gate.opener(ticket)
 
     try:
         decoded = prep.decode(items, on_layout=on_layout)
     finally:
         if "ticket" in early:
             gate.open(early["ticket"])
+            early["thread"].join()
     usual = prep.prepare(decoded)
     torch.cuda.synchronize()
-    return decoded, early.get("rows"), usual
+    return decoded, early.get("rows"), usual, "ticket" in early and gate.timed_out(early["ticket"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16])
@@ -42,7 +52,8 @@ def test_early_rows_are_the_usual_rows_for_every_file_alone_and_for_the_batch(ph
         pytest.skip("the native decoder or the resize kernel is not available")
     early_files = 0
     for path in photo_files:
-        decoded, early, usual = _early_and_usual(prep, gate, [str(path)])
+        decoded, early, usual, timed_out = _early_and_usual(prep, gate, [str(path)])
+        assert not timed_out
         if decoded.early_layout_is_batch:
             early_files += 1
             assert early.indices == usual.indices and early.failures == [], path
@@ -50,13 +61,13 @@ def test_early_rows_are_the_usual_rows_for_every_file_alone_and_for_the_batch(ph
         assert_same_as_reference(usual, vit_b32_preprocess, [str(path)], dtype)
     jpegs = [path for path in photo_files if path.suffix == ".jpg" and "cmyk" not in path.name]
     assert early_files >= len(jpegs) // 2, (early_files, len(jpegs))
-    decoded, early, usual = _early_and_usual(prep, gate, [str(path) for path in photo_files])
+    decoded, early, usual, _ = _early_and_usual(prep, gate, [str(path) for path in photo_files])
     if decoded.early_layout_is_batch:  # not with the corpus's Pillow-only files (RGBA, CMYK, ...): usual rows
         assert torch.equal(early.pixels, usual.pixels)
     else:
         assert any(path.suffix in (".webp", ".bmp", ".tif") for path in photo_files)
     jpeg_batch = [str(path) for path in jpegs]
-    decoded, early, usual = _early_and_usual(prep, gate, jpeg_batch)
+    decoded, early, usual, _ = _early_and_usual(prep, gate, jpeg_batch)
     assert decoded.early_layout_is_batch
     assert early.indices == usual.indices and torch.equal(early.pixels, usual.pixels)
     assert_same_as_reference(usual, vit_b32_preprocess, jpeg_batch, dtype)

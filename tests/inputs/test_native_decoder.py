@@ -155,6 +155,28 @@ def test_a_truncated_file_is_never_decoded_natively():
     assert decoded == [None]
 
 
+def test_a_host_gate_handed_to_the_decode_is_opened_once_the_buffers_are_written():
+    """``opens``: the decoder raises the gate's counter to the ticket when it returns (never lowers it), so a thread
+    launching behind the gate need not give the GIL back for it to open."""
+    datas = _variants()[:3]
+    scanned = NATIVE.scan(datas, ScanMode.PIXELS)
+    info = scanned.info
+    sizes = info[:, HEIGHT] * info[:, WIDTH] * info[:, CHANNELS]
+    offsets = np.cumsum(sizes) - sizes
+    pixels = torch.zeros(int(sizes.sum()), dtype=torch.uint8)
+    counter = torch.tensor([3, 0], dtype=torch.int64)
+    NATIVE.decode(scanned, pixels, offsets, torch.zeros(16, dtype=torch.uint8), np.full(3, -1, dtype=np.int64),
+                  opens=(counter, 5))
+    assert counter.tolist() == [5, 0] and pixels.any()
+    NATIVE.decode(scanned, pixels, offsets, torch.zeros(16, dtype=torch.uint8), np.full(3, -1, dtype=np.int64),
+                  opens=(counter, 4))
+    assert counter.tolist() == [5, 0]
+    # A buffer too small for the pixels: the images are declined, and the gate opened all the same.
+    declined = NATIVE.decode(scanned, pixels[:10], offsets, torch.zeros(16, dtype=torch.uint8),
+                             np.full(3, -1, dtype=np.int64), opens=(counter, 9))
+    assert all(declined) and counter.tolist() == [9, 0]
+
+
 def test_coefficient_scan_takes_photos_and_sizes_them():
     """The GPU route's scan: coefficient sizes from the header alone; RGB-coded and CMYK files are not taken."""
     datas = _variants()

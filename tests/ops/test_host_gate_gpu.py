@@ -19,6 +19,10 @@ def _gate(timeout: float = 10.0) -> HostGate:
 
 
 def _queued_behind(gate: HostGate, ticket: int, x: torch.Tensor) -> torch.cuda.Event:
+    # Loaded before the gate closes: a kernel's first launch (CUDA's lazy loading) waits for the device, so the
+    # thread queuing behind a closed gate must not be the one to open it, as here.
+    x.add_(0)
+    torch.cuda.synchronize()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         gate.wait(ticket)
@@ -37,7 +41,7 @@ def test_work_behind_the_gate_waits_for_the_host_then_runs():
     assert not done.query()  # still held: the host has not opened it
     gate.open(ticket)
     done.synchronize()
-    assert x.item() == 1.0
+    assert x.item() == 1.0 and not gate.timed_out(ticket)
 
 
 def test_a_ticket_opened_before_its_wait_and_earlier_tickets_pass_at_once():
@@ -56,13 +60,18 @@ def test_a_gate_never_opened_lets_the_stream_go_after_its_timeout():
     gate = _gate(timeout=0.3)
     x = torch.zeros(1, device="cuda")
     started = time.perf_counter()
-    _queued_behind(gate, gate.next_ticket(), x).synchronize()
+    ticket = gate.next_ticket()
+    _queued_behind(gate, ticket, x).synchronize()
     assert 0.25 < time.perf_counter() - started < 5.0
-    assert x.item() == 1.0
+    assert x.item() == 1.0 and gate.timed_out(ticket)
+    opened = gate.next_ticket()
+    gate.open(opened)
+    _queued_behind(gate, opened, x).synchronize()
+    assert not gate.timed_out(opened)
 
 
 def test_a_counter_the_device_cannot_read_is_refused_with_the_reason():
     gate = _gate()
-    gate._counter = torch.zeros(1, dtype=torch.int64)  # pageable memory
+    gate._counter = torch.zeros(2, dtype=torch.int64)  # pageable memory
     with pytest.raises(RuntimeError, match="page-locked"):
         gate.wait(gate.next_ticket())

@@ -16,9 +16,10 @@ from clip_flash.serve.jobs import Embedded, EmbeddingJob, ItemError, QueuedInput
 
 
 class RecordingGate:
-    def __init__(self):
+    def __init__(self, times_out=False):
         self.events = []
         self.tickets = 0
+        self.times_out = times_out
 
     def next_ticket(self):
         self.tickets += 1
@@ -29,6 +30,12 @@ class RecordingGate:
 
     def open(self, ticket):
         self.events.append(("open", ticket, threading.current_thread().name))
+
+    def opener(self, ticket):
+        return ("counter", ticket)
+
+    def timed_out(self, ticket):
+        return self.times_out
 
 
 class Decoded:
@@ -55,7 +62,7 @@ class EarlyTower:
     def host(self, payloads, on_layout=None):
         if on_layout is not None:
             self.launched.clear()
-            on_layout(list(payloads))
+            assert on_layout(list(payloads))[0] == "counter"  # what the native decoder opens the gate with
             # The decode lasts until the launch thread has queued the device work (or gives up after 5 s).
             self.launched_while_decoding.append(self.launched.wait(5))
         if "raise" in payloads:
@@ -162,3 +169,10 @@ def test_early_launch_off_or_without_a_gate_takes_the_usual_way():
         jobs = _serve(batcher, lock, [[2]])
         assert jobs[0].results[0].raw.tolist() == [2.0, 1.0] and tower.usual == 1
         assert gate is None or gate.events == []
+
+
+def test_a_batch_whose_gate_timed_out_is_failed_not_answered_from_rows_read_too_soon():
+    lock, gate, tower = threading.Lock(), RecordingGate(times_out=True), EarlyTower(early_offset=100.0)
+    jobs = _serve(_batcher(tower, gate, lock), lock, [[1, 2]])
+    assert all(isinstance(result, ItemError) and "host gate timed out" in result.message
+               for result in jobs[0].results)

@@ -61,15 +61,17 @@ class NativeBatch:
 
     ``on_layout``, when given, is called with the batch's :class:`PackedPixels` once its page-locked buffers are
     allocated and before the native decoder writes them, where the whole batch goes through the kernel's layout
-    (every input read natively, none left to Pillow). A caller may queue the layout's device work behind a
-    gate it opens when :meth:`decode` returns; :attr:`DecodedImages.early_layout_is_batch` then says whether that
-    layout is the batch as decoded (False when a file was handed to Pillow after all: its rows differ)."""
+    (every input read natively, none left to Pillow). A caller may queue the layout's device work behind a host
+    gate (``clip_flash.ops.host_gate``) and return its ``opener``: the native decoder opens it the moment the
+    buffers are written, before taking the GIL back (a thread launching behind the gate may hold it).
+    :attr:`DecodedImages.early_layout_is_batch` then says whether that layout is the batch as decoded (False when
+    a file was handed to Pillow after all: its rows differ)."""
 
     def __init__(self, native: NativeBatchDecoder, mode: ScanMode, resize: ExactResize, options: DecodeOptions,
                  threads: Executor, exact_share: float = 0.0,
                  start_encoded: Optional[Callable[[List[DecodedItem]], Future]] = None,
                  exact_options: Optional[DecodeOptions] = None, split_jpegs: bool = True,
-                 on_layout: Optional[Callable[[PackedPixels], None]] = None) -> None:
+                 on_layout: Optional[Callable[[PackedPixels], Optional[Tuple[torch.Tensor, int]]]] = None) -> None:
         self.native = native
         self.mode = mode
         self.resize = resize
@@ -206,17 +208,17 @@ class NativeBatch:
         table_room = int(coefficient_bytes.sum())  # the JPEG kernels' table follows, to go up in the same copy
         coefficient_host = torch.empty(max(table_room + table_bytes(len(coefficients)), ALIGN), dtype=torch.uint8,
                                        pin_memory=self.resize.packs and torch.cuda.is_available())
-        early = None
+        early, opens = None, None
         if self.on_layout is not None and plan is not None and not python_items and (pixels or coefficients):
             # Everything the device step needs but the pixels and coefficients is known from the scan.
             early = PackedPixels(plan, host, [pairs[position][0] for position in pixels + coefficients],
                                  dct=self._dct_batch(scanned, plan, coefficients, coefficient_host,
                                                      coefficient_offsets, table_room, len(pixels)))
-            self.on_layout(early)
+            opens = self.on_layout(early)
         declined = [""] * count
         if pixels or coefficients:
             declined = self.native.decode(scanned, host, pixel_offsets, coefficient_host, coefficient_offsets,
-                                          split_jpegs=self.split_jpegs)
+                                          split_jpegs=self.split_jpegs, opens=opens)
         in_layout: Dict[int, PixelsInLayout] = {}
         for number, item in enumerate(joining):
             slot = plan.pixel_slot(host, len(pixels) + number)

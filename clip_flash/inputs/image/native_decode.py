@@ -162,16 +162,21 @@ class NativeBatchDecoder:
         return ScannedBatch(handle, handle.info().numpy(), handle.layouts().numpy(), handle.notes())
 
     def decode(self, batch: ScannedBatch, pixels: torch.Tensor, pixel_offsets: np.ndarray,
-               coefficients: torch.Tensor, coefficient_offsets: np.ndarray, split_jpegs: bool = True) -> List[str]:
+               coefficients: torch.Tensor, coefficient_offsets: np.ndarray, split_jpegs: bool = True,
+               opens: Optional[Tuple[torch.Tensor, int]] = None) -> List[str]:
         """Decode the batch's pixel and coefficient items at their offsets (-1: skip); per item why not.
 
         ``split_jpegs``: where the batch holds at most ``split_at_most(threads)`` coefficient JPEGs (a single
         request), each one's entropy decode is split across the threads in turn
         (``csrc/jpeg_entropy_split.h``): the same coefficients, sooner; JPEGs it does not handle (restart markers,
-        progressive, damaged) are decoded by libjpeg as in a larger batch."""
+        progressive, damaged) are decoded by libjpeg as in a larger batch.
+
+        ``opens``: a host gate's ``(counter, ticket)`` (``HostGate.opener``), opened once the buffers are written
+        (or the decode failed), before this call takes the GIL back."""
+        counter, ticket = opens if opens is not None else (None, 0)
         return self._native().decode(batch.handle, pixels, torch.from_numpy(np.ascontiguousarray(pixel_offsets)),
                                      coefficients, torch.from_numpy(np.ascontiguousarray(coefficient_offsets)),
-                                     split_jpegs)
+                                     split_jpegs, counter, ticket)
 
     def split_totals(self) -> Dict[str, Any]:
         """Since this process's decoder was made: ``split`` (JPEGs whose entropy decode was split), ``declined``

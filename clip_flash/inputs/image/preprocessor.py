@@ -229,15 +229,17 @@ class ImagePreprocessor:
 
     # ----- the two steps ------------------------------------------------------------------
     def decode(self, items: Sequence[ImageInput],
-               on_layout: Optional[Callable[[PackedPixels], None]] = None) -> DecodedImages:
+               on_layout: Optional[Callable[[PackedPixels], Optional[Tuple[torch.Tensor, int]]]] = None
+               ) -> DecodedImages:
         """The CPU step: read and decode every input (one native call for the batch's files and bytes; Python
         threads for what Pillow prepares its own way). Never raises for a bad input.
 
         ``on_layout`` (the exact path on a GPU, with the native decoder): called from this call, once the
         batch's layout is planned and before the native decoder writes its page-locked buffers, with that
-        layout, where every input goes through it; :meth:`prepare_layout` of it, queued behind a gate the
-        caller opens when this call returns, computes the batch's rows while the CPU still decodes.
-        ``early_layout_is_batch`` of the result says whether they are the batch's (else use :meth:`prepare`).
+        layout, where every input goes through it; :meth:`prepare_layout` of it, queued (by another thread)
+        behind a host gate whose ``opener`` ``on_layout`` returns, computes the batch's rows while the CPU still
+        decodes: the native decoder opens the gate the moment the buffers are written. ``early_layout_is_batch``
+        of the result says whether those rows are the batch's (else use :meth:`prepare`).
 
         With ``decode="gpu"`` it reads the JPEGs and their headers and, where nvJPEG's hardware decoder runs
         (see :mod:`.nvjpeg_packed`), decodes the baseline colour ones straight into the resize kernel's
