@@ -11,9 +11,12 @@ every second and at exit. A diagnostic: each stamp costs the wrapped call a few 
 Labels, in a request's order (``handoff_trace.py`` orders them by their median offset from ``arrive``):
 ``arrive``/``body_read`` (the route reads the body), ``submit``/``fe_flush`` (a frontend queues the request and
 sends its frame), ``eng_frame`` (the engine process handles the frame), ``put`` (queued in the tower's batcher),
-``taken`` (the collector closed a batch), ``host0``/``host1`` (the CPU step), ``to_launch.put``/``launch.got``
-(the hand-off to the launch thread, absent when the collector launches a lone batch), ``dev0``/``dev1`` (the
-device step), ``encoded`` (the encoder's launches returned), ``to_answer.put``/``answer.got`` (to the answer
+``taken`` (the collector closed a batch), ``host0``/``host1`` (the CPU step; inside it ``decode0``/``decode1``, the
+native decode), ``to_launch.put``/``launch.got`` (the hand-off to the launch thread, absent when the collector
+launches a lone batch), ``dev0``/``dev1`` (the device step), with an early launch (``--no-early-launch`` off)
+``early_dev0``/``early_dev1`` (its device step, queued behind the gate while the CPU decodes) and
+``outcome.put``/``outcome.got`` (the CPU step's outcome handed to the launch thread), ``encoded`` (the encoder's
+launches returned), ``to_answer.put``/``answer.got`` (to the answer
 thread), ``deliver`` (the results are on the host), ``eng_deliver``/``eng_deliver_done``/``outbox_flush`` (packed
 for and written to the frontend), ``fe_results`` (the frontend read them), ``respond``/``response_made`` (the
 route builds the response).
@@ -127,10 +130,21 @@ if TRACE_DIR:
             stamp_queue(self._to_answer, "to_answer.put", "answer.got")
 
         module.TowerBatcher.__init__ = traced_init
+        early_init = module._EarlyLaunch.__init__
+
+        def traced_early_init(self, *args, **kwargs):
+            early_init(self, *args, **kwargs)
+            stamp_queue(self.outcome, "outcome.put", "outcome.got")
+
+        module._EarlyLaunch.__init__ = traced_early_init
 
     def trace_inputs(module):
         stamp_around(module.FastImageInputs, "host", "host0", "host1")
         stamp_around(module.FastImageInputs, "device", "dev0", "dev1")
+        stamp_around(module.FastImageInputs, "device_early", "early_dev0", "early_dev1")
+
+    def trace_native_decode(module):
+        stamp_around(module.NativeBatchDecoder, "decode", "decode0", "decode1")
 
     TRACED_MODULES = {
         "clip_flash.serve.app": trace_app,
@@ -139,6 +153,7 @@ if TRACE_DIR:
         "clip_flash.serve.wire": trace_wire,
         "clip_flash.serve.batcher": trace_batcher,
         "clip_flash.serve.inputs": trace_inputs,
+        "clip_flash.inputs.image.native_decode": trace_native_decode,
     }
 
     class TracingFinder(importlib.abc.MetaPathFinder):
