@@ -29,9 +29,10 @@ launches to it. On the CPU the device step is the computation itself, so it stay
 
 Early launch (images on a GPU, exact path): for a batch alone in the pipeline, the launch thread queues the
 device step, the encoder and the copy back while the collector still decodes, behind a gate
-(``clip_flash.ops.host_gate``) that the collector opens when the decode returns; the device then starts at once
-instead of after about a millisecond of launches. If the decode handed a file to Pillow after all (its rows are
-not the layout's), the early work is dropped and the batch goes the usual way.
+(``clip_flash.ops.host_gate``) that the native decoder opens the moment the pixels are written: the launches
+overlap the decode instead of following it. If the decode handed a file to Pillow after all (its rows are not the
+layout's), the early work is dropped and the batch goes the usual way; if the gate's wait timed out, the batch
+fails rather than answer from inputs read too soon.
 
 A failure in any step fails only the batch's items concerned, as per-item errors; out of device memory retries
 the batch in halves (``encode_in_pieces``). Nothing here can stop the threads but ``close()``.
