@@ -10,8 +10,9 @@
 written, before taking the GIL back).
 
 Why: a lone request's image preparation and encoder cost the host about a millisecond of launches after the
-CPU has decoded the image (``benchmarks/results/h100/handoffs_c49810a``); queued behind a gate while the CPU
-still decodes, they leave the request's critical path, and the device starts the moment the gate opens.
+CPU has decoded the image (``benchmarks/results/h100/handoffs_c49810a``); queued behind a gate while the CPU still
+decodes, they overlap the decode instead of following it (the server's median at 50 one-JPEG requests/s on an H200:
+4.50 -> 4.36 ms, ``benchmarks/results/h200/early_launch_2aeb8b5``; the launches there outlast the decode).
 
 The wait is a one-thread kernel (``csrc/host_gate.cu``) polling a counter in page-locked host memory. Tickets
 only grow and the counter only rises, so a gate opened before its wait is queued lets it through at once, and
