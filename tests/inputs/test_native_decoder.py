@@ -249,6 +249,44 @@ def test_coefficient_route_bookkeeping_on_the_cpu(vit_b32_preprocess, photo_file
     assert_same_as_reference(prepared, vit_b32_preprocess, items)
 
 
+def test_the_layout_handed_out_before_the_decode_is_the_batch_unless_a_file_leaves_it(vit_b32_preprocess, photo_files,
+                                                                                    tmp_path,
+                                                                                    preparers_decode_natively):
+    """``on_layout`` (the server's early launch), the GPU layout's bookkeeping on the CPU: the layout handed out
+    before the decode is the decoded batch's own (same object, same JPEG table as a decode without the hook) when
+    every file decodes natively; not when one is declined mid-decode (a truncated JPEG) or is Pillow's (RGBA); no
+    layout at all when a file is Pillow's from the scan on."""
+    import clip_flash
+    from clip_flash.inputs.image.native_batch import NativeBatch
+
+    jpegs = [str(path) for path in photo_files if path.suffix == ".jpg"]
+    kinds = NATIVE.scan(jpegs, ScanMode.COEFFICIENTS).info[:, KIND]
+    jpegs = [path for path, kind in zip(jpegs, kinds) if kind == DecodeKind.COEFFICIENTS][:6]
+    pngs = [str(path) for path in photo_files if path.name == "png_rgb.png"]
+    rgba = [str(path) for path in photo_files if path.name == "png_rgba.png"]
+    whole = open(jpegs[0], "rb").read()
+    truncated = tmp_path / "truncated.jpg"
+    truncated.write_bytes(whole[: len(whole) * 2 // 3])
+    with clip_flash.ImagePreprocessor(vit_b32_preprocess, device="cpu", dtype=torch.float32, workers=2) as prep:
+        prep.resize.implementation = "kernel"  # as on a GPU with the extension built
+
+        def decode(items, on_layout=None):
+            return NativeBatch(prep._native_decoder(), ScanMode.COEFFICIENTS, prep.resize, prep.options,
+                               prep._python_threads(), on_layout=on_layout).decode(items)
+
+        for items, is_batch in (([jpegs[0]], True), (jpegs + pngs, True), (jpegs[:2] + [str(truncated)], False),
+                                (jpegs[:2] + rgba, None)):
+            handed = []
+            decoded = decode(items, on_layout=lambda layout: handed.append(layout))
+            plain = decode(items)
+            assert len(handed) == (0 if is_batch is None else 1), items
+            assert decoded.early_layout_is_batch is bool(is_batch)
+            if is_batch:
+                assert decoded.packed is handed[0] and handed[0].indices == plain.packed.indices
+                assert np.array_equal(handed[0].dct.table, plain.packed.dct.table)
+            assert decoded.indices == plain.indices and decoded.failures == plain.failures
+
+
 # -- PNG --------------------------------------------------------------------------------------------------------
 def _chunk(kind: bytes, data: bytes, crc_delta: int = 0) -> bytes:
     return (struct.pack(">I", len(data)) + kind + data

@@ -390,7 +390,7 @@ def test_a_batch_failing_after_its_encode_fails_its_inputs_and_the_queue_goes_on
     from clip_flash.serve import batcher as batcher_module
 
     calls = []
-    to_host = batcher_module._to_host
+    to_host = batcher_module.to_host
 
     def failing_once(features, copy_stream):
         calls.append(features.shape)
@@ -398,7 +398,7 @@ def test_a_batch_failing_after_its_encode_fails_its_inputs_and_the_queue_goes_on
             raise RuntimeError("out of pinned memory (simulated)")
         return to_host(features, copy_stream)
 
-    monkeypatch.setattr(batcher_module, "_to_host", failing_once)
+    monkeypatch.setattr(batcher_module, "to_host", failing_once)
     lock = threading.Lock()
     batcher = TowerBatcher("image", FakeTower(), lambda x: x, max_batch=4, max_wait=0.01, lock=lock,
                            on_dequeue=lambda count: None, max_in_flight=1)

@@ -145,7 +145,7 @@ class NativeBatch:
         decoded.sort(key=lambda item: item.index)
         failures.sort()
         result = DecodedImages(len(items), decoded, failures, packed)
-        result.early_layout_is_batch = early is not None and packed is early and not python_items and not encoded
+        result.early_layout_is_batch = early is not None and packed is early and not encoded
         return result
 
     def _python(self, pairs: List[Tuple[int, Any]], failures: List[Tuple[int, str]]) -> List[DecodedItem]:
@@ -254,14 +254,15 @@ class NativeBatch:
             keep.append(first_dct + number)
             items.append(DctCoefficients(index, (int(info[position, HEIGHT]), int(info[position, WIDTH])),
                                          int(info[position, CHANNELS]), _scan_notes(scanned, position)))
+        if early is not None and not retry:
+            # Nothing declined (and nothing joined: no Pillow items at the hook): the layout handed out early, whose
+            # table came from the same scan, is the batch.
+            return items, python_items, early, retry, early
         dct = self._dct_batch(scanned, plan, coefficients, coefficient_host, coefficient_offsets, table_room,
                               first_dct)
         indices = ([pairs[position][0] for position in pixels] + [item.index for item in joining]
                    + [pairs[position][0] for position in coefficients])
         kept = None if len(keep) == len(indices) else keep
-        if early is not None and kept is None and not retry and indices == early.indices and (
-                dct is None or np.array_equal(dct.table, early.dct.table)):
-            return items, python_items, early, retry, early  # the layout handed out early is the batch
         return items, python_items, PackedPixels(plan, host, indices, dct=dct, keep=kept), retry, early
 
     @staticmethod
