@@ -144,6 +144,24 @@ def host_step_times(request: Callable[[], torch.Tensor], requests: int = 300) ->
     return {label: statistics.median(values) * 1e3 for label, values in seconds.items()}
 
 
+def write_python_profile(path: Path, request: Callable[[], torch.Tensor], requests: int = 300) -> None:
+    """``requests`` calls of ``request`` under cProfile: the host's time by Python function and by each call into
+    torch's C++ (its own time, then cumulative), which the wrapped-call table above is too coarse to split."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(requests):
+        request()
+    profiler.disable()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        out.write(f"{requests} requests\n")
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(60)
+
+
 def write_profile(folder: Path, request: Callable[[], torch.Tensor], requests: int = 100) -> None:
     """``requests`` calls of ``request`` under torch.profiler (CPU and CUDA): where a single request's time goes,
     host side and device side, as two tables and a Chrome trace."""
@@ -196,6 +214,8 @@ def main() -> int:
                         "requests (the preparer's and the encoder's steps, p50), in a third table")
     parser.add_argument("--profile", type=Path, help="also run 100 clip_flash requests under torch.profiler and "
                         "write its tables (by CPU and by device time) and a Chrome trace into this folder")
+    parser.add_argument("--python-profile", type=Path, help="also run 300 clip_flash requests under cProfile and "
+                        "write its tables (by own and by cumulative time) into this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: needs a CUDA GPU (GraphedEncoder)")
@@ -249,6 +269,8 @@ def main() -> int:
         host_steps = host_step_times(fast_request) if args.host_steps else {}
         if args.profile:
             write_profile(args.profile, fast_request)
+        if args.python_profile:
+            write_python_profile(args.python_profile, fast_request)
         embeddings_ok, check = embedding_check(stock_embedding, fast_embedding, stock_request(), fast_request())
         check["split_vs_one_thread_max_abs"] = (fast_embedding - one_thread_embedding).abs().max().item()
         embeddings_ok = embeddings_ok and check["split_vs_one_thread_max_abs"] == 0.0
