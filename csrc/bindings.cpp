@@ -209,6 +209,13 @@ std::tuple<std::vector<int64_t>, std::string> nvjpeg_hw_decode(const std::vector
 std::string jpeg_dct_to_pixels(const at::Tensor& coefficients, const at::Tensor& table, const at::Tensor& planes,
                                const at::Tensor& pixels, int64_t max_blocks, int64_t max_pixels);
 
+// Defined in packed_rows_binding.cpp.
+at::Tensor packed_rows(const at::Tensor& host, int64_t images, int64_t total_bytes, int64_t pixels_at,
+                       int64_t tables_at, int64_t tables_bytes, const at::Tensor& pixels, const std::vector<int64_t>& segments,
+                       const std::vector<at::Tensor>& sources, int64_t coefficient_bytes, int64_t table_at,
+                       const at::Tensor& table, int64_t plane_bytes, int64_t max_blocks, int64_t max_pixels,
+                       const at::Tensor& lut, int64_t out_h, int64_t out_w, int64_t upload_stream);
+
 // Defined in host_gate_binding.cpp.
 std::string host_gate_wait(const at::Tensor& counter, int64_t ticket, int64_t timeout_ns, int64_t device_index);
 void host_gate_open(const at::Tensor& counter, int64_t ticket);
@@ -267,6 +274,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "bit for bit, for the images a table describes; returns why it could not (empty: queued).",
              py::arg("coefficients"), py::arg("table"), py::arg("planes"), py::arg("pixels"), py::arg("max_blocks"),
              py::arg("max_pixels"), NO_GIL);
+  module.def("packed_rows", &clip_flash::packed_rows, "A packed batch's device step in one call: the layout's start "
+             "and pixel runs and the JPEGs' coefficients up from page-locked memory (on upload_stream, 0: the "
+             "current stream), the JPEG kernels, the resize; returns the rows, queued on the current stream.",
+             py::arg("host"), py::arg("images"), py::arg("total_bytes"), py::arg("pixels_at"), py::arg("tables_at"), py::arg("tables_bytes"),
+             py::arg("pixels"), py::arg("segments"), py::arg("sources"), py::arg("coefficient_bytes"),
+             py::arg("table_at"), py::arg("table"), py::arg("plane_bytes"), py::arg("max_blocks"),
+             py::arg("max_pixels"), py::arg("lut"), py::arg("out_h"), py::arg("out_w"), py::arg("upload_stream"),
+             NO_GIL);
   module.def("host_gate_wait", &clip_flash::host_gate_wait, "Queue on the device's current stream a wait until "
              "counter[0] (int64, page-locked host memory) reaches ticket, or timeout_ns passed; returns why it could "
              "not (empty: queued).", py::arg("counter"), py::arg("ticket"), py::arg("timeout_ns"), py::arg("device_index"));

@@ -207,7 +207,7 @@ def kernel_usable(spec: ImageTransformSpec, device: Device) -> bool:
 def resample_packed(
     buffer: torch.Tensor, plan: BatchPlan, device: Device, dtype: torch.dtype = torch.float32,
     segments: Optional[Sequence[Tuple[int, int, int]]] = None,
-    fill: Optional["DeviceFill"] = None,
+    fill: Optional["DeviceFill"] = None, upload_on_current_stream: bool = False,
 ) -> torch.Tensor:
     """Run the kernel on a host buffer laid out by ``plan`` (pixels written); one upload, one launch.
 
@@ -222,7 +222,11 @@ def resample_packed(
 
     The upload from host memory is asynchronous, on a side stream that the current stream then waits for:
     write into ``buffer`` again only after the current stream has passed this call (an event or a
-    synchronize), e.g. when cycling through two pinned buffers.
+    synchronize), e.g. when cycling through two pinned buffers. ``upload_on_current_stream``: on the current
+    stream instead, behind what it holds (a caller's gate: the copies then wait for it).
+
+    From a host buffer to a CUDA device, with ``fill`` None or a ``DctBatch``, the copies and launches are one
+    call into the extension (``packed_rows``): the same work without some forty Python-level calls of host time.
     """
     if dtype not in OUTPUT_DTYPES:
         raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
@@ -232,12 +236,15 @@ def resample_packed(
         raise RuntimeError("clip_flash._C is not available; use resample_batch, which falls back to the CPU")
     n = len(plan.shapes)
     target_h, target_w = plan.spec.size
-    out = torch.empty((n, 3, target_h, target_w), dtype=dtype, device=device)
     if n == 0:
-        return out
+        return torch.empty((n, 3, target_h, target_w), dtype=dtype, device=device)
     if n > MAX_IMAGES_PER_LAUNCH:
         raise ValueError(f"at most {MAX_IMAGES_PER_LAUNCH} images per launch, got {n}")
-    if buffer.device.type == "cpu" and device.type == "cuda":
+    from_host = buffer.device.type == "cpu" and device.type == "cuda"
+    if from_host and (fill is None or hasattr(fill, "native_arguments")):
+        return _packed_rows(extension, buffer, plan, device, dtype, segments, fill, upload_on_current_stream)
+    out = torch.empty((n, 3, target_h, target_w), dtype=dtype, device=device)
+    if from_host and not upload_on_current_stream:
         # The upload runs on its own stream, so that it overlaps the encoder still running on the caller's
         # stream (the batch before); the buffer is allocated there and handed over with record_stream.
         caller, upload = torch.cuda.current_stream(device), upload_stream(device)
@@ -256,6 +263,28 @@ def resample_packed(
         finish(pixels)
     extension.image_resample(pixels, meta, tables, _value_table(plan.spec, dtype, device), out)
     return out
+
+
+_NO_BYTES = torch.empty(0, dtype=torch.uint8)
+_NO_TABLE = torch.empty((0, 0), dtype=torch.int64)
+
+
+def _packed_rows(extension, buffer: torch.Tensor, plan: BatchPlan, device: torch.device, dtype: torch.dtype,
+                 segments: Optional[Sequence[Tuple[int, int, int]]], fill: Optional["DeviceFill"],
+                 on_current_stream: bool) -> torch.Tensor:
+    """``resample_packed``'s copies and launches as one extension call (same streams, same kernels)."""
+    if segments is None:  # the buffer is the layout's start: its head and the first images' pixels
+        host, pixels, runs = buffer, _NO_BYTES, []
+    else:
+        host, pixels, runs = plan.allocate_head(pin=True), buffer, [value for run in segments for value in run]
+    sources, coefficient_bytes, table_at, table, plane_bytes, max_blocks, max_pixels = (
+        fill.native_arguments() if fill is not None else ([], 0, -1, _NO_TABLE, 0, 0, 0))
+    height, width = plan.spec.size
+    return extension.packed_rows(
+        host, len(plan.shapes), plan.total_bytes, plan.pixels_at, plan.tables_at, plan.tables.nbytes, pixels, runs,
+        sources, coefficient_bytes, table_at, table, plane_bytes, max_blocks, max_pixels,
+        _value_table(plan.spec, dtype, device), height, width,
+        0 if on_current_stream else upload_stream(device).cuda_stream)
 
 
 class DeviceFill(Protocol):

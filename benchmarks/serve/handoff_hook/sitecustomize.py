@@ -11,12 +11,13 @@ every second and at exit. A diagnostic: each stamp costs the wrapped call a few 
 Labels, in a request's order (``handoff_trace.py`` orders them by their median offset from ``arrive``):
 ``arrive``/``body_read`` (the route reads the body), ``submit``/``fe_flush`` (a frontend queues the request and
 sends its frame), ``eng_frame`` (the engine process handles the frame), ``put`` (queued in the tower's batcher),
-``taken`` (the collector closed a batch), ``host0``/``host1`` (the CPU step; inside it ``decode0``/``decode1``, the
-native decode), ``to_launch.put``/``launch.got`` (the hand-off to the launch thread, absent when the collector
+``taken`` (the collector closed a batch), ``host0``/``host1`` (the CPU step; inside it ``scan0``/``scan1``, the
+native scan, ``plan0``/``plan1`` and ``dct_plan0``/``dct_plan1``, the resize layout's and the JPEG kernels' plans,
+and ``decode0``/``decode1``, the native decode), ``to_launch.put``/``launch.got`` (the hand-off to the launch thread, absent when the collector
 launches a lone batch), ``dev0``/``dev1`` (the device step), with an early launch (``--no-early-launch`` off)
 ``early_dev0``/``early_dev1`` (its device step, queued behind the gate while the CPU decodes) and
-``outcome.put``/``outcome.got`` (the CPU step's outcome handed to the launch thread), ``encoded`` (the encoder's
-launches returned), ``to_answer.put``/``answer.got`` (to the answer
+``outcome.put``/``outcome.got`` (the CPU step's outcome handed to the launch thread), ``graph0``/``graph1`` (the
+CUDA graph's replay call), ``encoded`` (the encoder's launches returned), ``to_answer.put``/``answer.got`` (to the answer
 thread), ``deliver`` (the results are on the host), ``eng_deliver``/``eng_deliver_done``/``outbox_flush`` (packed
 for and written to the frontend), ``fe_results`` (the frontend read them), ``respond``/``response_made`` (the
 route builds the response).
@@ -145,6 +146,14 @@ if TRACE_DIR:
 
     def trace_native_decode(module):
         stamp_around(module.NativeBatchDecoder, "decode", "decode0", "decode1")
+        stamp_around(module.NativeBatchDecoder, "scan", "scan0", "scan1")
+
+    def trace_native_batch(module):
+        stamp_around(module, "plan_batch", "plan0", "plan1")
+        stamp_around(module, "plan_dct_batch", "dct_plan0", "dct_plan1")
+
+    def trace_capture(module):
+        stamp_around(module.torch.cuda.CUDAGraph, "replay", "graph0", "graph1")
 
     TRACED_MODULES = {
         "clip_flash.serve.app": trace_app,
@@ -154,6 +163,8 @@ if TRACE_DIR:
         "clip_flash.serve.batcher": trace_batcher,
         "clip_flash.serve.inputs": trace_inputs,
         "clip_flash.inputs.image.native_decode": trace_native_decode,
+        "clip_flash.inputs.image.native_batch": trace_native_batch,
+        "clip_flash.graphs.capture": trace_capture,
     }
 
     class TracingFinder(importlib.abc.MetaPathFinder):

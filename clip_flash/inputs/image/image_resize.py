@@ -101,10 +101,10 @@ class ExactResize:
 
     def run_packed(self, plan: BatchPlan, buffer: torch.Tensor,
                    segments: Optional[Sequence[Tuple[int, int, int]]] = None,
-                   fill: Optional[DeviceFill] = None) -> torch.Tensor:
+                   fill: Optional[DeviceFill] = None, upload_on_current_stream: bool = False) -> torch.Tensor:
         """The kernel on a packed buffer: one upload (asynchronous from page-locked memory; with
         ``segments``, one copy per run of pixels, see ``resample_packed``), ``fill``, one launch."""
-        return resample_packed(buffer, plan, self.device, self.dtype, segments, fill)
+        return resample_packed(buffer, plan, self.device, self.dtype, segments, fill, upload_on_current_stream)
 
     def pack_on_device(self, images: Sequence[torch.Tensor]) -> Tuple[BatchPlan, torch.Tensor]:
         """The packed layout built on the GPU, for pixels already there (nvJPEG's): no round trip."""

@@ -58,18 +58,14 @@ class DctBatch:
         launch: called on the stream that is to run the kernels (after it waited for this one), with the packed
         layout's pixel area on the device, it queues them there. Split so that a caller that uploads more
         (``resample_packed``) switches streams once for all its copies."""
-        if self.table_room is not None:
-            # Into the page-locked source before its copy is queued: the copy may start reading at once.
-            last = self.sources[-1]
-            last.numpy()[self.table_room:self.table_room + self.table.nbytes] = self.table.reshape(-1).view(np.uint8)
+        table_at = self._table_into_room()
         coefficients = torch.empty(self.coefficient_bytes, dtype=torch.uint8, device=device)
         at = 0
         for source in self.sources:
             # From the page-locked arena: asynchronous (an item's own tensor, rare, is copied in step).
             coefficients[at:at + source.numel()].copy_(source, non_blocking=source.is_pinned())
             at += _aligned(source.numel())
-        if self.table_room is not None:
-            table_at = self.coefficient_bytes - _aligned(self.sources[-1].numel()) + self.table_room
+        if table_at >= 0:
             table = coefficients[table_at:table_at + self.table.nbytes].view(torch.int64).view(self.table.shape)
         else:
             staged = torch.from_numpy(self.table)
@@ -88,6 +84,22 @@ class DctBatch:
                 raise RuntimeError(f"clip_flash's JPEG kernels refused the batch: {failure}")
 
         return launch
+
+    def native_arguments(self) -> Tuple[List[torch.Tensor], int, int, torch.Tensor, int, int, int]:
+        """What the extension's ``packed_rows`` takes for these JPEGs (``upload`` and its launch in one call):
+        (sources, coefficient bytes, the table's byte offset in the uploaded coefficients or -1, the table as a
+        host tensor, plane bytes, max blocks, max pixels). Writes the table into its room first, as ``upload``."""
+        return (self.sources, self.coefficient_bytes, self._table_into_room(), torch.from_numpy(self.table),
+                self.plane_bytes, self.max_blocks, self.max_pixels)
+
+    def _table_into_room(self) -> int:
+        """Write the table into the last source's room (page-locked, before its copy is queued: the copy may start
+        reading at once); its byte offset in the uploaded coefficients, or -1 where it goes up on its own."""
+        if self.table_room is None:
+            return -1
+        last = self.sources[-1]
+        last.numpy()[self.table_room:self.table_room + self.table.nbytes] = self.table.reshape(-1).view(np.uint8)
+        return self.coefficient_bytes - _aligned(last.numel()) + self.table_room
 
     def decode(self, pixels: torch.Tensor) -> None:
         """Queue the kernels on the current stream; the pixels land at their offsets in ``pixels`` (the packed

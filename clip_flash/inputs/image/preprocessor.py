@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...ops.image_resample import upload_stream
 from .image_batches import DecodedImages, PackedPixels, PreparedImages, RowsOnDevice
 from .decoder_check import decoder_agreement
 from .gpu_jpeg import CHROMA, decode_jpegs_on_gpu
@@ -372,8 +371,8 @@ class ImagePreprocessor:
         """The device step of a layout :meth:`decode` handed to ``on_layout``, queued before its buffers are
         written: its uploads first wait for the work queued on the current stream so far (the caller's gate), then
         the rows are computed as :meth:`prepare` computes them. Its failures are the decoded batch's."""
-        upload_stream(self.device).wait_stream(torch.cuda.current_stream(self.device))
-        pixels, indices = self._assemble(self._layout_rows(DecodedImages(0, [], [], layout)))
+        pixels, indices = self._assemble(self._layout_rows(DecodedImages(0, [], [], layout),
+                                                           upload_on_current_stream=True))
         return PreparedImages(pixels, indices, [])
 
     def __call__(self, items: Sequence[ImageInput]) -> PreparedImages:
@@ -381,13 +380,16 @@ class ImagePreprocessor:
         return self.prepare(self.decode(items))
 
     # ----- helpers ------------------------------------------------------------------------
-    def _layout_rows(self, decoded: DecodedImages) -> List[Tuple[List[int], torch.Tensor]]:
+    def _layout_rows(self, decoded: DecodedImages, upload_on_current_stream: bool = False
+                     ) -> List[Tuple[List[int], torch.Tensor]]:
         """The rows of what lies in the kernel's layouts (``packed``: the native decoder's; ``on_gpu``: the
-        hardware decoder's), one resize launch each, on the current stream."""
+        hardware decoder's), one resize launch each, on the current stream (the packed layout's copies too with
+        ``upload_on_current_stream``, behind what the stream holds)."""
         groups: List[Tuple[List[int], torch.Tensor]] = []
         if decoded.packed is not None:
             packed = decoded.packed
-            rows = self.resize.run_packed(packed.plan, packed.buffer, packed.segments, packed.dct)
+            rows = self.resize.run_packed(packed.plan, packed.buffer, packed.segments, packed.dct,
+                                          upload_on_current_stream)
             indices = packed.indices
             if packed.keep is not None:  # images the native decoder handed to Pillow after all: not these rows
                 rows = rows.index_select(0, _index_tensor(packed.keep, rows.device))
