@@ -241,7 +241,7 @@ def resample_packed(
     if n > MAX_IMAGES_PER_LAUNCH:
         raise ValueError(f"at most {MAX_IMAGES_PER_LAUNCH} images per launch, got {n}")
     from_host = buffer.device.type == "cpu" and device.type == "cuda"
-    if from_host and (fill is None or hasattr(fill, "native_arguments")):
+    if from_host and hasattr(extension, "packed_rows") and (fill is None or hasattr(fill, "native_arguments")):
         return _packed_rows(extension, buffer, plan, device, dtype, segments, fill, upload_on_current_stream)
     out = torch.empty((n, 3, target_h, target_w), dtype=dtype, device=device)
     if from_host and not upload_on_current_stream:
