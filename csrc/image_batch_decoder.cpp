@@ -494,7 +494,7 @@ std::shared_ptr<ScannedBatch> ImageBatchDecoder::scan(std::vector<DecodeSource> 
 std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,
                                                    const int64_t* pixel_offsets, uint8_t* coefficients,
                                                    int64_t coefficient_capacity, const int64_t* coefficient_offsets,
-                                                   bool split_jpegs, int spare_threads) {
+                                                   bool split_jpegs) {
   const size_t count = batch.items.size();
   std::vector<std::string> failures(count);
   const libjpeg::Library& library = libjpeg::open_library(library_path_);
@@ -524,8 +524,7 @@ std::vector<std::string> ImageBatchDecoder::decode(const ScannedBatch& batch, ui
       Decompression decompression(library);
       declined = decompression.split_coefficients(item.data(), header_of(item), item.layout,
                                                   coefficients + coefficient_offsets[i],
-                                                  coefficient_capacity - coefficient_offsets[i],
-                                                  std::max(1, pool_.threads() - std::max(0, spare_threads)),
+                                                  coefficient_capacity - coefficient_offsets[i], pool_.threads(),
                                                   parallel_for, &counts);
     } catch (const std::exception& error) {
       declined = error.what();

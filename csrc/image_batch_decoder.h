@@ -126,12 +126,10 @@ class ImageBatchDecoder {
   // returns per item why it could not (empty: written), the item then being left to Pillow. With `split_jpegs`,
   // a batch of at most split_at_most(threads()) coefficient items (a single request) has each one's entropy
   // decode split across the pool in turn (jpeg_entropy_split.h: the same coefficients, sooner); what that
-  // declines is decoded by libjpeg as the others are. A split leaves `spare_threads` of the pool's threads idle:
-  // cores for a thread queuing the batch's device work meanwhile (the server's early launch), which otherwise
-  // waits for a time slice behind the pool's busy threads until the decode ends.
+  // declines is decoded by libjpeg as the others are.
   std::vector<std::string> decode(const ScannedBatch& batch, uint8_t* pixels, int64_t pixel_capacity,
                                   const int64_t* pixel_offsets, uint8_t* coefficients, int64_t coefficient_capacity,
-                                  const int64_t* coefficient_offsets, bool split_jpegs = true, int spare_threads = 0);
+                                  const int64_t* coefficient_offsets, bool split_jpegs = true);
   // Since this decoder was made: JPEGs split, split decodes declined (then decoded by libjpeg), the split JPEGs'
   // pieces, those decoded again (their guessed start missed), and the last reason a split was declined.
   struct SplitTotals {

@@ -136,10 +136,9 @@ void register_image_batch_decoder(py::module& module) {
         py::gil_scoped_release released;
         std::vector<std::string> declined;
         try {
-          // With a gate to open, a thread is queuing the batch's device work behind it meanwhile: a core for it.
           declined = decoder.decode(batch, pixels.data_ptr<uint8_t>(), pixels.numel(), pixel_at,
                                     coefficients.data_ptr<uint8_t>(), coefficients.numel(), coefficient_at,
-                                    split_jpegs, counter != nullptr ? 1 : 0);
+                                    split_jpegs);
         } catch (...) {
           if (counter != nullptr) open_host_counter(counter, open_ticket);
           throw;
@@ -150,8 +149,7 @@ void register_image_batch_decoder(py::module& module) {
       }, "Decode the pixel and coefficient items into the buffers at their offsets (-1: skip); per item why not "
          "(empty: written). split_jpegs: a batch of few coefficient items splits each one's entropy decode across "
          "the threads (the same coefficients). open_counter: a host gate's counter, raised to open_ticket once "
-         "the buffers are written (or the decode failed), without the GIL; a split then leaves one thread idle, "
-         "a core for the thread queuing work behind the gate.", py::arg("batch"), py::arg("pixels"),
+         "the buffers are written (or the decode failed), without the GIL.", py::arg("batch"), py::arg("pixels"),
            py::arg("pixel_offsets"), py::arg("coefficients"), py::arg("coefficient_offsets"),
            py::arg("split_jpegs") = true, py::arg("open_counter") = py::none(), py::arg("open_ticket") = 0)
       .def("split_totals", [](const ImageBatchDecoder& decoder) {
