@@ -30,7 +30,9 @@ BENCH = Path(__file__).resolve().parent / "bench_serve.py"
 def load_stamps(folder: Path) -> List[Tuple[float, str]]:
     """Every process's stamps, as (time, label), in time order."""
     stamps = []
-    for path in sorted(folder.glob("stamps_*.json")):
+    for path in sorted(folder.glob("stamps_*.jsonl")):
+        stamps += [(when, label) for label, when in map(json.loads, path.read_text().splitlines())]
+    for path in sorted(folder.glob("stamps_*.json")):  # one list per process, as traces made before were kept
         stamps += [(when, label) for label, when in json.loads(path.read_text())]
     stamps.sort()
     return stamps
@@ -103,7 +105,7 @@ def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
                                      usage="%(prog)s --out DIR -- BENCH_SERVE_ARGS | --analyze STAMPS_DIR")
     parser.add_argument("--out", type=Path, help="folder for the bench's results, the stamps and the table")
-    parser.add_argument("--analyze", type=Path, help="a folder of stamps_*.json: only the table (next to it)")
+    parser.add_argument("--analyze", type=Path, help="a folder of stamps_*.jsonl: only the table (next to it)")
     parser.add_argument("--isolation-ms", type=float, default=15.0)
     args = parser.parse_args(own)
     if args.analyze:

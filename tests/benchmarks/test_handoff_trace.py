@@ -34,7 +34,8 @@ def test_table_in_order_with_steps(tmp_path):
     folder = tmp_path / "stamps"
     folder.mkdir()
     stamps = _stamps()
-    (folder / "stamps_1.json").write_text(json.dumps([[label, when] for when, label in stamps[::2]]))
+    # the hook's files (one stamp a line, appended each second) beside a list per process, as older traces were kept
+    (folder / "stamps_1.jsonl").write_text("".join(json.dumps([label, when]) + "\n" for when, label in stamps[::2]))
     (folder / "stamps_2.json").write_text(json.dumps([[label, when] for when, label in stamps[1::2]]))
     text = analyze(folder, tmp_path, isolation_ms=15)
     assert "10 requests that arrived alone (of 13)" in text
