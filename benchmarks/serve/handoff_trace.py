@@ -21,27 +21,33 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 HOOK = Path(__file__).resolve().parent / "handoff_hook"
 BENCH = Path(__file__).resolve().parent / "bench_serve.py"
 
 
-def load_stamps(folder: Path) -> List[Tuple[float, str]]:
-    """Every process's stamps, as (time, label), in time order."""
-    stamps = []
+Stamp = Tuple[float, str, Optional[float]]  # (time, label, the stamping thread's CPU time or None)
+CPU = "cpu:"  # a request's key for a label's thread CPU time (beside the label's offset)
+
+
+def load_stamps(folder: Path) -> List[Stamp]:
+    """Every process's stamps, as (time, label, thread CPU time or None), in time order."""
+    stamps: List[Stamp] = []
     for path in sorted(folder.glob("stamps_*.jsonl")):
-        stamps += [(when, label) for label, when in map(json.loads, path.read_text().splitlines())]
+        for entry in map(json.loads, path.read_text().splitlines()):
+            stamps.append((entry[1], entry[0], entry[2] if len(entry) > 2 else None))
     for path in sorted(folder.glob("stamps_*.json")):  # one list per process, as traces made before were kept
-        stamps += [(when, label) for label, when in json.loads(path.read_text())]
-    stamps.sort()
+        stamps += [(when, label, None) for label, when in json.loads(path.read_text())]
+    stamps.sort(key=lambda stamp: stamp[:2])
     return stamps
 
 
-def isolated_requests(stamps: Sequence[Tuple[float, str]], isolation_s: float) -> Tuple[List[Dict[str, float]], int]:
-    """Per request that arrived alone: each label's first offset (seconds) from its ``arrive``; and how many
-    requests arrived in all."""
-    arrivals = [when for when, label in stamps if label == "arrive"]
+def isolated_requests(stamps: Sequence[Sequence], isolation_s: float) -> Tuple[List[Dict[str, float]], int]:
+    """Per request that arrived alone: each label's first offset (seconds) from its ``arrive`` (and, under
+    ``cpu:LABEL``, the stamping thread's CPU time then, where the stamp has it); and how many requests arrived in
+    all. ``stamps``: (time, label[, thread CPU time]) in time order."""
+    arrivals = [stamp[0] for stamp in stamps if stamp[1] == "arrive"]
     requests = []
     position = 0
     for number, start in enumerate(arrivals):
@@ -52,35 +58,48 @@ def isolated_requests(stamps: Sequence[Tuple[float, str]], isolation_s: float) -
         while stamps[position][0] < start:
             position += 1
         offsets: Dict[str, float] = {}
-        for when, label in stamps[position:]:
+        for stamp in stamps[position:]:
+            when, label = stamp[0], stamp[1]
             if when >= after:
                 break
-            offsets.setdefault(label, when - start)
+            if label not in offsets:
+                offsets[label] = when - start
+                if len(stamp) > 2 and stamp[2] is not None:
+                    offsets[CPU + label] = stamp[2]
         requests.append(offsets)
     return requests[len(requests) // 10:], len(arrivals)
 
 
 def handoff_table(requests: List[Dict[str, float]]) -> List[Dict[str, float]]:
-    """Per label, in order of median offset: how many requests have it, its median and p90 offset (ms), and the
-    median step from the label before."""
-    labels = {label for request in requests for label in request}
+    """Per label, in order of median offset: how many requests have it, its median and p90 offset (ms), the
+    median step from the label before, and for a call's end (``X1`` after ``X0``, stamped by one thread) the
+    median CPU time that thread spent in the call (``call_cpu_ms``; None where unknown): a call much longer than
+    its CPU time waited (for the GIL, a core, the device)."""
+    labels = {label for request in requests for label in request if not label.startswith(CPU)}
     medians = {label: statistics.median(request[label] for request in requests if label in request)
                for label in labels}
     rows, previous = [], 0.0
     for label in sorted(labels, key=medians.get):
         offsets = sorted(1e3 * request[label] for request in requests if label in request)
         median = 1e3 * medians[label]
+        start = label[:-1] + "0" if label.endswith("1") else None
+        cpu = [1e3 * (request[CPU + label] - request[CPU + start]) for request in requests
+               if start and CPU + label in request and CPU + start in request]
         rows.append({"stamp": label, "requests": len(offsets), "median_ms": median,
-                     "p90_ms": offsets[int(0.9 * (len(offsets) - 1))], "step_ms": median - previous})
+                     "p90_ms": offsets[int(0.9 * (len(offsets) - 1))], "step_ms": median - previous,
+                     "call_cpu_ms": statistics.median(cpu) if cpu else None})
         previous = median
     return rows
 
 
 def render(rows: List[Dict[str, float]], isolated: int, arrived: int) -> str:
-    lines = [f"{isolated} requests that arrived alone (of {arrived}); offsets from arrival in the app",
-             f"{'stamp':>18} {'requests':>8} {'median ms':>10} {'p90 ms':>8} {'step ms':>8}"]
+    lines = [f"{isolated} requests that arrived alone (of {arrived}); offsets from arrival in the app; call cpu: "
+             "the thread's CPU time from X0 to X1",
+             f"{'stamp':>18} {'requests':>8} {'median ms':>10} {'p90 ms':>8} {'step ms':>8} {'call cpu ms':>11}"]
     lines += [f"{row['stamp']:>18} {row['requests']:8d} {row['median_ms']:10.3f} {row['p90_ms']:8.3f} "
-              f"{row['step_ms']:8.3f}" for row in rows]
+              f"{row['step_ms']:8.3f} "
+              + (f"{row['call_cpu_ms']:11.3f}" if row.get("call_cpu_ms") is not None else f"{'':>11}")
+              for row in rows]
     return "\n".join(lines)
 
 

@@ -40,3 +40,21 @@ def test_table_in_order_with_steps(tmp_path):
     text = analyze(folder, tmp_path, isolation_ms=15)
     assert "10 requests that arrived alone (of 13)" in text
     assert json.loads((tmp_path / "handoffs.json").read_text())["stamps"][2]["stamp"] == "deliver"
+
+
+def test_call_cpu_time_is_the_stamping_threads_between_a_calls_two_stamps(tmp_path):
+    """``X0``/``X1`` stamps carrying the thread's CPU time give the call's CPU time beside its wall time: a call of
+    0.4 ms whose thread ran 0.1 ms of it waited 0.3 ms."""
+    stamps = []
+    for number in range(11):
+        start, cpu = number * 0.1, number * 0.01
+        stamps += [["arrive", start, cpu], ["dev0", start + 0.001, cpu + 0.001], ["dev1", start + 0.0014, cpu + 0.0011],
+                   ["deliver", start + 0.003, cpu + 0.002]]
+    folder = tmp_path / "stamps"
+    folder.mkdir()
+    (folder / "stamps_1.jsonl").write_text("".join(json.dumps(stamp) + "\n" for stamp in stamps))
+    text = analyze(folder, tmp_path, isolation_ms=15)
+    rows = {row["stamp"]: row for row in json.loads((tmp_path / "handoffs.json").read_text())["stamps"]}
+    assert rows["dev1"]["step_ms"] == pytest.approx(0.4) and rows["dev1"]["call_cpu_ms"] == pytest.approx(0.1)
+    assert rows["deliver"]["call_cpu_ms"] is None and rows["dev0"]["call_cpu_ms"] is None
+    assert "call cpu" in text

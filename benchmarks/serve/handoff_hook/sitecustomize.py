@@ -4,9 +4,10 @@ the engine), for ``benchmarks/serve/handoff_trace.py``.
 Python imports ``sitecustomize`` at start-up from the first directory on ``sys.path`` that has one, so with this
 folder on ``PYTHONPATH`` every process of the server (spawned frontends and engines too) loads it. It does nothing
 unless ``CLIP_FLASH_TRACE_DIR`` is set; then, as each server module is imported, it wraps the functions a request
-passes through so that each records ``(label, time.perf_counter())`` (CLOCK_MONOTONIC on Linux: one clock for every
-process of the host), and each process appends its new stamps to ``CLIP_FLASH_TRACE_DIR/stamps_<pid>.jsonl`` every
-second and at exit. A diagnostic: each stamp costs the wrapped call a few microseconds.
+passes through so that each records ``(label, time.perf_counter(), time.thread_time())`` (CLOCK_MONOTONIC on Linux:
+one clock for every process of the host), and each process appends its new stamps to
+``CLIP_FLASH_TRACE_DIR/stamps_<pid>.jsonl`` every second and at exit. A diagnostic: each stamp costs the wrapped call
+a few microseconds.
 
 Labels, in a request's order (``handoff_trace.py`` orders them by their median offset from ``arrive``):
 ``arrive``/``body_read`` (the route reads the body), ``submit``/``fe_flush`` (a frontend queues the request and sends
@@ -17,10 +18,10 @@ its frame), ``eng_frame`` (the engine process handles the frame), ``put`` (queue
 absent when the collector launches a lone batch), ``dev0``/``dev1`` (the device step), with an early launch
 (``--no-early-launch`` off) ``early_dev0``/``early_dev1`` (its device step, queued behind the gate while the CPU
 decodes) and ``outcome.put``/``outcome.got`` (the CPU step's outcome handed to the launch thread),
-``graph0``/``graph1`` (the CUDA graph's replay call), ``encoded`` (the encoder's launches returned),
-``to_answer.put``/``answer.got`` (to the answer thread), ``deliver`` (the results are on the host),
-``eng_deliver``/``eng_deliver_done``/``outbox_flush`` (packed for and written to the frontend), ``fe_results`` (the
-frontend read them), ``respond``/``response_made`` (the route builds the response).
+``encoder0``/``encoder1`` (the image encoder's call; inside it ``graph0``/``graph1``, the CUDA graph's replay call),
+``encoded`` (the encoder's launches returned), ``to_answer.put``/``answer.got`` (to the answer thread), ``deliver``
+(the results are on the host), ``eng_deliver``/``eng_deliver_done``/``outbox_flush`` (packed for and written to the
+frontend), ``fe_results`` (the frontend read them), ``respond``/``response_made`` (the route builds the response).
 """
 import os
 import sys
@@ -39,7 +40,8 @@ if TRACE_DIR:
     _stamps = []
 
     def stamp(label):
-        _stamps.append((label, time.perf_counter()))
+        # With the thread's CPU time: a call whose stamps are far apart but whose thread ran little was waiting.
+        _stamps.append((label, time.perf_counter(), time.thread_time()))
 
     def stamp_around(owner, name, before=None, after=None):
         """Replace ``owner.name`` by a wrapper stamping ``before`` it runs and ``after`` it returns."""
@@ -155,6 +157,9 @@ if TRACE_DIR:
     def trace_capture(module):
         stamp_around(module.torch.cuda.CUDAGraph, "replay", "graph0", "graph1")
 
+    def trace_encoder(module):
+        stamp_around(module.GraphedEncoder, "encode_image", "encoder0", "encoder1")
+
     TRACED_MODULES = {
         "clip_flash.serve.app": trace_app,
         "clip_flash.serve.remote_pool": trace_remote_pool,
@@ -165,6 +170,7 @@ if TRACE_DIR:
         "clip_flash.inputs.image.native_decode": trace_native_decode,
         "clip_flash.inputs.image.native_batch": trace_native_batch,
         "clip_flash.graphs.capture": trace_capture,
+        "clip_flash.graphs.encoder": trace_encoder,
     }
 
     class TracingFinder(importlib.abc.MetaPathFinder):
