@@ -63,7 +63,22 @@ def percentile(values: List[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-def timed(call: Callable[[], torch.Tensor]) -> float:
+def idle(seconds: float, spin: bool) -> None:
+    """The host's idle time before a request: asleep (as a server's threads between lone requests), or spinning
+    on this thread (its core kept busy); none for 0."""
+    if seconds <= 0:
+        return
+    if not spin:
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def timed(call: Callable[[], torch.Tensor], idle_s: float = 0.0, spin: bool = False) -> float:
+    """Seconds of one ``call``, after ``idle_s`` of idle time (not timed)."""
+    idle(idle_s, spin)
     start = time.perf_counter()
     call()
     return time.perf_counter() - start
@@ -112,10 +127,11 @@ def host_step_targets() -> List[Tuple[str, object, str]]:
     ]
 
 
-def host_step_times(request: Callable[[], torch.Tensor], requests: int = 300) -> Dict[str, float]:
-    """p50 host time (ms) of each call in ``host_step_targets`` over ``requests`` clip_flash requests: each call
-    wrapped with a clock for the run, then restored. Host time only: what the GPU does after a launch is not in
-    it (the whole request is)."""
+def host_step_times(request: Callable[[], torch.Tensor], requests: int = 300, idle_s: float = 0.0,
+                    spin: bool = False) -> Dict[str, float]:
+    """p50 host time (ms) of each call in ``host_step_targets`` over ``requests`` clip_flash requests (each after
+    ``idle_s`` of idle time): each call wrapped with a clock for the run, then restored. Host time only: what the
+    GPU does after a launch is not in it (the whole request is)."""
     seconds: Dict[str, List[float]] = {}
     originals = []
 
@@ -134,6 +150,7 @@ def host_step_times(request: Callable[[], torch.Tensor], requests: int = 300) ->
             originals.append((owner, name, vars(owner).get(name)))
             setattr(owner, name, clocked(label, getattr(owner, name)))
         for _ in range(requests):
+            idle(idle_s, spin)
             request()
     finally:
         for owner, name, original in reversed(originals):
@@ -216,7 +233,12 @@ def main() -> int:
                         "write its tables (by CPU and by device time) and a Chrome trace into this folder")
     parser.add_argument("--python-profile", type=Path, help="also run 300 clip_flash requests under cProfile and "
                         "write its tables (by own and by cumulative time) into this file")
+    parser.add_argument("--idle-ms", type=float, default=0.0, help="idle time before each timed request (and each "
+                        "--host-steps one), the host asleep: a server's between lone requests (20 ms: 50 req/s)")
+    parser.add_argument("--idle-spin", action="store_true", help="spend --idle-ms spinning on the requesting thread "
+                        "instead of asleep (its core stays busy)")
     args = parser.parse_args()
+    idle_s = args.idle_ms / 1e3
     if not torch.cuda.is_available():
         raise SystemExit("error: needs a CUDA GPU (GraphedEncoder)")
     device = torch.device("cuda")
@@ -263,10 +285,10 @@ def main() -> int:
             block = min(BLOCK, args.requests - done)
             order = (("stock", stock_request), ("clip_flash", fast_request), (ONE_THREAD, one_thread_request))
             for side, call in order if (done // BLOCK) % 2 == 0 else order[::-1]:
-                seconds[side] += [timed(call) for _ in range(block)]
+                seconds[side] += [timed(call, idle_s, args.idle_spin) for _ in range(block)]
             done += block
         step_p50 = {name: statistics.median(timed(call) for _ in range(200)) * 1e3 for name, call in steps.items()}
-        host_steps = host_step_times(fast_request) if args.host_steps else {}
+        host_steps = host_step_times(fast_request, idle_s=idle_s, spin=args.idle_spin) if args.host_steps else {}
         if args.profile:
             write_profile(args.profile, fast_request)
         if args.python_profile:
@@ -285,7 +307,9 @@ def main() -> int:
     width, height = Image.open(io.BytesIO(data)).size
     title = (f"Single-request latency, {loaded.spec.text} ({loaded.spec.weights_note.strip() or 'weights given'}, "
              f"{args.dtype}): one {width}x{height} JPEG ({len(data)} bytes) as bytes -> embedding on the host, "
-             f"{args.requests} requests per side after {args.warmup} warm-up, sides alternating every {BLOCK}. "
+             f"{args.requests} requests per side after {args.warmup} warm-up, sides alternating every {BLOCK}"
+             + (f", each after {args.idle_ms:g} ms idle ({'spinning' if args.idle_spin else 'asleep'})"
+                if args.idle_ms > 0 else "") + ". "
              f"stock: OpenCLIP preprocess + unpatched model; clip_flash: ImagePreprocessor + GraphedEncoder "
              f"(patched, CUDA graph of batch 1), the JPEG's entropy decode split across the native threads; "
              f"{ONE_THREAD}: the same on one thread (``split_jpegs=False``); split decodes {split.get('split', 0)} "
