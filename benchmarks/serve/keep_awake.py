@@ -39,7 +39,8 @@ def main() -> int:
             print("holding /dev/cpu_dma_latency at 0 us", flush=True)
         except OSError as error:
             print(f"/dev/cpu_dma_latency not set: {error}", flush=True)
-    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.processes)]
+    fork = multiprocessing.get_context("fork")  # children of this process, whatever the platform's default
+    spinners = [fork.Process(target=spin, daemon=True) for _ in range(args.processes)]
     for spinner in spinners:
         spinner.start()
     print(f"{len(spinners)} SCHED_IDLE spinners for up to {args.seconds:g} s", flush=True)

@@ -38,3 +38,25 @@ def test_the_embedding_check_fails_a_wrong_or_unstable_row():
     nearly = close.clone()
     nearly[0, 0] += 0.5  # stock-like by cosine, but not the vector the first request gave
     assert not image_latency.embedding_check(stock, close, stock, nearly)[0]
+
+
+def test_the_idle_time_comes_before_each_request_asleep_or_spinning(monkeypatch):
+    calls = []
+    monkeypatch.setattr(image_latency, "idle", lambda seconds, spin: calls.append(("idle", seconds, spin)))
+    image_latency.host_step_times(lambda: calls.append("request"), requests=2, idle_s=0.02, spin=True)
+    assert calls == [("idle", 0.02, True), "request", ("idle", 0.02, True), "request"]
+    calls.clear()
+    image_latency.timed(lambda: calls.append("request"), 0.02, False)
+    assert calls == [("idle", 0.02, False), "request"]
+
+
+def test_idle_waits_its_time_either_way():
+    import time
+
+    for spin in (False, True):
+        start = time.perf_counter()
+        image_latency.idle(0.01, spin)
+        assert time.perf_counter() - start >= 0.01
+    start = time.perf_counter()
+    image_latency.idle(0.0, True)
+    assert time.perf_counter() - start < 0.01
