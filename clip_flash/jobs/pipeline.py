@@ -330,17 +330,22 @@ class EmbeddingPipeline:
         finished: "queue.Queue" = queue.Queue(maxsize=2)
         writer_error: List[BaseException] = []
 
+        writer_ended = threading.Event()
+
         def write_loop() -> None:
-            while True:
-                result = finished.get()
-                if result is DONE:
-                    return
-                if writer_error:
-                    continue  # drain: the main thread stops at its next hand-over
-                try:
-                    commit(result)
-                except BaseException as error:  # noqa: BLE001 - re-raised in the main thread
-                    writer_error.append(error)
+            try:
+                while True:
+                    result = finished.get()
+                    if result is DONE:
+                        return
+                    if writer_error:
+                        continue  # drain: the main thread stops at its next hand-over
+                    try:
+                        commit(result)
+                    except BaseException as error:  # noqa: BLE001 - re-raised in the main thread
+                        writer_error.append(error)
+            finally:
+                writer_ended.set()
 
         writer = threading.Thread(target=write_loop, daemon=True, name="clip_flash-writer")
         writer.start()
@@ -423,8 +428,7 @@ class EmbeddingPipeline:
             lap("launching")
         finally:
             feed.close()
-            finished.put(DONE)
-            writer.join()
+            stop_writer(finished, writer_ended)
         if writer_error:
             raise writer_error[0]
         stats.seconds = time.perf_counter() - started
@@ -433,3 +437,26 @@ class EmbeddingPipeline:
         stats.pinned_block_seconds = pinned_after[1] - pinned_before[1]
         stats.pinned_block_bytes = pinned_after[2] - pinned_before[2]
         return stats
+
+
+def stop_writer(finished: "queue.Queue", ended: threading.Event) -> None:
+    """Hand the writer thread its end and wait until it has committed what it was given (``ended``: set as it
+    returns). A Ctrl-C or SIGTERM arriving meanwhile (as the last shards are written) waits for that too, then goes
+    on: what the stop message then counts is what the folder keeps, and nothing is written after it. A second one
+    stops waiting (a commit cut short leaves no done marker: that shard is embedded again on resume). An event, not
+    ``Thread.join``: on Python 3.11 a join cut short by an interrupt marks a running thread stopped."""
+    interrupted: Optional[BaseException] = None
+    handed = False
+    while True:
+        try:
+            if not handed:
+                finished.put(DONE)
+                handed = True
+            ended.wait()
+            break
+        except KeyboardInterrupt as error:
+            if interrupted is not None:
+                raise
+            interrupted = error
+    if interrupted is not None:
+        raise interrupted
