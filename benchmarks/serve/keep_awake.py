@@ -20,6 +20,7 @@ import time
 
 
 def spin() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler: terminate() ends a spinner at once
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     while True:
         pass
@@ -31,6 +32,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--dma-latency", action="store_true", help="also hold a 0 us /dev/cpu_dma_latency request")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # before anything is started: the finally below stops it
     held = None
     if args.dma_latency:
         try:
@@ -40,12 +42,12 @@ def main() -> int:
         except OSError as error:
             print(f"/dev/cpu_dma_latency not set: {error}", flush=True)
     fork = multiprocessing.get_context("fork")  # children of this process, whatever the platform's default
-    spinners = [fork.Process(target=spin, daemon=True) for _ in range(args.processes)]
-    for spinner in spinners:
-        spinner.start()
-    print(f"{len(spinners)} SCHED_IDLE spinners for up to {args.seconds:g} s", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    spinners = []
     try:
+        for _ in range(args.processes):
+            spinners.append(fork.Process(target=spin, daemon=True))
+            spinners[-1].start()
+        print(f"{len(spinners)} SCHED_IDLE spinners for up to {args.seconds:g} s", flush=True)
         time.sleep(args.seconds)
     finally:
         for spinner in spinners:
