@@ -19,10 +19,11 @@ import sys
 import time
 
 
-def spin() -> None:
+def spin(parent: int) -> None:
+    """Spin at SCHED_IDLE until the parent is gone (a parent killed outright leaves no one to stop its spinners)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler: terminate() ends a spinner at once
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    while True:
+    while os.getppid() == parent:
         pass
 
 
@@ -45,7 +46,7 @@ def main() -> int:
     spinners = []
     try:
         for _ in range(args.processes):
-            spinners.append(fork.Process(target=spin, daemon=True))
+            spinners.append(fork.Process(target=spin, args=(os.getpid(),), daemon=True))
             spinners[-1].start()
         print(f"{len(spinners)} SCHED_IDLE spinners for up to {args.seconds:g} s", flush=True)
         time.sleep(args.seconds)

@@ -29,22 +29,47 @@ def children_of(pid: int) -> list:
 def test_spinners_run_at_sched_idle_and_stop_on_sigterm():
     process = subprocess.Popen([sys.executable, str(SCRIPT), "--processes", "2", "--seconds", "60"],
                                stdout=subprocess.PIPE, text=True)
+    spinners = []
     try:
         assert "2 SCHED_IDLE spinners" in process.stdout.readline()
-        deadline = time.monotonic() + 10
         spinners = children_of(process.pid)
+        deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not (
                 len(spinners) >= 2 and all(os.sched_getscheduler(pid) == os.SCHED_IDLE for pid in spinners)):
             time.sleep(0.05)
-            spinners = [pid for pid in children_of(process.pid) if os.path.exists(f"/proc/{pid}")]
-        policies = {os.sched_getscheduler(pid) for pid in spinners if os.path.exists(f"/proc/{pid}")}
-        assert policies == {os.SCHED_IDLE}
+            spinners = children_of(process.pid)
+        assert len(spinners) == 2 and {os.sched_getscheduler(pid) for pid in spinners} == {os.SCHED_IDLE}
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
         time.sleep(0.2)
-        assert not [pid for pid in spinners if os.path.exists(f"/proc/{pid}")
-                    and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        assert not [pid for pid in spinners if alive(pid)]
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+        for pid in spinners:  # a failure leaves no spinner behind
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_spinners_leave_when_their_parent_is_killed_outright():
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "--processes", "2", "--seconds", "60"],
+                               stdout=subprocess.PIPE, text=True)
+    assert "2 SCHED_IDLE spinners" in process.stdout.readline()
+    spinners = children_of(process.pid)
+    process.kill()  # no handler runs: the spinners see their parent gone
+    process.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(pid) for pid in spinners):
+        time.sleep(0.05)
+    leftover = [pid for pid in spinners if alive(pid)]
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    assert spinners and not leftover
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
