@@ -9,7 +9,8 @@ Four stages, each in its own thread, joined by bounded queues so memory stays bo
     main thread     the device half (``ImagePreprocessor.prepare``: copy + resize kernel) on a side
                     CUDA stream, both encoders on the compute stream, normalisation, and an
                     asynchronous copy of the embeddings into pinned host memory
-    writer thread   assembles nothing itself: it commits each finished shard (``OutputFolder.write``)
+    writer thread   assembles nothing itself: it commits each finished shard (``OutputFolder.write``; its
+                    thread is :class:`~.commit_thread.CommitThread`)
 
 The main thread launches batch i and only then waits for batch i-2's embeddings (a CUDA event), so
 the GPU always has queued work while Python prepares the next launch: with decoded batches queued,
@@ -20,8 +21,6 @@ handed to the writer as soon as its last batch lands.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections import deque
 from concurrent.futures import wait as wait_for
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 from ..backends import choosing_for_replay
 from .batch_feed import DONE, FLUSH, Batch, BatchFeed, ShardEnd, ShardStart, decode_batch
 from .batches import ItemBatch, LazyColumn, RowIds
+from .commit_thread import CommitThread
 from .run_stats import PipelineStats, pinned_allocator_counters
 from .sources import Shard
 from .warm_up import GRAPH_PROBE_BATCH, eager_batch_deciding_graphs, start_decoder, warm_up_device
@@ -327,28 +327,7 @@ class EmbeddingPipeline:
         pinned_before = pinned_allocator_counters()
         started = time.perf_counter()
         feed = (feed if feed is not None else self.feed(shards)).start()
-        finished: "queue.Queue" = queue.Queue(maxsize=2)
-        writer_error: List[BaseException] = []
-
-        writer_ended = threading.Event()
-
-        def write_loop() -> None:
-            try:
-                while True:
-                    result = finished.get()
-                    if result is DONE:
-                        return
-                    if writer_error:
-                        continue  # drain: the main thread stops at its next hand-over
-                    try:
-                        commit(result)
-                    except BaseException as error:  # noqa: BLE001 - re-raised in the main thread
-                        writer_error.append(error)
-            finally:
-                writer_ended.set()
-
-        writer = threading.Thread(target=write_loop, daemon=True, name="clip_flash-writer")
-        writer.start()
+        writer = CommitThread(commit)
         current: Optional[_Accumulator] = None
         in_flight: "deque[_Launched]" = deque()
 
@@ -377,10 +356,9 @@ class EmbeddingPipeline:
                 stats.failures += len(result.failures)
                 stats.shards += 1
                 stats.marks.append((stats.rows + stats.failures, time.perf_counter() - started))
-                if writer_error:
-                    raise writer_error[0]
+                writer.check()
                 lap("launching")
-                finished.put(result)
+                writer.hand(result)
                 lap("handing to the writer")
 
         try:
@@ -428,9 +406,8 @@ class EmbeddingPipeline:
             lap("launching")
         finally:
             feed.close()
-            stop_writer(finished, writer_ended)
-        if writer_error:
-            raise writer_error[0]
+            writer.stop()
+        writer.check()
         stats.seconds = time.perf_counter() - started
         pinned_after = pinned_allocator_counters()
         stats.pinned_blocks_created = pinned_after[0] - pinned_before[0]
@@ -438,25 +415,3 @@ class EmbeddingPipeline:
         stats.pinned_block_bytes = pinned_after[2] - pinned_before[2]
         return stats
 
-
-def stop_writer(finished: "queue.Queue", ended: threading.Event) -> None:
-    """Hand the writer thread its end and wait until it has committed what it was given (``ended``: set as it
-    returns). A Ctrl-C or SIGTERM arriving meanwhile (as the last shards are written) waits for that too, then goes
-    on: what the stop message then counts is what the folder keeps, and nothing is written after it. A second one
-    stops waiting (a commit cut short leaves no done marker: that shard is embedded again on resume). An event, not
-    ``Thread.join``: on Python 3.11 a join cut short by an interrupt marks a running thread stopped."""
-    interrupted: Optional[BaseException] = None
-    handed = False
-    while True:
-        try:
-            if not handed:
-                finished.put(DONE)
-                handed = True
-            ended.wait()
-            break
-        except KeyboardInterrupt as error:
-            if interrupted is not None:
-                raise
-            interrupted = error
-    if interrupted is not None:
-        raise interrupted

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from clip_flash.jobs.batch_feed import DONE
-from clip_flash.jobs.pipeline import stop_writer
+from clip_flash.jobs.commit_thread import stop_writer
 
 
 def interrupt(*_):
