@@ -216,6 +216,11 @@ at::Tensor packed_rows(const at::Tensor& host, int64_t images, int64_t total_byt
                        const at::Tensor& table, int64_t plane_bytes, int64_t max_blocks, int64_t max_pixels,
                        const at::Tensor& lut, int64_t out_h, int64_t out_w, int64_t upload_stream);
 
+// Defined in graph_replay_binding.cpp.
+at::Tensor replay_graph(int64_t graph_exec, int64_t replay_stream, const at::Tensor& static_input,
+                        const at::Tensor& x, int64_t n, const at::Tensor& static_output, int64_t rows,
+                        bool normalize);
+
 // Defined in host_gate_binding.cpp.
 std::string host_gate_wait(const at::Tensor& counter, int64_t ticket, int64_t timeout_ns, int64_t device_index);
 void host_gate_open(const at::Tensor& counter, int64_t ticket);
@@ -282,6 +287,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("table_at"), py::arg("table"), py::arg("plane_bytes"), py::arg("max_blocks"),
              py::arg("max_pixels"), py::arg("lut"), py::arg("out_h"), py::arg("out_w"), py::arg("upload_stream"),
              NO_GIL);
+  module.def("replay_graph", &clip_flash::replay_graph, "One CUDA-graph replay in one call: x into the static input's "
+             "first n rows, the graph launched from its cudaGraphExec_t (no generator prologue: graphs that draw no "
+             "random numbers only), the first `rows` output rows copied (or L2-normalised) into a new tensor, on "
+             "replay_stream between the current stream's work before and after.",
+             py::arg("graph_exec"), py::arg("replay_stream"), py::arg("static_input"), py::arg("x"),
+             py::arg("n"), py::arg("static_output"), py::arg("rows"), py::arg("normalize"), NO_GIL);
   module.def("host_gate_wait", &clip_flash::host_gate_wait, "Queue on the device's current stream a wait until "
              "counter[0] (int64, page-locked host memory) reaches ticket, or timeout_ns passed; returns why it could "
              "not (empty: queued).", py::arg("counter"), py::arg("ticket"), py::arg("timeout_ns"), py::arg("device_index"));

@@ -19,12 +19,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ..backends.measured import choosing_for_replay
+from ..ops._extension import load_extension
 
 # CUDA allows one capture at a time per process in practice (torch.cuda.graph shares one default capture
 # stream, and capture_begin/end drive shared allocator state); encoders of different models share this lock.
@@ -64,6 +65,11 @@ class CapturedGraph:
     seconds: float  # warm-up and capture
     allocated_delta: int  # torch.cuda.memory_allocated delta around the capture
     reserved_delta: int  # torch.cuda.memory_reserved delta around the capture
+    # How it replays: None until its first replay, then True where the extension replays it in one call (its
+    # replay through torch left the CUDA generator's offset as it was: the graph draws no random numbers), False
+    # where torch's replay does (it draws some, or the extension cannot).
+    one_call: Optional[bool] = None
+    graph_exec: int = 0  # its cudaGraphExec_t, for the one-call replay
 
 
 @dataclass
@@ -127,15 +133,31 @@ class CaptureSpace:
     def replay(self, captured: CapturedGraph, x: torch.Tensor, n: int, normalize: bool,
                out_rows: Optional[int] = None) -> torch.Tensor:
         """Copy ``n`` input rows in, replay, copy ``out_rows`` (default ``n``) output rows out, on this stream (caller
-        holds the encoder's lock, in inference mode)."""
+        holds the encoder's lock, in inference mode).
+
+        After a graph's first replay the extension's ``replay_graph`` makes these steps in one call (a lone request's
+        replay is on its critical path), for graphs that draw no random numbers; the steps below are its reference."""
+        rows = n if out_rows is None else out_rows
+        if x.device.type == "cpu":
+            x = _staged(x)
+        if captured.one_call:
+            return one_call_extension().replay_graph(captured.graph_exec, self.stream.cuda_stream,
+                                                     captured.static_input, x, n, captured.static_output, rows,
+                                                     normalize)
+        deciding = captured.one_call is None
+        offset = _generator_offset(self.device) if deciding else None
+        out = self._replay_steps(captured, x, n, rows, normalize)
+        if deciding:
+            captured.one_call, captured.graph_exec = _one_call_for(captured, offset, _generator_offset(self.device))
+        return out
+
+    def _replay_steps(self, captured: CapturedGraph, x: torch.Tensor, n: int, rows: int,
+                      normalize: bool) -> torch.Tensor:
         stream = self.stream
         caller = torch.cuda.current_stream(self.device)
         static_output = captured.static_output
-        rows = n if out_rows is None else out_rows
         # Allocated on the caller's stream, which waits for the copy-out below before any later use or reuse.
         out = torch.empty((rows, *static_output.shape[1:]), dtype=static_output.dtype, device=static_output.device)
-        if x.device.type == "cpu":
-            x = _staged(x)
         stream.wait_stream(caller)
         with torch.cuda.stream(stream):
             captured.static_input[:n].copy_(x, non_blocking=True)
@@ -161,6 +183,35 @@ def _pool_bytes(pool: Optional[Pool], fallback: int) -> int:
     except (RuntimeError, TypeError):  # an older PyTorch without per-pool snapshots
         return max(fallback, 0)
     return sum(segment["total_size"] for segment in segments)
+
+
+def one_call_extension() -> Optional[Any]:
+    """The extension where it has ``replay_graph``, else None."""
+    extension = load_extension()
+    return extension if extension is not None and hasattr(extension, "replay_graph") else None
+
+
+def _generator_offset(device: torch.device) -> Optional[int]:
+    """The device's default CUDA generator's offset (a host value: no sync), or None where it cannot be read."""
+    try:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return int(torch.cuda.default_generators[index].get_offset())
+    except (AttributeError, IndexError, RuntimeError):
+        return None
+
+
+def _one_call_for(captured: CapturedGraph, offset_before: Optional[int],
+                  offset_after: Optional[int]) -> Tuple[bool, int]:
+    """(whether the extension may replay ``captured`` from now on, its cudaGraphExec_t), after a replay through
+    torch that moved the generator's offset from ``offset_before`` to ``offset_after``. torch's replay advances the
+    offset by what the graph draws (its prologue hands the graph fresh random numbers; the one call has none), so
+    a graph it moved keeps torch's replay, as does one when another thread drew numbers in between."""
+    if offset_before is None or offset_after != offset_before or one_call_extension() is None:
+        return False, 0
+    try:
+        return True, int(captured.graph.raw_cuda_graph_exec())
+    except (AttributeError, RuntimeError):  # an older PyTorch, or a graph kept without its executable
+        return False, 0
 
 
 def _staged(x: torch.Tensor) -> torch.Tensor:

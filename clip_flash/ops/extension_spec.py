@@ -16,6 +16,7 @@ EXTENSION_SOURCES = (
     "csrc/jpeg_dct_binding.cpp",
     "csrc/jpeg_dct.cu",
     "csrc/packed_rows_binding.cpp",
+    "csrc/graph_replay_binding.cpp",
     "csrc/host_gate_binding.cpp",
     "csrc/host_gate.cu",
     "csrc/image_batch_decoder.cpp",
