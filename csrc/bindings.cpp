@@ -290,7 +290,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("replay_graph", &clip_flash::replay_graph, "One CUDA-graph replay in one call: x into the static input's "
              "first n rows, the graph launched from its cudaGraphExec_t (no generator prologue: graphs that draw no "
              "random numbers only), the first `rows` output rows copied (or L2-normalised) into a new tensor, on "
-             "replay_stream between the current stream's work before and after.",
+             "replay_stream (a torch.cuda.Stream's stream_id) between the current stream's work before and after.",
              py::arg("graph_exec"), py::arg("replay_stream"), py::arg("static_input"), py::arg("x"),
              py::arg("n"), py::arg("static_output"), py::arg("rows"), py::arg("normalize"), NO_GIL);
   module.def("host_gate_wait", &clip_flash::host_gate_wait, "Queue on the device's current stream a wait until "

@@ -36,7 +36,7 @@ void stream_waits(const c10::cuda::CUDAStream& waiting, const c10::cuda::CUDAStr
 
 // Returns the (rows, ...) output rows, allocated on the caller's current stream.
 //   graph_exec: the graph's cudaGraphExec_t as an integer (torch.cuda.CUDAGraph.raw_cuda_graph_exec()).
-//   replay_stream: the cudaStream_t the graph is replayed on, as an integer.
+//   replay_stream: the stream the graph is replayed on, as torch.cuda.Stream's stream_id (on the graph's device).
 //   static_input, static_output: the graph's input and output buffers; x: copied into the first n input rows (as
 //   Tensor.copy_ takes it), on the graph's device or in page-locked host memory; rows: the output rows returned.
 at::Tensor replay_graph(int64_t graph_exec, int64_t replay_stream, const at::Tensor& static_input,
@@ -56,7 +56,7 @@ at::Tensor replay_graph(int64_t graph_exec, int64_t replay_stream, const at::Ten
   const c10::cuda::CUDAGuard device_guard(device);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
   const c10::cuda::CUDAStream stream =
-      c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(replay_stream), device.index());
+      c10::cuda::CUDAStream::unpack3(replay_stream, device.index(), c10::DeviceType::CUDA);
   // Allocated on the caller's stream, which waits for the copy out below before any later use or reuse.
   std::vector<int64_t> shape(static_output.sizes().begin(), static_output.sizes().end());
   shape[0] = rows;

@@ -141,7 +141,7 @@ class CaptureSpace:
         if x.device.type == "cpu":
             x = _staged(x)
         if captured.one_call:
-            return one_call_extension().replay_graph(captured.graph_exec, self.stream.cuda_stream,
+            return one_call_extension().replay_graph(captured.graph_exec, self.stream.stream_id,
                                                      captured.static_input, x, n, captured.static_output, rows,
                                                      normalize)
         deciding = captured.one_call is None

@@ -60,7 +60,7 @@ def test_without_the_extension_or_the_executable_torchs_replay_stays(monkeypatch
 
 
 def test_a_decided_graph_goes_to_the_extension_with_its_executable_stream_and_rows(extension):
-    space = CaptureSpace(torch.device("cuda", 0), SimpleNamespace(cuda_stream=777), pool=(0, 1))
+    space = CaptureSpace(torch.device("cuda", 0), SimpleNamespace(stream_id=777), pool=(0, 1))
     graph = captured()
     graph.one_call, graph.graph_exec = True, 1234
     x = torch.empty(3, 3, device="meta")
