@@ -232,6 +232,9 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // Defined in image_batch_decoder_binding.cpp.
 void register_image_batch_decoder(pybind11::module& module);
 
+// Defined in tensor_pointers_binding.cpp.
+void register_tensor_pointers(pybind11::module& module);
+
 }  // namespace clip_flash
 
 // The image kernels run in the decoding threads, once per batch, beside a main thread that launches the
@@ -299,4 +302,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("host_gate_open", &clip_flash::host_gate_open, "counter[0] = max(counter[0], ticket), ordered after "
              "this thread's writes.", py::arg("counter"), py::arg("ticket"));
   clip_flash::register_image_batch_decoder(module);
+  clip_flash::register_tensor_pointers(module);
 }

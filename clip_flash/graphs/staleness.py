@@ -12,7 +12,8 @@ these the encoder drops every graph, returns the pool's memory (``torch.cuda.emp
 is only handed back to the device that way) and captures again lazily, for the model as it now is (eager, with
 the reason logged, if the model went to the CPU). A model in training mode (root or tower root) raises
 ``RuntimeError``: the encoder encodes for inference; ``model.eval()`` makes it usable again. The check costs
-one C call per tensor of the tower being encoded (ViT-L-14 image tower: 296 tensors; see the tests).
+one C call per tensor of the tower being encoded (ViT-L-14 image tower: 296 tensors; see the tests), or one call in
+all where the extension's ``TensorPointers`` makes it (a CUDA tower).
 The pinned storage means a converted model's old weights stay allocated until the next call or
 ``release()``. Not detected: ``del`` of a parameter, writes to ``module._parameters`` directly, class swaps
 other than clip_flash's own, and changes made while a call is running (a race in the caller's code).
@@ -26,6 +27,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..ops._extension import load_extension
 from ..patching.patching import patch_report
 
 _data_ptr = torch.Tensor.data_ptr
@@ -81,6 +83,7 @@ class TowerWatch:
         self.roots = tuple(dict.fromkeys([model, *roots]))  # ordered, without duplicates
         self.tensors = tuple(tensors)
         self.pointers = tuple(map(_data_ptr, self.tensors))
+        self._native = native_pointers(self.tensors)
         # Aliases keep the watched storages allocated, so replaced storage can never reuse a watched address.
         self._pins: Optional[List[torch.Tensor]] = [t.detach() for t in self.tensors]
         self.reports = tuple(patch_report(m) for m in self.roots)
@@ -106,7 +109,7 @@ class TowerWatch:
         for module, report in zip(self.roots, self.reports):
             if patch_report(module) is not report:
                 return "the clip_flash patch state changed"
-        if tuple(map(_data_ptr, self.tensors)) != self.pointers:
+        if self._pointers_moved():
             return "parameters or buffers were moved, converted or replaced (.to(), .half(), .data = ...)"
         # With this (non-default) flag .to()/.half() put new Parameter objects straight into module._parameters,
         # which neither moves the old objects' storage nor fires the registration hooks.
@@ -115,11 +118,27 @@ class TowerWatch:
             return "parameters were replaced by a conversion (overwrite_module_params_on_conversion)"
         return None
 
+    def _pointers_moved(self) -> bool:
+        if self._native is not None:
+            return self._native.changed()
+        return tuple(map(_data_ptr, self.tensors)) != self.pointers
+
     def close(self) -> None:
         """Stop watching and release the pinned storages."""
         with _watch_lock:
             _live_watches.discard(self)
         self._pins = None
+
+
+def native_pointers(tensors: Sequence[torch.Tensor]) -> Optional[object]:
+    """The extension's ``TensorPointers`` over ``tensors`` (the pointer test in one call), where the tower is on a
+    CUDA device (graphs exist only there, and so does the extension) and the extension has it; else None."""
+    if not any(tensor.is_cuda for tensor in tensors):
+        return None
+    extension = load_extension()
+    if extension is None or not hasattr(extension, "TensorPointers"):
+        return None
+    return extension.TensorPointers(list(tensors))
 
 
 def _tensors_of(module: nn.Module) -> List[torch.Tensor]:

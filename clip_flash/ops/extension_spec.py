@@ -17,6 +17,7 @@ EXTENSION_SOURCES = (
     "csrc/jpeg_dct.cu",
     "csrc/packed_rows_binding.cpp",
     "csrc/graph_replay_binding.cpp",
+    "csrc/tensor_pointers_binding.cpp",
     "csrc/host_gate_binding.cpp",
     "csrc/host_gate.cu",
     "csrc/image_batch_decoder.cpp",

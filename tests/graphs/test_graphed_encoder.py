@@ -170,9 +170,23 @@ def test_captured_text_function_on_padded_buffers_matches_eager():
         torch.testing.assert_close(function(static)[:3], expected, rtol=1e-5, atol=1e-6)
 
 
-def test_watch_detects_what_invalidates_graphs_and_nothing_else():
-    model = tiny_clip()
+def _native_pointers_expected(device: str) -> bool:
+    """On a CUDA model the watch tests pointers in one extension call, where the extension is built with it."""
+    from clip_flash.ops._extension import load_extension
+
+    return device == "cuda" and hasattr(load_extension(), "TensorPointers")
+
+
+WATCH_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", WATCH_DEVICES)
+def test_watch_detects_what_invalidates_graphs_and_nothing_else(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = tiny_clip().to(device)
     image, text = _tower_watches(model)
+    assert (image._native is not None) == (text._native is not None) == _native_pointers_expected(device)
     assert image.stale_reason() is None and text.stale_reason() is None and not image.training
 
     # In-place updates keep the storage: graphs read them correctly, nothing to invalidate.
@@ -232,9 +246,13 @@ def test_watch_detects_what_invalidates_graphs_and_nothing_else():
     assert image not in _live_watches
 
 
-def test_watch_detects_conversions_that_replace_parameter_objects():
-    model = tiny_clip()
+@pytest.mark.parametrize("device", WATCH_DEVICES)
+def test_watch_detects_conversions_that_replace_parameter_objects(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = tiny_clip().to(device)
     image, _ = _tower_watches(model)
+    assert (image._native is not None) == _native_pointers_expected(device)
     previous = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
