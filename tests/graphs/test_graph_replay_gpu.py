@@ -5,6 +5,7 @@ from __future__ import annotations
 import open_clip
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from clip_flash.graphs import GraphedEncoder, capture
@@ -34,17 +35,21 @@ def images(batch: int, seed: int) -> torch.Tensor:
 
 
 def captured_tower(function=None):
+    """(space, graph, tower): the caller keeps ``tower`` alive while it replays, since the graph reads its weights
+    where they were at capture (as the encoder keeps its model)."""
     space = CaptureSpace(torch.device("cuda", torch.cuda.current_device()), torch.cuda.Stream())
+    tower = function or small_tower()
     with torch.inference_mode():
-        graph = space.capture(KEY, function or small_tower(), warmup_iters=2)
+        graph = space.capture(KEY, tower, warmup_iters=2)
     assert not isinstance(graph, str), graph
-    return space, graph
+    return space, graph, tower
 
 
 def test_one_call_rows_equal_torchs_replay_bit_for_bit(extension):
-    space, graph = captured_tower()
+    space, graph, tower = captured_tower()
     with torch.inference_mode():
         first = space.replay(graph, images(8, 0).cuda(), 8, False)
+        torch.testing.assert_close(first, tower(images(8, 0).cuda()), rtol=1e-2, atol=1e-3)
         assert graph.one_call is True and graph.graph_exec != 0
         assert torch.equal(first, space.replay(graph, images(8, 0).cuda(), 8, False))
         for n, rows, normalize in [(8, None, False), (3, None, True), (1, None, False), (5, 2, True), (8, 8, True)]:
@@ -64,7 +69,7 @@ def test_a_graph_that_draws_random_numbers_keeps_torchs_replay(extension):
     def noisy(x: torch.Tensor) -> torch.Tensor:
         return x.flatten(1)[:, :32] + torch.rand(x.shape[0], 32, device=x.device, dtype=x.dtype)
 
-    space, graph = captured_tower(noisy)
+    space, graph, _ = captured_tower(noisy)
     with torch.inference_mode():
         x = images(8, 1).cuda()
         first = space.replay(graph, x, 8, False)
@@ -74,9 +79,10 @@ def test_a_graph_that_draws_random_numbers_keeps_torchs_replay(extension):
 
 
 def test_one_call_is_ordered_after_the_callers_stream_and_before_its_later_work(extension):
-    space, graph = captured_tower()
+    space, graph, tower = captured_tower()
     with torch.inference_mode():
         expected = space.replay(graph, images(4, 2).cuda(), 4, True)
+        torch.testing.assert_close(expected, F.normalize(tower(images(4, 2).cuda()), dim=-1), rtol=1e-2, atol=1e-3)
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
             for _ in range(3):
