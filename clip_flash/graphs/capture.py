@@ -148,7 +148,8 @@ class CaptureSpace:
         offset = _generator_offset(self.device) if deciding else None
         out = self._replay_steps(captured, x, n, rows, normalize)
         if deciding:
-            captured.one_call, captured.graph_exec = _one_call_for(captured, offset, _generator_offset(self.device))
+            one_call, captured.graph_exec = _one_call_for(captured, offset, _generator_offset(self.device))
+            captured.one_call = one_call  # last: a reader that sees it sees the executable set
         return out
 
     def _replay_steps(self, captured: CapturedGraph, x: torch.Tensor, n: int, rows: int,
