@@ -58,3 +58,35 @@ def test_call_cpu_time_is_the_stamping_threads_between_a_calls_two_stamps(tmp_pa
     assert rows["dev1"]["step_ms"] == pytest.approx(0.4) and rows["dev1"]["call_cpu_ms"] == pytest.approx(0.1)
     assert rows["deliver"]["call_cpu_ms"] is None and rows["dev0"]["call_cpu_ms"] is None
     assert "call cpu" in text
+
+
+def test_the_hook_wraps_every_traced_function_of_the_package_as_it_is(tmp_path):
+    """With ``CLIP_FLASH_TRACE_DIR`` set, importing each traced module wraps its functions: a target renamed in the
+    package would make that import fail in a traced server. Every wrapped function stamps (``__wrapped__``)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    hook = root / "benchmarks" / "serve" / "handoff_hook"
+    script = """
+import importlib, sys
+import sitecustomize
+for name in sitecustomize.TRACED_MODULES:
+    importlib.import_module(name)
+from clip_flash.graphs.capture import CaptureSpace
+from clip_flash.ops import image_resample
+from clip_flash.ops.host_gate import HostGate
+from clip_flash.inputs.image import native_batch
+wrapped = [CaptureSpace.replay, HostGate.wait, image_resample.BatchPlan.allocate_host, image_resample._packed_rows,
+           native_batch.plan_batch, native_batch.plan_dct_batch]
+missing = [function for function in wrapped if not hasattr(function, "__wrapped__")]
+assert not missing, missing
+print("wrapped", len(sitecustomize.TRACED_MODULES))
+"""
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), str(root)]),
+                       CLIP_FLASH_TRACE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().startswith("wrapped ")

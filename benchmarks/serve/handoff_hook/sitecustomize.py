@@ -13,12 +13,15 @@ Labels, in a request's order (``handoff_trace.py`` orders them by their median o
 ``arrive``/``body_read`` (the route reads the body), ``submit``/``fe_flush`` (a frontend queues the request and sends
 its frame), ``eng_frame`` (the engine process handles the frame), ``put`` (queued in the tower's batcher), ``taken``
 (the collector closed a batch), ``host0``/``host1`` (the CPU step; inside it ``scan0``/``scan1``, the native scan,
-``plan0``/``plan1`` and ``dct_plan0``/``dct_plan1``, the resize layout's and the JPEG kernels' plans, and
-``decode0``/``decode1``, the native decode), ``to_launch.put``/``launch.got`` (the hand-off to the launch thread,
-absent when the collector launches a lone batch), ``dev0``/``dev1`` (the device step), with an early launch
-(``--no-early-launch`` off) ``early_dev0``/``early_dev1`` (its device step, queued behind the gate while the CPU
-decodes) and ``outcome.put``/``outcome.got`` (the CPU step's outcome handed to the launch thread),
-``encoder0``/``encoder1`` (the image encoder's call; inside it ``graph0``/``graph1``, the CUDA graph's replay call),
+``plan0``/``plan1`` and ``dct_plan0``/``dct_plan1``, the resize layout's and the JPEG kernels' plans,
+``alloc0``/``alloc1``, the layout's page-locked head, and ``decode0``/``decode1``, the native decode),
+``to_launch.put``/``launch.got`` (the hand-off to the launch thread, absent when the collector launches a lone batch),
+``dev0``/``dev1`` (the device step), with an early launch (``--no-early-launch`` off) ``gate0``/``gate1`` (the host
+gate's wait queued) and ``early_dev0``/``early_dev1`` (its device step, queued behind the gate while the CPU decodes),
+inside either device step ``rows0``/``rows1`` (the extension's ``packed_rows`` call with its arguments' making),
+``outcome.put``/``outcome.got`` (the CPU step's outcome handed to the launch thread), ``encoder0``/``encoder1`` (the
+image encoder's call; inside it ``replay0``/``replay1``, the graph's replay with its copies in and out, and
+``graph0``/``graph1``, torch's replay call where the extension's one call does not replay it),
 ``encoded`` (the encoder's launches returned), ``to_answer.put``/``answer.got`` (to the answer thread), ``deliver``
 (the results are on the host), ``eng_deliver``/``eng_deliver_done``/``outbox_flush`` (packed for and written to the
 frontend), ``fe_results`` (the frontend read them), ``respond``/``response_made`` (the route builds the response).
@@ -155,7 +158,15 @@ if TRACE_DIR:
         stamp_around(module, "plan_dct_batch", "dct_plan0", "dct_plan1")
 
     def trace_capture(module):
+        stamp_around(module.CaptureSpace, "replay", "replay0", "replay1")
         stamp_around(module.torch.cuda.CUDAGraph, "replay", "graph0", "graph1")
+
+    def trace_host_gate(module):
+        stamp_around(module.HostGate, "wait", "gate0", "gate1")
+
+    def trace_image_resample(module):
+        stamp_around(module.BatchPlan, "allocate_host", "alloc0", "alloc1")
+        stamp_around(module, "_packed_rows", "rows0", "rows1")
 
     def trace_encoder(module):
         stamp_around(module.GraphedEncoder, "encode_image", "encoder0", "encoder1")
@@ -170,6 +181,8 @@ if TRACE_DIR:
         "clip_flash.inputs.image.native_decode": trace_native_decode,
         "clip_flash.inputs.image.native_batch": trace_native_batch,
         "clip_flash.graphs.capture": trace_capture,
+        "clip_flash.ops.host_gate": trace_host_gate,
+        "clip_flash.ops.image_resample": trace_image_resample,
         "clip_flash.graphs.encoder": trace_encoder,
     }
 
