@@ -3,6 +3,10 @@ first occurrence after the request's arrival, and the table is ordered by median
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,11 +67,6 @@ def test_call_cpu_time_is_the_stamping_threads_between_a_calls_two_stamps(tmp_pa
 def test_the_hook_wraps_every_traced_function_of_the_package_as_it_is(tmp_path):
     """With ``CLIP_FLASH_TRACE_DIR`` set, importing each traced module wraps its functions: a target renamed in the
     package would make that import fail in a traced server. Every wrapped function stamps (``__wrapped__``)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     hook = root / "benchmarks" / "serve" / "handoff_hook"
     script = """
