@@ -20,6 +20,7 @@ EXTENSION_SOURCES = (
     "csrc/tensor_pointers_binding.cpp",
     "csrc/host_gate_binding.cpp",
     "csrc/host_gate.cu",
+    "csrc/host_bell_binding.cpp",
     "csrc/image_batch_decoder.cpp",
     "csrc/jpeg_entropy_split.cpp",
     "csrc/png_decoder.cpp",
