@@ -225,11 +225,6 @@ at::Tensor replay_graph(int64_t graph_exec, int64_t replay_stream, const at::Ten
 std::string host_gate_wait(const at::Tensor& counter, int64_t ticket, int64_t timeout_ns, int64_t device_index);
 void host_gate_open(const at::Tensor& counter, int64_t ticket);
 
-// Defined in host_bell_binding.cpp.
-int64_t host_bell_ring(const at::Tensor& counter);
-int64_t host_bell_count(const at::Tensor& counter);
-bool host_bell_wait(const at::Tensor& counter, int64_t seen, int64_t spin_ns);
-
 // Defined in packed_attention_binding.cpp.
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double scale);
@@ -306,12 +301,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "not (empty: queued).", py::arg("counter"), py::arg("ticket"), py::arg("timeout_ns"), py::arg("device_index"));
   module.def("host_gate_open", &clip_flash::host_gate_open, "counter[0] = max(counter[0], ticket), ordered after "
              "this thread's writes.", py::arg("counter"), py::arg("ticket"));
-  module.def("host_bell_ring", &clip_flash::host_bell_ring, "counter[0] += 1 (int64 CPU tensor), ordered after this "
-             "thread's writes; returns the new count.", py::arg("counter"));
-  module.def("host_bell_count", &clip_flash::host_bell_count, "counter[0] now.", py::arg("counter"));
-  module.def("host_bell_wait", &clip_flash::host_bell_wait, "Poll, without the GIL, until counter[0] differs from "
-             "seen (True) or spin_ns passed (False).", py::arg("counter"), py::arg("seen"), py::arg("spin_ns"),
-             NO_GIL);
   clip_flash::register_image_batch_decoder(module);
   clip_flash::register_tensor_pointers(module);
 }

@@ -20,7 +20,6 @@ EXTENSION_SOURCES = (
     "csrc/tensor_pointers_binding.cpp",
     "csrc/host_gate_binding.cpp",
     "csrc/host_gate.cu",
-    "csrc/host_bell_binding.cpp",
     "csrc/image_batch_decoder.cpp",
     "csrc/jpeg_entropy_split.cpp",
     "csrc/png_decoder.cpp",

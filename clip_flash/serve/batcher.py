@@ -51,7 +51,6 @@ import numpy as np
 import torch
 
 from .device_rows import encode_in_pieces, in_batch_order, to_host
-from .idle_spin import Bell, SpinningQueue
 from .inputs import describe_error
 from .jobs import DROPPED, QUEUED, TAKEN, BatchRows, ItemError, QueuedInputs, Result, deliver_rows, failed_rows
 
@@ -79,15 +78,12 @@ class TowerBatcher:
             (None: on a CUDA device, where that step only queues work).
         launch_early: a batch alone in the pipeline is launched while it decodes, behind ``gate`` (default: a
             ``HostGate`` on a CUDA device whose ``inputs`` can hand out their layout early; otherwise off).
-        idle_spin: seconds the collect and launch threads poll for their next batch before sleeping
-            (``idle_spin.Bell``; 0: they sleep at once).
     """
 
     def __init__(self, tower: str, inputs: Any, encode: Callable[[torch.Tensor], torch.Tensor], max_batch: int,
                  max_wait: float, lock: threading.Lock, on_dequeue: Callable[[int], None], metrics: Any = None,
                  device: Optional[torch.device] = None, close_when_idle: bool = True, max_in_flight: int = 2,
-                 launch_alone: Optional[bool] = None, launch_early: bool = True, gate: Any = None,
-                 idle_spin: float = 0.0) -> None:
+                 launch_alone: Optional[bool] = None, launch_early: bool = True, gate: Any = None) -> None:
         self.tower = tower
         self.inputs = inputs
         self.encode = encode
@@ -117,8 +113,7 @@ class TowerBatcher:
         # Early launches run on a stream of their own: a gate waiting on a shared stream would hold the other
         # tower's work queued there too.
         self._early_stream = torch.cuda.Stream(self.device) if self._gate is not None and self.device else None
-        self._input_bell = Bell.create(idle_spin)  # rung by put_locked when the collector may be waiting
-        self._to_launch: "queue.Queue[Any]" = SpinningQueue(maxsize=1, bell=Bell.create(idle_spin))
+        self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._threads = [threading.Thread(target=self._run, args=(stage,), daemon=True,
                                           name=f"clip_flash-{tower}-{stage.__name__.strip('_')}")
@@ -140,8 +135,6 @@ class TowerBatcher:
         self.waiting = waiting + count
         if wake:
             self.ready.notify()
-            if self._input_bell is not None:
-                self._input_bell.ring()
 
     def __len__(self) -> int:
         """Inputs in the queue (those of runs dropped by their requests included until the collector meets them)."""
@@ -171,26 +164,12 @@ class TowerBatcher:
             self.waiting -= len(self.runs.popleft().indices)
         return bool(self.runs)
 
-    def _wait_for_input_locked(self) -> None:
-        """Wait for the queue to change: polling the input bell first (the lock released meanwhile), then asleep."""
-        bell = self._input_bell
-        if bell is not None:
-            seen = bell.count()  # under the lock: a put after this rings past it
-            self.lock.release()
-            try:
-                rung = bell.wait(seen)
-            finally:
-                self.lock.acquire()
-            if rung or self.runs or self.stopping:
-                return
-        self.ready.wait()
-
     def _take_locked(self) -> Optional[Tuple[List[QueuedInputs], int, float]]:
         """(batch, how many inputs were dropped, when) once a batch closes; None when stopping with nothing left."""
         with self.lock:
             while True:
                 while not self.runs and not self.stopping:
-                    self._wait_for_input_locked()
+                    self.ready.wait()
                 if not self.runs:
                     return None
                 # The device is as far behind as allowed: what arrives meanwhile joins this batch.
@@ -454,8 +433,6 @@ class TowerBatcher:
         with self.lock:
             self.stopping = True
             self.ready.notify_all()
-            if self._input_bell is not None:
-                self._input_bell.ring()
         for thread in self._threads:
             thread.join(timeout)
 

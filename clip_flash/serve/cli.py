@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import List, Optional, Sequence
 
-from .config import DEFAULT_IDLE_SPIN_MS, DEFAULT_MODEL, TEXT_GROUPINGS, ServeConfig
+from .config import DEFAULT_MODEL, TEXT_GROUPINGS, ServeConfig
 
 logger = logging.getLogger("clip_flash.serve")
 
@@ -95,9 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--no-early-launch", dest="early_launch", action="store_false",
         help="launch a lone image batch's device work after its decode (default: queued while it decodes, behind a "
              "gate the decode opens: the same rows, sooner)")
-    add("--idle-spin-ms", type=float, default=None,
-        help="after a batch, the batchers' collect and launch threads poll this long for the next one before "
-             f"sleeping (default: {DEFAULT_IDLE_SPIN_MS:g} on a GPU, 0 on the CPU; 0: sleep at once)")
     add("--no-patch", dest="patch", action="store_false", help="serve the stock OpenCLIP model (a baseline)")
     add("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run every batch eager")
     add("--no-cudnn-attention", dest="cudnn_attention", action="store_false",
@@ -171,8 +168,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_request_bytes=args.max_request_bytes, api_key=args.api_key, decode=args.decode, patch=args.patch,
         inputs=args.inputs, cuda_graphs=args.cuda_graphs, cudnn_attention=args.cudnn_attention,
         decode_workers=args.decode_workers,
-        split_jpegs=args.split_jpegs, early_launch=args.early_launch,
-        idle_spin_ms=args.idle_spin_ms, workers=args.workers,
+        split_jpegs=args.split_jpegs, early_launch=args.early_launch, workers=args.workers,
         log_level=args.log_level, served_name=args.served_name)
 
 

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import Optional, Tuple
 
 from ..environment import usable_cores
-
-if TYPE_CHECKING:
-    import torch
 
 DEFAULT_MODEL = "ViT-B-32"
 INPUTS = ("fast", "stock")
 DECODERS = ("cpu", "gpu")
 TEXT_GROUPINGS = ("cost-packed", "cost", "buckets")
 MAX_DEFAULT_WORKERS_PER_ENGINE = 4
-DEFAULT_IDLE_SPIN_MS = 50.0  # on a GPU: see ServeConfig.idle_spin_ms
 CORES_PER_DEFAULT_WORKER = 4  # leave most cores to image decoding, the engine process and the clients
 
 
@@ -94,10 +90,6 @@ class ServeConfig:
             step and encoder queued while its JPEGs decode, behind a gate opened when they are decoded
             (``batcher.TowerBatcher``): the same rows, sooner (the server's median at 50 one-JPEG requests/s on an
             H200 4.50 -> 4.36 ms). False: launched after the decode.
-        idle_spin_ms: after a batch, each tower's collect and launch threads poll for their next one this long
-            before sleeping (``idle_spin``): a thread woken from sleep runs a lone request's steps on a core that
-            idled, slower. Polling keeps up to a core per thread busy while work keeps coming, none once it stops.
-            None: ``DEFAULT_IDLE_SPIN_MS`` on a GPU, 0 (sleep at once) on the CPU, whose cores compute the batches.
         workers: HTTP frontend processes feeding the engine process(es); 1: one process does everything. None
             (the default): ``default_workers(engines)``, 1 on small machines and up to 4 per engine on large ones:
             one process's event loop shares the GIL with the batchers (one process answered 1,500-2,400
@@ -131,7 +123,6 @@ class ServeConfig:
     decode_workers: Optional[int] = None
     split_jpegs: bool = True
     early_launch: bool = True
-    idle_spin_ms: Optional[float] = None
     workers: Optional[int] = None
     log_level: str = "info"
     served_name: Optional[str] = None
@@ -146,8 +137,6 @@ class ServeConfig:
         if self.inputs == "stock" and self.decode == "gpu":
             raise ValueError("--decode gpu is clip_flash's image path; --inputs stock uses OpenCLIP's preprocess")
         self.devices = tuple(int(d) for d in self.devices)
-        if self.idle_spin_ms is not None and self.idle_spin_ms < 0:
-            raise ValueError(f"idle_spin_ms must be >= 0, got {self.idle_spin_ms}")
         if self.workers is None:
             self.workers = default_workers(len(self.devices))
         for name in ("max_batch", "max_text_batch", "text_graphs_per_doubling", "max_queue", "max_request_bytes",
@@ -158,12 +147,6 @@ class ServeConfig:
             raise ValueError(f"max_batches_in_flight must be at least 0, got {self.max_batches_in_flight}")
         if self.max_wait_ms < 0 or self.request_timeout <= 0:
             raise ValueError("max_wait_ms must be >= 0 and request_timeout > 0")
-
-    def idle_spin_seconds(self, device: "torch.device") -> float:
-        """How long an engine's batcher threads on ``device`` poll for their next batch (``idle_spin_ms``)."""
-        if self.idle_spin_ms is not None:
-            return self.idle_spin_ms / 1e3
-        return DEFAULT_IDLE_SPIN_MS / 1e3 if device.type == "cuda" else 0.0
 
     def device_names(self) -> Tuple[Optional[str], ...]:
         """One device name per engine (None: pick CUDA where there is one, else the CPU)."""

@@ -190,8 +190,7 @@ class Engine:
             if self.text_costs is not None and text_inputs.group_by_length:
                 text_inputs.replay_costs = self.text_costs
         shared = dict(lock=self.lock, on_dequeue=self._dequeued, metrics=self.metrics, device=device,
-                      close_when_idle=not config.wait_when_idle, max_in_flight=config.max_batches_in_flight,
-                      idle_spin=config.idle_spin_seconds(device))
+                      close_when_idle=not config.wait_when_idle, max_in_flight=config.max_batches_in_flight)
         self.batchers = {
             IMAGE: TowerBatcher(IMAGE, image_inputs, encode_image, config.max_batch, config.max_wait_ms / 1e3,
                                 launch_early=config.early_launch, **shared),
