@@ -222,7 +222,8 @@ at::Tensor replay_graph(int64_t graph_exec, int64_t replay_stream, const at::Ten
                         bool normalize);
 
 // Defined in host_gate_binding.cpp.
-std::string host_gate_wait(const at::Tensor& counter, int64_t ticket, int64_t timeout_ns, int64_t device_index);
+int64_t host_gate_device_address(const at::Tensor& counter, int64_t device_index);
+std::string host_gate_wait(int64_t device_address, int64_t ticket, int64_t timeout_ns, int64_t device_index);
 void host_gate_open(const at::Tensor& counter, int64_t ticket);
 
 // Defined in packed_attention_binding.cpp.
@@ -296,9 +297,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "replay_stream (a torch.cuda.Stream's stream_id) between the current stream's work before and after.",
              py::arg("graph_exec"), py::arg("replay_stream"), py::arg("static_input"), py::arg("x"),
              py::arg("n"), py::arg("static_output"), py::arg("rows"), py::arg("normalize"), NO_GIL);
+  module.def("host_gate_device_address", &clip_flash::host_gate_device_address, "The address through which the "
+             "device reads counter (int64, page-locked host memory; raises if it cannot).", py::arg("counter"),
+             py::arg("device_index"));
   module.def("host_gate_wait", &clip_flash::host_gate_wait, "Queue on the device's current stream a wait until "
-             "counter[0] (int64, page-locked host memory) reaches ticket, or timeout_ns passed; returns why it could "
-             "not (empty: queued).", py::arg("counter"), py::arg("ticket"), py::arg("timeout_ns"), py::arg("device_index"));
+             "the counter at device_address (host_gate_device_address) reaches ticket, or timeout_ns passed; returns "
+             "why it could not (empty: queued).", py::arg("device_address"), py::arg("ticket"), py::arg("timeout_ns"),
+             py::arg("device_index"));
   module.def("host_gate_open", &clip_flash::host_gate_open, "counter[0] = max(counter[0], ticket), ordered after "
              "this thread's writes.", py::arg("counter"), py::arg("ticket"));
   clip_flash::register_image_batch_decoder(module);

@@ -41,7 +41,7 @@ class HostGate:
 
     def __init__(self, device: torch.device, timeout: float = DEFAULT_TIMEOUT) -> None:
         extension = load_extension()
-        if extension is None or not hasattr(extension, "host_gate_wait"):
+        if extension is None or not hasattr(extension, "host_gate_device_address"):
             raise RuntimeError("the host gate needs the compiled extension clip_flash._C")
         if device.type != "cuda":
             raise ValueError(f"the host gate needs a CUDA device, got {device}")
@@ -50,6 +50,10 @@ class HostGate:
         self._extension = extension
         # [0]: the highest ticket opened; [1]: the highest whose wait timed out (written by the device).
         self._counter = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+        # Where the device reads it, resolved once (raises RuntimeError if it cannot): checked and looked up on each
+        # wait, it cost the launch thread tens of microseconds more on a core that idled
+        # (benchmarks/results/h200/launch_chain_2eae52c).
+        self._device_address = extension.host_gate_device_address(self._counter, self.device.index)
         self._lock = threading.Lock()
         self._issued = 0
 
@@ -71,7 +75,7 @@ class HostGate:
 
     def wait(self, ticket: int) -> None:
         """Queue on the current stream a wait until ``ticket`` is opened (at most ``timeout`` seconds)."""
-        why = self._extension.host_gate_wait(self._counter, ticket, int(self.timeout * 1e9), self.device.index)
+        why = self._extension.host_gate_wait(self._device_address, ticket, int(self.timeout * 1e9), self.device.index)
         if why:
             raise RuntimeError(f"host gate: {why}")
 

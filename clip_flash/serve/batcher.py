@@ -44,7 +44,6 @@ import queue
 import threading
 import time
 from collections import deque
-from contextlib import nullcontext
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -110,8 +109,10 @@ class TowerBatcher:
 
             gate = HostGate.create(self.device)
         self._gate = gate if launch_early else None
-        # Early launches run on a stream of their own: a gate waiting on a shared stream would hold the other
-        # tower's work queued there too.
+        # The launch thread queues on a stream of its own, made its current stream once (``_run``): a gate waiting
+        # on a shared stream would hold the other tower's work queued there too, and a stream context entered for
+        # each early launch cost 0.18 ms of host time on a core that idled (0.02 on a busy one), on a lone
+        # request's critical path (benchmarks/results/h200/launch_chain_2eae52c).
         self._early_stream = torch.cuda.Stream(self.device) if self._gate is not None and self.device else None
         self._to_launch: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._to_answer: "queue.Queue[Any]" = queue.Queue(maxsize=1)
@@ -228,6 +229,8 @@ class TowerBatcher:
     def _run(self, stage: Callable[[], bool]) -> None:
         if self.device is not None:
             torch.cuda.set_device(self.device)
+            if stage == self._launch and self._early_stream is not None:
+                torch.cuda.set_stream(self._early_stream)
         with torch.inference_mode():
             while True:
                 try:
@@ -314,10 +317,9 @@ class TowerBatcher:
         the decode is done, answer from them, or (the decode did not give the layout's rows, or queuing failed)
         prepare the batch the usual way."""
         launched = None
-        try:
-            with torch.cuda.stream(self._early_stream) if self._early_stream is not None else nullcontext():
-                self._gate.wait(early.ticket)
-                launched = self._encode_groups(self.inputs.device_early(early.layout), early.size)
+        try:  # on the launch thread's own stream (``_run``)
+            self._gate.wait(early.ticket)
+            launched = self._encode_groups(self.inputs.device_early(early.layout), early.size)
         except Exception as error:  # noqa: BLE001 - whatever failed here, the usual way still answers the batch
             logger.debug("%s batch not launched early (%s)", self.tower, describe_error(error))
         host, error, host_seconds = early.outcome.get()

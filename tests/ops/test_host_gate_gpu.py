@@ -72,6 +72,6 @@ def test_a_gate_never_opened_lets_the_stream_go_after_its_timeout():
 
 def test_a_counter_the_device_cannot_read_is_refused_with_the_reason():
     gate = _gate()
-    gate._counter = torch.zeros(2, dtype=torch.int64)  # pageable memory
-    with pytest.raises(RuntimeError, match="page-locked"):
-        gate.wait(gate.next_ticket())
+    with pytest.raises(RuntimeError, match="page-locked"):  # pageable memory
+        gate._extension.host_gate_device_address(torch.zeros(2, dtype=torch.int64), gate.device.index)
+    assert "device address" in gate._extension.host_gate_wait(0, 1, 10**9, gate.device.index)
