@@ -26,12 +26,17 @@ def _jpeg_items(preprocess, paths):
     return [item for item in decoded.items if isinstance(item, EncodedJpeg)], prep.resize.spec
 
 
-def _packed_or_skip(items, spec, chroma, decoders=nvjpeg_packed.HARDWARE_DECODERS):
-    device = torch.device("cuda", torch.cuda.current_device())
-    packed = nvjpeg_packed.decode_into_layout(items, device, spec, chroma, decoders)
+def _skip_without_hardware():
+    """Skip where nvJPEG's hardware decoder turned out unavailable (never on a GPU that has one)."""
     if nvjpeg_packed._HARDWARE["unavailable"] is not None:
         assert torch.cuda.get_device_capability() not in HARDWARE_DECODER_CAPABILITIES, nvjpeg_packed._HARDWARE
         pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+
+
+def _packed_or_skip(items, spec, chroma, decoders=nvjpeg_packed.HARDWARE_DECODERS):
+    device = torch.device("cuda", torch.cuda.current_device())
+    packed = nvjpeg_packed.decode_into_layout(items, device, spec, chroma, decoders)
+    _skip_without_hardware()
     assert packed is not None
     torch.cuda.synchronize()
     return packed
@@ -67,8 +72,7 @@ def test_fast_path_gives_the_same_rows_with_the_route_on_or_off(monkeypatch, vit
         off = prep(photo_files)
     with _fast(vit_b32_preprocess, gpu_chroma=chroma) as prep:
         decoded = prep.decode(photo_files)
-        if nvjpeg_packed._HARDWARE["unavailable"] is not None:
-            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+        _skip_without_hardware()
         # The hardware's rows (and the few other images in the kernel's layout), resized by the decoding thread.
         assert decoded.ahead is not None and len(decoded.ahead.indices) >= 20
         on = prep.prepare(decoded)
@@ -111,9 +115,9 @@ def test_images_the_transform_cannot_resize_stay_out_of_the_layout(photo_files):
     inputs = [strip.getvalue()] + [path.read_bytes() for path in paths]
     with _fast(preprocess) as prep:
         decoded = prep.decode(inputs)
-        if decoded.on_gpu is None:
-            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
-        assert 0 not in [item.index for item in decoded.on_gpu.items]
+        _skip_without_hardware()
+        # The decoding thread resized what the hardware decoded into ``ahead``: the strip is not among those rows.
+        assert decoded.ahead is not None and decoded.ahead.indices and 0 not in decoded.ahead.indices
         prepared = prep.prepare(decoded)
     assert [index for index, _ in prepared.failures] == [0]
     assert set(prepared.indices) == set(range(1, len(inputs)))
@@ -243,8 +247,7 @@ def test_the_exact_share_is_exact_beside_the_hardwares_rows(vit_b32_preprocess, 
         fast = prep(photo_files)
     with clip_flash.ImagePreprocessor(vit_b32_preprocess, exact_share=share, **native) as prep:
         decoded = prep.decode(photo_files)
-        if nvjpeg_packed._HARDWARE["unavailable"] is not None:
-            pytest.skip(f"no hardware JPEG decoder here: {nvjpeg_packed._HARDWARE['unavailable']}")
+        _skip_without_hardware()
         # Both layouts were resized by the decoding thread (here this one): prepare() only waits for the rows.
         assert decoded.ahead is not None and decoded.on_gpu is None and decoded.packed is None
         mixed = prep.prepare(decoded)
