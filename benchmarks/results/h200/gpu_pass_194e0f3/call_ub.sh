@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One H200, this tree at REV (literal full hash): the serving contract's openai-client test with the openai package
+# carried, then the GPU tests of the input, job and patch wings.
+rev=$1; R=/tmp/rub; rm -rf $R; mkdir -p $R; start=$(date +%s)
+cp .device/call_ub.sh $R/; nvidia-smi -L > $R/gpu.txt; nproc >> $R/gpu.txt; cp /tmp/build_ext.log $R/ 2>/dev/null
+export CLIP_FLASH_GIT_REVISION=$rev
+pack() { ( cd $R && tar -czf $OUT/call_ub.tgz . ); }
+run() {  # name limit command...
+  local name=$1 limit=$2; shift 2
+  now=$(date +%s); if (( now - start + limit > 555 )); then echo "skip $name"; return; fi
+  ( timeout $limit "$@" > $R/$name.log 2>&1; echo "rc=$?" >> $R/$name.log )
+  tail -n 2 $R/$name.log; echo "$name done at $(( $(date +%s) - start )) s"; pack
+}
+run gpu_tests_serve_openai 90 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/serve -k openai
+run gpu_tests_inputs_jobs_patching 420 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/inputs tests/jobs tests/patching
+pack; echo "all done at $(( $(date +%s) - start )) s"
