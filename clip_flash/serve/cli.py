@@ -175,7 +175,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a clean shutdown, 1 when the model cannot be loaded, 2 when the serve
     extra is not installed or the options cannot be served here (``check_devices``)."""
-    from clip_flash.models import RANDOM_INIT_NOTE, parse_model_spec
+    from clip_flash.models import parse_model_spec
 
     missing = missing_serve_packages()
     if missing:
@@ -193,9 +193,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if spec.kind == "random":
-        logger.warning("serving %s with random-init weights %s: embeddings are meaningless; pass "
-                       "--model %s::TAG or --model %s::/path/ckpt for real ones", spec.name, RANDOM_INIT_NOTE,
-                       spec.name, spec.name)
+        logger.warning("serving %s with random-init weights (no checkpoint): embeddings are meaningless; pass "
+                       "--model %s::TAG or --model %s::/path/ckpt for real ones", spec.name, spec.name, spec.name)
     if config.workers > 1:
         from .frontends import serve_with_frontends
 
