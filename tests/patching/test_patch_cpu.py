@@ -11,7 +11,7 @@ import clip_flash
 from clip_flash.patching.residual_block import FlashResidualAttentionBlock
 
 # CI builds the two that cover every kind of site (causal text, vision, cross-attention, attentional pooler); the
-# others take tens of seconds each to build on a CPU and run with --run-slow (the GPU run includes them).
+# others take tens of seconds each to build on a CPU and run with --run-slow.
 FAMILIES = [
     "ViT-B-32",            # classic CLIP
     pytest.param("ViT-B-32-quickgelu", marks=pytest.mark.slow),  # QuickGELU activation
