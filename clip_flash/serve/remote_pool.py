@@ -71,8 +71,15 @@ class RemotePool:
         self._pending: List[Tuple[int, float, list, list]] = []  # requests of this event-loop pass
 
     async def connect(self) -> None:
-        self._transport, _ = await asyncio.get_running_loop().create_unix_connection(
-            lambda: _EngineProtocol(self), self.path)
+        """Connects to the engine's socket. An engine process already gone (its model failed to load before this
+        frontend started) leaves this pool failed, not the frontend's start: the server stops with the engine's
+        reason, and until then /ready says why."""
+        try:
+            self._transport, _ = await asyncio.get_running_loop().create_unix_connection(
+                lambda: _EngineProtocol(self), self.path)
+        except OSError as error:
+            self.state, self.error = "failed", f"the engine process is not reachable ({error.strerror or error})"
+            return
         self._outbox = Outbox(self._transport, self._pack_pending)
         self._tasks = [asyncio.ensure_future(self._poll_state())]
 
@@ -146,8 +153,8 @@ class RemotePool:
 
     async def _ask(self, kind: str) -> Any:
         request_id = next(self._ids)
+        self._send((kind, request_id, self.metrics.take()))  # first: an engine not reachable leaves no reply waiting
         reply = self._replies[request_id] = asyncio.get_running_loop().create_future()
-        self._send((kind, request_id, self.metrics.take()))
         return await reply
 
     async def refresh_state(self) -> None:

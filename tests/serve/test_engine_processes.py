@@ -101,6 +101,28 @@ def test_no_ready_engine_leaves_the_request_to_the_first_to_refuse():
     assert first.submitted == ["job"] and not second.submitted
 
 
+def test_an_engine_already_gone_leaves_the_frontend_running_and_saying_why(tmp_path):
+    """A frontend that starts after its engine process exited (a model that failed to load) starts anyway, its
+    pool failed with the reason: the server then stops with the engine's own reason, with no traceback."""
+    from clip_flash.serve.jobs import NotReady
+    from clip_flash.serve.remote_pool import RemotePool
+
+    async def connect_then_ask():
+        pool = RemotePool(str(tmp_path / "engine-0.sock"))  # no engine listens there
+        await pool.connect()
+        await pool.refresh_state()  # answered at once: nothing waits on an engine that is not there
+        try:
+            pool.submit("job", [], [])
+        except NotReady as refused:
+            reason = str(refused)
+        await pool.disconnect()
+        return pool, reason
+
+    pool, reason = asyncio.run(connect_then_ask())
+    assert pool.state == "failed" and "not reachable" in pool.error and reason == pool.error
+    assert not pool._replies
+
+
 def test_engine_processes_share_the_queue_and_the_cores(monkeypatch):
     started = []
     monkeypatch.setattr(engine_hosts, "EngineProcesses", lambda configs, directory: started.append(configs))
@@ -201,3 +223,4 @@ def test_an_engine_process_that_cannot_load_stops_the_server_with_its_reason(tmp
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 1
     assert "cannot build" in done.stderr and "the model could not be loaded" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr  # the frontends stop quietly: the reason is the engine's
