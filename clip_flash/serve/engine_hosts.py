@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from ..environment import usable_cores
 from .config import ServeConfig
@@ -53,9 +53,11 @@ class InProcessEngines:
         self.pool.close()
 
 
-def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.synchronize.Event") -> None:
+def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.synchronize.Event",
+                 reason: "multiprocessing.connection.Connection") -> None:
     """One engine process: one device's engine on its socket, until SIGTERM (Ctrl-C reaches the whole process
-    group: the server stops its frontends first, then sends SIGTERM here)."""
+    group: the server stops its frontends first, then sends SIGTERM here). A model that cannot load ends it, its
+    reason sent on ``reason`` for the server's last line."""
     from .engine import EnginePool
 
     parent = os.getppid()
@@ -69,8 +71,9 @@ def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.syn
     listening.set()
     pool.load()
     if pool.state == "failed":
-        logger.error("the model could not be loaded on %s: %s", config.device_names()[0] or "the default device",
-                     pool.error)
+        device = config.device_names()[0] or "the default device"
+        logger.error("the model could not be loaded on %s: %s", device, pool.error)
+        reason.send(f"on {device}: {pool.error}")
     while pool.state != "failed" and not stop.wait(0.5):
         if os.getppid() != parent:  # the server was killed outright: nothing will send SIGTERM
             break
@@ -87,16 +90,22 @@ class EngineProcesses:
         self.paths = [os.path.join(directory, f"engine-{number}.sock") for number in range(len(configs))]
         self.processes: List[multiprocessing.process.BaseProcess] = []
         listening = [context.Event() for _ in configs]
+        pipes = [context.Pipe(duplex=False) for _ in configs]
+        self._reasons = [receiver for receiver, _ in pipes]  # why each engine process ended, where it said
+        self._ended: Dict[int, str] = {}
         for number, (config, path) in enumerate(zip(configs, self.paths)):
-            process = context.Process(target=_engine_main, args=(config, path, listening[number]),
+            process = context.Process(target=_engine_main, args=(config, path, listening[number], pipes[number][1]),
                                       name=f"clip_flash-engine-{number}")
             process.start()  # all at once: each spends its start importing
+            pipes[number][1].close()  # the engine's end is the engine's
             self.processes.append(process)
         deadline = time.monotonic() + ENGINE_START_SECONDS
-        for process, event in zip(self.processes, listening):  # the frontends connect once every socket listens
-            while not event.wait(0.2) and process.is_alive():
+        for number, (process, event) in enumerate(zip(self.processes, listening)):
+            while not event.wait(0.2) and process.is_alive():  # the frontends connect once every socket listens
                 if time.monotonic() > deadline:
                     process.kill()  # reported by ``failed``
+                    self._ended[number] = (f"engine process {process.name} was not listening "
+                                           f"{ENGINE_START_SECONDS:.0f} s after it started")
                     break
 
     def load(self) -> None:
@@ -104,8 +113,21 @@ class EngineProcesses:
 
     @property
     def failed(self) -> Optional[str]:
-        gone = [process.name for process in self.processes if not process.is_alive()]
-        return f"engine process(es) {', '.join(gone)} exited (see their log)" if gone else None
+        gone = [self._why_ended(number) for number, process in enumerate(self.processes) if not process.is_alive()]
+        return "; ".join(dict.fromkeys(gone)) if gone else None  # engines that failed alike, said once
+
+    def _why_ended(self, number: int) -> str:
+        """The reason the engine process sent, else its exit code."""
+        if number not in self._ended:
+            process, reason = self.processes[number], None
+            try:
+                if self._reasons[number].poll():
+                    reason = self._reasons[number].recv()
+            except (EOFError, OSError):  # it ended without saying why
+                pass
+            self._ended[number] = reason or f"engine process {process.name} exited with code {process.exitcode} " \
+                                            "(see its log)"
+        return self._ended[number]
 
     def stop(self) -> None:
         for process in self.processes:

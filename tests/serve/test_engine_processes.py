@@ -224,3 +224,5 @@ def test_an_engine_process_that_cannot_load_stops_the_server_with_its_reason(tmp
     assert done.returncode == 1
     assert "cannot build" in done.stderr and "the model could not be loaded" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr  # the frontends stop quietly: the reason is the engine's
+    last = done.stderr.strip().splitlines()[-1]
+    assert "the model could not be loaded: on cpu: " in last and "cannot build" in last, last
