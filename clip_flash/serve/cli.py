@@ -183,8 +183,7 @@ def run(args: argparse.Namespace) -> int:
               'pip install -e ".[serve]" in a checkout of clip_flash', file=sys.stderr)
         return 2
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("clip_flash").setLevel(args.log_level.upper())
+    configure_logging(args.log_level)
     try:
         config = config_from_args(args)
         spec = parse_model_spec(config.model)
@@ -223,6 +222,17 @@ def serve_in_process(config: ServeConfig) -> int:
         print(f"error: the model could not be loaded: {failure[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def configure_logging(level: str) -> None:
+    """The log of each of the server's processes: clip_flash's records at ``level``, other libraries' at warnings
+    and above unless ``level`` is debug. OpenCLIP logs each model and tokenizer load at info on the root logger,
+    once a process: three lines an HTTP frontend, thirty at the start of ``--workers 8``, saying what the engine's
+    one "engine ready" line says. uvicorn's loggers keep their own level (``uvicorn_config``)."""
+    level = level.upper()
+    others = level if level == "DEBUG" else max(logging.WARNING, logging.getLevelName(level))
+    logging.basicConfig(level=others, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("clip_flash").setLevel(level)
 
 
 def uvicorn_config(app, config: ServeConfig, **overrides):

@@ -58,10 +58,11 @@ def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.syn
     """One engine process: one device's engine on its socket, until SIGTERM (Ctrl-C reaches the whole process
     group: the server stops its frontends first, then sends SIGTERM here). A model that cannot load ends it, its
     reason sent on ``reason`` for the server's last line."""
+    from .cli import configure_logging
     from .engine import EnginePool
 
     parent = os.getppid()
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -37,9 +37,9 @@ def _frontend_main(config: ServeConfig, paths: List[str], listener: socket.socke
     import uvicorn
 
     from .app import build_app
-    from .cli import uvicorn_config
+    from .cli import configure_logging, uvicorn_config
 
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level)
     from .engine import freeze_loaded_objects
 
     preloaded = None

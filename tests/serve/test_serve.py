@@ -31,6 +31,14 @@ def tolerance():
     return 2e-5  # patched fp32 on the CPU vs stock: rounding only
 
 
+def test_the_log_holds_the_servers_lines_not_openclips_info(server):
+    """At the default level OpenCLIP's info lines (each model and tokenizer load, on the root logger) stay out of
+    the log; the server's own lines, which say what they said, are there."""
+    output = server.output()
+    assert "engine ready in" in output and "random-init weights" in output
+    assert " INFO root: " not in output, output
+
+
 def test_sigterm_answers_every_accepted_request_then_exits(server):
     """Last in this file: it stops the module's server. Requests in flight at SIGTERM are all answered."""
     import asyncio
