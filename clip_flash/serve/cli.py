@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="HTTP frontend processes in front of the engine process(es); 1: one process does everything "
              f"(default: one per 4 cores, at most 4 per engine: {defaults.workers} here for one engine)")
     add("--log-level", default=defaults.log_level, choices=("critical", "error", "warning", "info", "debug"),
-        help="(default: %(default)s)")
+        help="clip_flash's and uvicorn's; other libraries' records at warning and above, all at debug "
+             "(default: %(default)s)")
     return parser
 
 

@@ -94,7 +94,7 @@ class ServeConfig:
             (the default): ``default_workers(engines)``, 1 on small machines and up to 4 per engine on large ones:
             one process's event loop shares the GIL with the batchers (one process answered 1,500-2,400
             requests/s on a 16-core GPU host).
-        log_level: uvicorn's and the server's log level.
+        log_level: uvicorn's and the server's log level; other libraries' records at warning and above, all at debug.
         served_name: the model name clients send (default: the spec as written, e.g. ``ViT-B-32``).
     """
 
