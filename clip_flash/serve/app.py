@@ -406,8 +406,7 @@ async def _multipart_files(request: Request, body: bytes, limit: int) -> List[Un
 
 
 def _load_then_report(pool: EnginePool, on_load_failure: Optional[Callable[[str], None]]) -> None:
-    pool.load()
+    pool.load()  # a model that cannot load is logged there, with its reason
     if pool.state == FAILED:
-        logger.error("the model could not be loaded: %s", pool.error)
         if on_load_failure is not None:
             on_load_failure(pool.error or "unknown error")

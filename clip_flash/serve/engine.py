@@ -130,7 +130,9 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - reported through /ready and the log
             from clip_flash.models import ModelLoadError
 
-            self.error = str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
+            # ModelLoadError's text opens with "error: " for the command line; here it follows "failed to load: "
+            self.error = (str(error).removeprefix("error: ") if isinstance(error, ModelLoadError)
+                          else f"{type(error).__name__}: {error}")
             self.state = FAILED
             logger.error("engine on %s failed to load: %s", self.device_name or "the default device", self.error,
                          exc_info=not isinstance(error, ModelLoadError))

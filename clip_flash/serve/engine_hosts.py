@@ -45,7 +45,7 @@ class InProcessEngines:
     @property
     def failed(self) -> Optional[str]:
         """Why the engines cannot serve (None while they can or still load)."""
-        return self.pool.error if self.pool.state == "failed" else None
+        return f"the model could not be loaded: {self.pool.error}" if self.pool.state == "failed" else None
 
     def stop(self) -> None:
         self.server.stop()
@@ -72,9 +72,9 @@ def _engine_main(config: ServeConfig, path: str, listening: "multiprocessing.syn
     listening.set()
     pool.load()
     if pool.state == "failed":
-        device = config.device_names()[0] or "the default device"
-        logger.error("the model could not be loaded on %s: %s", device, pool.error)
-        reason.send(f"on {device}: {pool.error}")
+        why = f"the model could not be loaded on {config.device_names()[0] or 'the default device'}: {pool.error}"
+        logger.error("%s", why)
+        reason.send(why)
     while pool.state != "failed" and not stop.wait(0.5):
         if os.getppid() != parent:  # the server was killed outright: nothing will send SIGTERM
             break

@@ -103,7 +103,7 @@ def serve_with_frontends(config: ServeConfig) -> int:
     except OSError:
         pass
     if failed is not None:
-        logger.error("the model could not be loaded: %s", failed)
+        logger.error("the server stops: %s", failed)  # a model that could not load, or an engine process gone
         return 1
     if not stop.is_set():
         logger.error("the HTTP frontends exited (exit codes %s)", [process.exitcode for process in frontends])

@@ -123,6 +123,37 @@ def test_an_engine_already_gone_leaves_the_frontend_running_and_saying_why(tmp_p
     assert not pool._replies
 
 
+class _Process:
+    def __init__(self, name: str, exitcode=None) -> None:
+        self.name, self.exitcode = name, exitcode
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+
+def test_engine_processes_gone_are_named_with_their_reason_else_their_exit_code():
+    """What the server's last line says: the reason an engine process sent (its model could not load), else its
+    exit code (killed, or ended without a word); an engine still running says nothing."""
+    import multiprocessing
+
+    from clip_flash.serve.engine_hosts import EngineProcesses
+
+    pipes = [multiprocessing.Pipe(duplex=False) for _ in range(4)]
+    pipes[0][1].send("the model could not be loaded on cuda:0: cannot build it")
+    pipes[2][1].close()  # ended without sending
+    engines = object.__new__(EngineProcesses)
+    engines.processes = [_Process("clip_flash-engine-0", 1), _Process("clip_flash-engine-1", -9),
+                         _Process("clip_flash-engine-2", 1), _Process("clip_flash-engine-3")]
+    engines._reasons, engines._ended = [receiver for receiver, _ in pipes], {}
+    said = ("the model could not be loaded on cuda:0: cannot build it; "
+            "engine process clip_flash-engine-1 exited with code -9 (see its log); "
+            "engine process clip_flash-engine-2 exited with code 1 (see its log)")
+    assert engines.failed == said
+    assert engines.failed == said  # asked again (the server asks every 0.5 s): a reason read once is kept
+    engines.processes = engines.processes[3:]
+    assert engines.failed is None
+
+
 def test_engine_processes_share_the_queue_and_the_cores(monkeypatch):
     started = []
     monkeypatch.setattr(engine_hosts, "EngineProcesses", lambda configs, directory: started.append(configs))
@@ -225,4 +256,4 @@ def test_an_engine_process_that_cannot_load_stops_the_server_with_its_reason(tmp
     assert "cannot build" in done.stderr and "the model could not be loaded" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr  # the frontends stop quietly: the reason is the engine's
     last = done.stderr.strip().splitlines()[-1]
-    assert "the model could not be loaded: on cpu: " in last and "cannot build" in last, last
+    assert "the server stops: the model could not be loaded on cpu: " in last and "cannot build" in last, last
