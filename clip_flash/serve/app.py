@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import logging
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
@@ -32,8 +31,6 @@ from .protocol import (
     ENCODING_FORMATS, Input, RequestError, check_dimensions, embeddings_response, error_body,
     parse_embeddings_request, query_choice, query_flag,
 )
-
-logger = logging.getLogger(__name__)
 
 JSON = "application/json"
 EMBEDDINGS_ROUTE, IMAGE_ROUTE = "/v1/embeddings", "/v1/embeddings/image"
