@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..backends import AttentionBackend, AttentionNeeds, choose_backend
-from .report import PatchReport, describe_dtype
+from .report import PatchReport, describe_weights_dtype
 
 
 @dataclass
@@ -57,7 +57,7 @@ class PlanContext:
         param = next(model.parameters(), None)
         self.report = PatchReport(
             model=type(model).__name__, requested_backend=options.backend,
-            dtype=describe_dtype(param.dtype if param is not None else None),
+            dtype=describe_weights_dtype(model),
             device=str(param.device) if param is not None else "unknown",
         )
 

@@ -90,6 +90,24 @@ def test_report_names_every_kind_of_site(build_model):
     assert all({"tower", "block", "kind", "backend", "reason"} <= set(site) for site in data["sites"])
 
 
+def test_report_gives_the_weights_dtypes_by_their_share(build_model):
+    """OpenCLIP's fp16 keeps norms and embeddings (the first parameter among them) in float32: the report names
+    the dtypes by their share of the weights, not the first parameter's."""
+    model = build_model("ViT-B-32")
+    with clip_flash.patched(model) as report:
+        assert report.dtype == "float32"
+    half = copy.deepcopy(model)
+    for module in half.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.half()
+    assert next(half.parameters()).dtype == torch.float32
+    with clip_flash.patched(half) as report:
+        shares = [part.split() for part in report.dtype.split(", ")]
+    assert [name for name, _ in shares] == ["float16", "float32"], report.dtype
+    assert int(shares[0][1].rstrip("%")) > 50 and sum(int(share.rstrip("%")) for _, share in shares) in (99, 100, 101)
+    assert f"({report.dtype}, cpu)" in str(report)
+
+
 def test_foreign_towers_are_reported_not_patched(build_model):
     model = build_model("EVA02-B-16")
     with clip_flash.patched(model) as report:
