@@ -95,7 +95,7 @@ def describe_dtype(dtype: Optional[object]) -> str:
 
 def describe_weights_dtype(model) -> str:
     """The dtypes of ``model``'s parameters, by their share of its weights: OpenCLIP's "fp16" keeps the norms
-    and embeddings in float32 (``float16 83%, float32 17%`` for ViT-B-32), which the first parameter alone
+    and embeddings in float32 (``float16 83% + float32 17%`` for ViT-B-32), which the first parameter alone
     (its positional embedding) would call a float32 model."""
     sizes: Dict[str, int] = {}
     for parameter in model.parameters():
@@ -105,4 +105,4 @@ def describe_weights_dtype(model) -> str:
     if len(sizes) <= 1 or not total:
         return next(iter(sizes), "unknown")
     ranked = sorted(sizes.items(), key=lambda item: -item[1])
-    return ", ".join(f"{name} {100 * size / total:.0f}%" for name, size in ranked)
+    return " + ".join(f"{name} {100 * size / total:.0f}%" for name, size in ranked)

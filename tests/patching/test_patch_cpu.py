@@ -102,7 +102,7 @@ def test_report_gives_the_weights_dtypes_by_their_share(build_model):
             module.half()
     assert next(half.parameters()).dtype == torch.float32
     with clip_flash.patched(half) as report:
-        shares = [part.split() for part in report.dtype.split(", ")]
+        shares = [part.split() for part in report.dtype.split(" + ")]
     assert [name for name, _ in shares] == ["float16", "float32"], report.dtype
     assert int(shares[0][1].rstrip("%")) > 50 and sum(int(share.rstrip("%")) for _, share in shares) in (99, 100, 101)
     assert f"({report.dtype}, cpu)" in str(report)
