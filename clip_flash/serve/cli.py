@@ -228,8 +228,8 @@ def serve_in_process(config: ServeConfig) -> int:
 def configure_logging(level: str) -> None:
     """The log of each of the server's processes: clip_flash's records at ``level``, other libraries' at warnings
     and above unless ``level`` is debug. OpenCLIP logs each model and tokenizer load at info on the root logger,
-    once a process: three lines an HTTP frontend, thirty at the start of ``--workers 8``, saying what the engine's
-    one "engine ready" line says. uvicorn's loggers keep their own level (``uvicorn_config``)."""
+    once a process: three lines an HTTP frontend (24 at the start of eight), saying what the engine's one "engine
+    ready" line says. uvicorn's loggers keep their own level (``uvicorn_config``)."""
     level = level.upper()
     others = level if level == "DEBUG" else max(logging.WARNING, logging.getLevelName(level))
     logging.basicConfig(level=others, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -111,12 +111,10 @@ def test_an_engine_already_gone_leaves_the_frontend_running_and_saying_why(tmp_p
         pool = RemotePool(str(tmp_path / "engine-0.sock"))  # no engine listens there
         await pool.connect()
         await pool.refresh_state()  # answered at once: nothing waits on an engine that is not there
-        try:
+        with pytest.raises(NotReady) as refused:
             pool.submit("job", [], [])
-        except NotReady as refused:
-            reason = str(refused)
         await pool.disconnect()
-        return pool, reason
+        return pool, str(refused.value)
 
     pool, reason = asyncio.run(connect_then_ask())
     assert pool.state == "failed" and "not reachable" in pool.error and reason == pool.error
